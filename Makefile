@@ -1,0 +1,38 @@
+# The README's two commands are `make demo` and `make test`; both install what they need first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A git-ignored local Dagster instance (SQLite), never the production instance in deploy/.
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+
+.PHONY: install demo test dev check bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test,bench]"
+	touch $@
+
+install: $(BIN)/.installed
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+## Install, then run the main job on the embedded default (SQLite warehouse, local instance): the demo crawl.
+demo: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dedup-pipeline demo
+
+## Install, then run the whole test suite (needs PostgreSQL and Redis on 127.0.0.1, see scripts/ensure-services.sh).
+test: install
+	$(BIN)/pytest -n 2 --dist loadfile -q -p no:cacheprovider
+
+## The Dagster UI on http://127.0.0.1:3000 over the same local instance and warehouse.
+dev: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dg dev -h 127.0.0.1 -p 3000
+
+check: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dg check defs
+
+clean:
+	rm -rf .dagster_home .dedup .tmp_dagster_home_*

@@ -1,0 +1,22 @@
+"""dedup_pipeline: keep a warehouse of scraped web records free of duplicates.
+
+The library API, for crawlers and notebooks (no Dagster needed):
+
+- ``canonical_url(url) -> str``: the `url/1` canonical form of a URL;
+- ``content_hash(record, version="content/2") -> (hex digest, version)``;
+- ``cluster_near_duplicates(texts, threshold=..., method="minhash") -> list[int]``.
+"""
+
+from dedup_pipeline.core.hashing import content_hash
+from dedup_pipeline.core.url import canonical_url
+
+__all__ = ["canonical_url", "content_hash", "cluster_near_duplicates"]
+
+
+def __getattr__(name: str):
+    # Near-duplicate clustering pulls in numpy; load it only when asked for.
+    if name == "cluster_near_duplicates":
+        from dedup_pipeline.core.neardup import cluster_near_duplicates
+
+        return cluster_near_duplicates
+    raise AttributeError(f"module 'dedup_pipeline' has no attribute {name!r}")

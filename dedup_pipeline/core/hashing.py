@@ -1,0 +1,191 @@
+"""Versioned content-hash rules (the registry) and the public `content_hash`.
+
+Each rule turns a parsed record into one deterministic byte string and hashes
+it with SHA-256. A rule is never edited in place: a changed rule is a new
+version string, migrated to by the rehash job. The version is stored beside
+every digest, and digests of different versions are never compared.
+
+`content/1` is the seeds' first rule: every non-volatile field, strings NFC
+normalised with whitespace collapsed, numbers (and numeric price strings) in
+the fixed form ``format(x, ".4f")``, keys sorted. The URL enters in its
+canonical `url/1` form, so tracking-parameter variants hash the same.
+
+`content/2` is the seeds' second rule: a fixed tuple of identity fields, the
+price in exact minor units, floats refused. Adding a field to a record does
+not change its `content/2` digest; the URL is not part of it, so the same
+listing served under two URLs is one content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Callable, Iterable, Mapping
+
+from dedup_pipeline.core.errors import RecordError
+from dedup_pipeline.core.numbers import parse_decimal, plain_decimal, to_minor_units
+from dedup_pipeline.core.url import canonical_url
+
+#: Fetch metadata that changes without the content changing. Never hashed.
+VOLATILE_FIELDS = frozenset(
+    {"scraped_at", "crawl_id", "proxy_ip", "response_ms", "etag", "fetched_at", "request_id", "user_agent"}
+)
+#: Fields whose numeric strings are read as numbers, so " 9.90 " equals 9.9.
+NUMERIC_FIELDS = frozenset({"price"})
+#: The fixed identity tuple of `content/2`.
+IDENTITY_FIELDS = ("title", "price_minor", "currency", "seller_id", "description")
+
+
+def normalise_text(value: str) -> str:
+    """NFC, surrounding whitespace stripped, inner whitespace runs collapsed to one space."""
+    if not value.isascii():
+        value = unicodedata.normalize("NFC", value)
+    return " ".join(value.split())
+
+
+def _dumps(payload: Any) -> bytes:
+    try:
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RecordError("text contains a lone surrogate (not valid Unicode)") from None
+
+
+# ---------------------------------------------------------------- content/1
+
+def _fixed_number(value: Decimal | float) -> str:
+    return format(value, ".4f")
+
+
+def _v1_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return normalise_text(value)
+    if isinstance(value, bool) or value is None or isinstance(value, int):
+        return value
+    if isinstance(value, (float, Decimal)):
+        if not (value == value and abs(value) != float("inf")):
+            raise RecordError("content/1: number is not finite")
+        return _fixed_number(value)
+    if isinstance(value, Mapping):
+        return {str(k): _v1_value(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_v1_value(v) for v in value]
+    raise RecordError(f"content/1: unsupported value type {type(value).__name__}")
+
+
+def content_v1_bytes(record: Mapping[str, Any]) -> bytes:
+    """The seeds' first rule: all non-volatile, non-null fields, normalised."""
+    cleaned: dict[str, Any] = {}
+    for key, value in record.items():
+        if key in VOLATILE_FIELDS or value is None:
+            continue
+        if key == "url" and isinstance(value, str):
+            cleaned[key] = canonical_url(value)
+        elif key in NUMERIC_FIELDS and isinstance(value, str):
+            try:
+                cleaned[key] = _fixed_number(parse_decimal(value, key))
+            except RecordError:
+                cleaned[key] = normalise_text(value)  # "call for price" stays text
+        else:
+            cleaned[key] = _v1_value(value)
+    return _dumps(cleaned)
+
+
+# ---------------------------------------------------------------- content/2
+
+_V2_REQUIRED = ("title", "currency", "seller_id")
+
+
+def _v2_text(record: Mapping[str, Any], field: str) -> str | None:
+    value = record.get(field)
+    if value is None:
+        if field in _V2_REQUIRED:
+            raise RecordError(f"content/2: missing identity field '{field}'")
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise RecordError(f"content/2: field '{field}' must be text, got {type(value).__name__}")
+    return normalise_text(str(value))
+
+
+def _v2_price_minor(record: Mapping[str, Any]) -> int | str:
+    if record.get("price_minor") is not None:
+        raw, field = record["price_minor"], "price_minor"
+        minor = parse_decimal(raw, field).normalize()
+    elif record.get("price") is not None:
+        price = parse_decimal(record["price"], "price")
+        minor = to_minor_units(price, record.get("currency") if isinstance(record.get("currency"), str) else None)
+    else:
+        raise RecordError("content/2: missing identity field 'price'")
+    if isinstance(minor, Decimal) and minor == minor.to_integral_value():
+        minor = int(minor)
+    return minor if isinstance(minor, int) else plain_decimal(minor)
+
+
+def content_v2_bytes(record: Mapping[str, Any]) -> bytes:
+    """The seeds' second rule: the fixed identity tuple, exact minor-unit price."""
+    currency = _v2_text(record, "currency")
+    payload = {
+        "title": _v2_text(record, "title"),
+        "price_minor": _v2_price_minor(record),
+        "currency": currency.upper() if currency else currency,
+        "seller_id": _v2_text(record, "seller_id"),
+        "description": _v2_text(record, "description"),
+    }
+    return _dumps(payload)
+
+
+# ---------------------------------------------------------------- registry
+
+@dataclass(frozen=True)
+class HashRule:
+    """One versioned way of turning a record into a SHA-256 digest."""
+
+    version: str
+    summary: str
+    canonical_bytes: Callable[[Mapping[str, Any]], bytes]
+
+    def digest(self, record: Mapping[str, Any]) -> str:
+        """Hex SHA-256 of the rule's canonical bytes; raises RecordError when the rule cannot apply."""
+        return hashlib.sha256(self.canonical_bytes(record)).hexdigest()
+
+
+HASH_RULES: dict[str, HashRule] = {
+    rule.version: rule
+    for rule in (
+        HashRule("content/1", "all non-volatile fields, url/1 URL, numbers as .4f", content_v1_bytes),
+        HashRule("content/2", "identity tuple (title, price_minor, currency, seller_id, description), floats refused", content_v2_bytes),
+    )
+}
+#: The version a fresh warehouse dedups on; the warehouse stores the active one.
+INITIAL_ACTIVE_VERSION = "content/1"
+
+
+def hash_rule(version: str) -> HashRule:
+    """The registered rule for `version`; unknown versions are an error, never a default."""
+    try:
+        return HASH_RULES[version]
+    except KeyError:
+        raise ValueError(f"unknown hash version {version!r}; known: {sorted(HASH_RULES)}") from None
+
+
+def content_hash(record: Mapping[str, Any], version: str = "content/2") -> tuple[str, str]:
+    """Stable SHA-256 hex digest of a record under a versioned rule: ``(digest, version)``.
+
+    Raises ``ValueError`` (a ``RecordError``) when the record cannot be hashed under
+    that rule, for example a float price under ``content/2``.
+    """
+    return hash_rule(version).digest(record), version
+
+
+def compute_hashes(record: Mapping[str, Any], versions: Iterable[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Digest per version, and the reason per version that could not be computed."""
+    digests: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for version in versions:
+        try:
+            digests[version] = hash_rule(version).digest(record)
+        except RecordError as exc:
+            errors[version] = str(exc)
+    return digests, errors

@@ -1,0 +1,195 @@
+"""Batch MinHash signatures, bit-identical to datasketch 2.0's ``affine32``.
+
+For a document with shingles ``S`` and permutation ``k``::
+
+    h(s)     = fmix32(xxh32(utf8(s), seed=0))          # MurmurHash3 finaliser
+    sig[k]   = min over s in S of (a[k] * h(s) + b[k]) mod 2**32
+
+with ``a`` (odd) and ``b`` drawn exactly as datasketch's
+``MinHash._init_permutations`` draws them from ``np.random.RandomState(seed)``.
+The result equals ``datasketch.MinHash(num_perm, seed=seed, scheme="affine32",
+hashfunc=xxh32)`` updated with the same shingles, so a signature can be
+handed to datasketch as a ``LeanMinHash`` (:func:`to_lean_minhash`).
+
+Speed comes from doing the permutations for a whole batch at once: all
+shingle hashes of a chunk of documents are concatenated, and each permutation
+is two in-place numpy passes plus one ``np.minimum.reduceat`` over the
+document offsets. The chunk size bounds memory. Hashing the shingles is one
+C call per shingle (``xxhash.xxh32_intdigest``), which is the floor.
+
+Empty documents keep datasketch's empty sentinel (every value 0xFFFFFFFF);
+:func:`empty_mask` flags them and the similarity functions treat them as
+sharing nothing, so they are never linked to anything.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+from xxhash import xxh32_intdigest
+
+if TYPE_CHECKING:
+    from datasketch import LeanMinHash
+
+SCHEME = "affine32"
+HASH_NAME = "xxh32"
+EMPTY_VALUE = np.uint32(0xFFFFFFFF)
+
+# Shingles per chunk: the per-permutation scratch array (4 bytes each) stays
+# in the CPU cache, and Python overhead per chunk stays small.
+DEFAULT_CHUNK = 1 << 15
+
+Shingle = str | bytes
+
+
+@lru_cache(maxsize=16)
+def permutations(num_perm: int = 128, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(a, b)`` parameters datasketch draws for ``affine32``.
+
+    Mirrors ``datasketch.MinHash._init_permutations``: ``a`` is
+    ``2 * randint(0, 2**31) + 1`` (odd, so ``h -> a*h + b`` is a bijection
+    on 32-bit values) and ``b`` is ``randint(0, 2**32)``, both uint32 and in
+    that draw order. The arrays are read-only because they are cached.
+    """
+    if num_perm < 1:
+        raise ValueError("num_perm must be positive")
+    gen = np.random.RandomState(seed)
+    a = gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+    a.flags.writeable = False
+    b.flags.writeable = False
+    return a, b
+
+
+def fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finaliser, as datasketch applies it before permuting."""
+    h = np.asarray(h, dtype=np.uint32)
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def hash_shingles(shingles: Sequence[Shingle]) -> np.ndarray:
+    """xxh32 (seed 0) of each shingle's UTF-8 bytes, as a uint32 array."""
+    count = len(shingles)
+    try:
+        if count and isinstance(shingles[0], str):
+            values = map(xxh32_intdigest, map(str.encode, shingles))
+        else:
+            values = map(xxh32_intdigest, shingles)
+        return np.fromiter(values, dtype=np.uint32, count=count)
+    except TypeError:  # a list mixing str and bytes
+        values = (xxh32_intdigest(s.encode() if isinstance(s, str) else s) for s in shingles)
+        return np.fromiter(values, dtype=np.uint32, count=count)
+
+
+def minhash_signatures(
+    shingle_lists: Sequence[Sequence[Shingle]],
+    num_perm: int = 128,
+    seed: int = 1,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> np.ndarray:
+    """MinHash signatures of many documents, shape ``(n, num_perm)``, uint32.
+
+    ``shingle_lists[i]`` holds the shingles of document ``i`` as ``str``
+    (hashed as UTF-8) or ``bytes``; duplicates are harmless. Documents with no
+    shingle get the empty sentinel row (see :func:`empty_mask`).
+    """
+    a, b = permutations(num_perm, seed)
+    n = len(shingle_lists)
+    out = np.full((n, num_perm), EMPTY_VALUE, dtype=np.uint32)
+    lengths = np.fromiter(map(len, shingle_lists), dtype=np.int64, count=n)
+    ends = np.cumsum(lengths)
+    start = 0
+    while start < n:
+        # Take documents until the chunk holds chunk_size shingles (at least one document).
+        base = ends[start] - lengths[start]
+        stop = max(int(np.searchsorted(ends, base + chunk_size, side="right")), start + 1)
+        docs = start + np.flatnonzero(lengths[start:stop])
+        if docs.size:
+            flat = list(itertools.chain.from_iterable(shingle_lists[start:stop]))
+            hashes = fmix32(hash_shingles(flat))
+            offsets = ends[docs] - lengths[docs] - base
+            block = np.empty((num_perm, docs.size), dtype=np.uint32)
+            scratch = np.empty_like(hashes)
+            for k in range(num_perm):
+                np.multiply(hashes, a[k], out=scratch)
+                np.add(scratch, b[k], out=scratch)
+                np.minimum.reduceat(scratch, offsets, out=block[k])
+            out[docs] = block.T
+        start = stop
+    return out
+
+
+def empty_mask(signatures: np.ndarray) -> np.ndarray:
+    """True for rows that are the empty sentinel (documents without shingles).
+
+    A non-empty document cannot produce this row in practice: every
+    permutation is a bijection, so it would need its minimum at 2**32-1 under
+    all ``num_perm`` permutations at once.
+    """
+    signatures = np.atleast_2d(signatures)
+    return np.all(signatures == EMPTY_VALUE, axis=1)
+
+
+def estimated_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
+    """Fraction of equal values; 0.0 when either signature is empty.
+
+    (datasketch returns 1.0 for two empty sketches; here empty documents
+    share nothing, so they are never linked.)
+    """
+    sig_a = np.asarray(sig_a)
+    sig_b = np.asarray(sig_b)
+    if sig_a.shape != sig_b.shape:
+        raise ValueError("signatures have different numbers of permutations")
+    if empty_mask(sig_a)[0] or empty_mask(sig_b)[0]:
+        return 0.0
+    return float(np.count_nonzero(sig_a == sig_b)) / sig_a.size
+
+
+def estimated_jaccard_pairs(
+    signatures: np.ndarray,
+    left: np.ndarray,
+    right: np.ndarray,
+    chunk: int = 1 << 14,
+) -> np.ndarray:
+    """Vectorised :func:`estimated_jaccard` for pairs ``(left[p], right[p])``.
+
+    ``left`` and ``right`` index rows of ``signatures``; returns float64 of
+    the same length. Pairs are processed in chunks to bound memory.
+    """
+    left = np.asarray(left, dtype=np.int64)
+    right = np.asarray(right, dtype=np.int64)
+    if left.shape != right.shape:
+        raise ValueError("left and right must have the same length")
+    num_perm = signatures.shape[1]
+    empty = empty_mask(signatures)
+    out = np.empty(left.size, dtype=np.float64)
+    for s in range(0, left.size, chunk):
+        li, ri = left[s : s + chunk], right[s : s + chunk]
+        equal = np.count_nonzero(signatures[li] == signatures[ri], axis=1)
+        out[s : s + chunk] = equal / num_perm
+    out[empty[left] | empty[right]] = 0.0
+    return out
+
+
+def to_lean_minhash(signature: np.ndarray, seed: int = 1) -> "LeanMinHash":
+    """Wrap one signature as a ``datasketch.LeanMinHash`` (scheme affine32)."""
+    from datasketch import LeanMinHash  # lazy: datasketch imports scipy
+
+    return LeanMinHash(seed=seed, hashvalues=np.asarray(signature, dtype=np.uint32), scheme=SCHEME)
+
+
+def signature_to_bytes(signature: np.ndarray) -> bytes:
+    """Little-endian uint32 bytes of one signature (4 * num_perm bytes)."""
+    return np.ascontiguousarray(signature, dtype="<u4").tobytes()
+
+
+def signature_from_bytes(data: bytes) -> np.ndarray:
+    """Inverse of :func:`signature_to_bytes`."""
+    return np.frombuffer(data, dtype="<u4").astype(np.uint32)

@@ -1,0 +1,60 @@
+"""Exact number handling: JSON numbers become Decimals, never floats."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+from dedup_pipeline.core.errors import RecordError
+
+# ISO 4217 minor-unit exponents that differ from the default of 2.
+_CURRENCY_EXPONENTS = {
+    "BHD": 3, "IQD": 3, "JOD": 3, "KWD": 3, "LYD": 3, "OMR": 3, "TND": 3,
+    "BIF": 0, "CLP": 0, "DJF": 0, "GNF": 0, "ISK": 0, "JPY": 0, "KMF": 0,
+    "KRW": 0, "PYG": 0, "RWF": 0, "UGX": 0, "UYI": 0, "VND": 0, "VUV": 0,
+    "XAF": 0, "XOF": 0, "XPF": 0,
+}
+
+
+def currency_exponent(currency: str | None) -> int:
+    """Digits after the decimal point in the currency's minor unit (default 2)."""
+    return _CURRENCY_EXPONENTS.get((currency or "").strip().upper(), 2)
+
+
+def parse_decimal(value: object, field: str) -> Decimal:
+    """Read a price-like value exactly.
+
+    Accepts Decimals, ints and numeric strings (surrounding whitespace allowed).
+    Floats are refused: their text is not reproducible across platforms.
+    """
+    if isinstance(value, bool):
+        raise RecordError(f"{field}: boolean is not a number")
+    if isinstance(value, Decimal):
+        number = value
+    elif isinstance(value, int):
+        number = Decimal(value)
+    elif isinstance(value, float):
+        raise RecordError(f"{field}: float is not hashable reproducibly; use a decimal string or minor units")
+    elif isinstance(value, str):
+        try:
+            number = Decimal(value.strip())
+        except InvalidOperation:
+            raise RecordError(f"{field}: not a decimal number") from None
+    else:
+        raise RecordError(f"{field}: expected a number, got {type(value).__name__}")
+    if not number.is_finite():
+        raise RecordError(f"{field}: not a finite number")
+    return number
+
+
+def plain_decimal(number: Decimal) -> str:
+    """Shortest exact text without exponent: Decimal('9.90') -> '9.9', Decimal('1E+3') -> '1000'."""
+    text = format(number.normalize(), "f")
+    return "0" if text in ("-0", "0") else text
+
+
+def to_minor_units(price: Decimal, currency: str | None) -> int | Decimal:
+    """Price in the currency's minor unit: an int when exact, else the exact Decimal."""
+    minor = price.scaleb(currency_exponent(currency))
+    if minor == minor.to_integral_value():
+        return int(minor)
+    return minor.normalize()

@@ -1,0 +1,131 @@
+"""The duplicate-class policy: decide, for records in file order, what happens to each.
+
+Pure: the caller loads the warehouse state for the chunk's keys and digests,
+this module replays the chunk as if records arrived one at a time, and
+returns the net writes. Replaying in file order is what makes the outcome
+deterministic: when a key appears several times in a batch, the last
+occurrence wins and every earlier version goes to history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable, Mapping
+
+from dedup_pipeline.core.records import CanonicalRecord
+
+
+class Decision(str, Enum):
+    """What the exact rung did with one record. The values are stored in the decision log."""
+
+    NEW = "new"                          # natural key and content never seen: inserted
+    CHANGED = "changed"                  # key seen with other content: row upserted, old content to history
+    CHANGE_IGNORED = "change_ignored"    # key seen with other content, policy keeps the first version
+    STALE = "stale"                      # key stored from a later batch (or later line): older content skipped
+    EXACT_DUPLICATE = "exact_duplicate"  # active-version digest already stored: skipped
+    ERASED = "erased"                    # subject under an erasure tombstone: suppressed
+    QUARANTINED = "quarantined"          # could not be parsed or canonicalised
+
+
+@dataclass(frozen=True)
+class DuplicatePolicy:
+    """What to do per duplicate class, explicit rather than left to database defaults.
+
+    - exact duplicates are always skipped (storing them again is the waste dedup removes);
+    - ``on_changed``: ``"upsert"`` replaces the current row and keeps the old content in
+      history (the seeds' default); ``"keep_first"`` leaves the stored row untouched;
+    - near-duplicates from other sources are kept and linked by the near-duplicate rung.
+    """
+
+    on_changed: str = "upsert"
+    keep_history: bool = True
+
+    def __post_init__(self) -> None:
+        if self.on_changed not in ("upsert", "keep_first"):
+            raise ValueError(f"on_changed must be 'upsert' or 'keep_first', got {self.on_changed!r}")
+
+
+#: Where a record version sits in time: (batch landing time, batch id, line number).
+#: The newest batch wins, and within a batch the last occurrence in file order.
+Order = tuple
+
+
+@dataclass(frozen=True)
+class StoredRow:
+    """The current warehouse row of one natural key, and the order of the version it holds."""
+
+    record_id: int
+    content_hash: str
+    order: Order
+
+
+@dataclass
+class ChunkPlan:
+    """Net effect of one chunk on the warehouse."""
+
+    decisions: list[tuple[CanonicalRecord, Decision]] = field(default_factory=list)
+    inserts: dict[str, CanonicalRecord] = field(default_factory=dict)        # key -> final record
+    updates: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)  # key -> (final, stored)
+    stored_superseded: list[StoredRow] = field(default_factory=list)       # warehouse rows moved to history
+    chunk_superseded: list[tuple[CanonicalRecord, CanonicalRecord]] = field(default_factory=list)  # (old, replaced by)
+
+
+def plan_chunk(
+    records: Iterable[CanonicalRecord],
+    active_version: str,
+    stored_by_key: Mapping[str, StoredRow],
+    stored_digests: set[str],
+    batch_order: tuple,
+    policy: DuplicatePolicy = DuplicatePolicy(),
+    erased: set[int] | None = None,
+) -> ChunkPlan:
+    """Replay records in file order against the stored state and return the net writes.
+
+    ``stored_by_key`` holds the current rows of the chunk's natural keys and
+    ``stored_digests`` every active-version digest of the chunk that is already
+    stored (under any key). ``batch_order`` is (landing time, batch id) of the
+    batch; a record older than the stored version of its key is stale, which is
+    what makes replaying an old batch change nothing. ``erased`` holds the
+    positions (in ``records``) that an erasure tombstone suppresses.
+    """
+    plan = ChunkPlan()
+    current: dict[str, str] = {key: row.content_hash for key, row in stored_by_key.items()}
+    current_order: dict[str, Order] = {key: row.order for key, row in stored_by_key.items()}
+    digests = set(stored_digests)
+    for position, record in enumerate(records):
+        if erased and position in erased:
+            plan.decisions.append((record, Decision.ERASED))
+            continue
+        digest = record.hashes[active_version]
+        if digest in digests:
+            plan.decisions.append((record, Decision.EXACT_DUPLICATE))
+            continue
+        key = record.natural_key
+        previous = current.get(key)
+        order = (*batch_order, record.line_no)
+        if previous is None:
+            decision = Decision.NEW
+        elif order < current_order[key]:
+            plan.decisions.append((record, Decision.STALE))
+            continue
+        elif policy.on_changed == "keep_first":
+            plan.decisions.append((record, Decision.CHANGE_IGNORED))
+            continue
+        else:
+            decision = Decision.CHANGED
+            digests.discard(previous)
+            if key in plan.inserts or key in plan.updates:
+                earlier = plan.inserts.get(key) or plan.updates[key][0]
+                plan.chunk_superseded.append((earlier, record))
+            else:
+                plan.stored_superseded.append(stored_by_key[key])
+        plan.decisions.append((record, decision))
+        current[key] = digest
+        current_order[key] = order
+        digests.add(digest)
+        if key in stored_by_key:
+            plan.updates[key] = (record, stored_by_key[key])
+        else:
+            plan.inserts[key] = record
+    return plan

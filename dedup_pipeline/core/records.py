@@ -1,0 +1,174 @@
+"""Parse one landing line and canonicalise it into the form the warehouse keeps.
+
+Pure functions, no I/O. A line that cannot be used raises `RecordError` with a
+reason that names the rule and the field, never the value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any, Mapping, Sequence
+
+from dedup_pipeline.core.errors import RecordError
+from dedup_pipeline.core.hashing import VOLATILE_FIELDS, NUMERIC_FIELDS, compute_hashes, normalise_text
+from dedup_pipeline.core.numbers import parse_decimal, plain_decimal
+from dedup_pipeline.core.url import URL_VERSION, UrlError, canonicalize_url_strict
+
+#: Version of the stored canonical payload (field normalisation for storage).
+RECORD_VERSION = "record/1"
+#: Fields whose text feeds near-duplicate detection, in order.
+TEXT_FIELDS = ("title", "description")
+#: Natural key used when the configuration names none.
+DEFAULT_NATURAL_KEY = ("canonical_url",)
+
+
+def _reject_constant(name: str) -> Any:
+    raise RecordError(f"JSON constant {name} is not allowed")
+
+
+def _check_strings(value: Any, path: str = "record") -> None:
+    """Refuse text that no warehouse can store exactly: NUL characters and lone surrogates."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise RecordError(f"{path}: NUL character in text")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RecordError(f"{path}: lone surrogate in text (not valid Unicode)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_strings(key, f"{path} key")
+            _check_strings(item, f"{path}.{key}" if path == "record" else path)
+    elif isinstance(value, list):
+        for item in value:
+            _check_strings(item, path)
+
+
+def parse_line(raw: bytes) -> dict[str, Any]:
+    """One JSON Lines record as a dict, numbers read exactly (Decimal, never float)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
+    try:
+        value = json.loads(text, parse_float=Decimal, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise RecordError("malformed JSON: nesting too deep") from None
+    if not isinstance(value, dict):
+        raise RecordError(f"a record must be a JSON object, got {type(value).__name__}")
+    if "\\u" in text or "\\U" in text:  # escapes are the only way to smuggle NUL or lone surrogates in
+        for key, item in value.items():
+            _check_strings(key, "record key")
+            _check_strings(item, f"field '{key}'")
+    return value
+
+
+def parse_timestamp(value: Any) -> datetime | None:
+    """An ISO 8601 timestamp as an aware UTC datetime, or None when absent or unreadable."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)
+
+
+def _storage_value(key: str, value: Any) -> Any:
+    """Canonical storage form of one field (record/1): NFC text, plain exact numbers."""
+    if isinstance(value, str):
+        if key in NUMERIC_FIELDS:
+            try:
+                return plain_decimal(parse_decimal(value, key))
+            except RecordError:
+                pass
+        text = normalise_text(value)
+        return text.upper() if key == "currency" else text
+    if isinstance(value, Decimal):
+        return plain_decimal(value)
+    if isinstance(value, dict):
+        return {k: _storage_value(k, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storage_value(key, v) for v in value]
+    return value
+
+
+@dataclass(slots=True)
+class CanonicalRecord:
+    """A record ready for the exact rung: identity, hashes and the payload to store."""
+
+    line_no: int
+    canonical_url: str
+    natural_key: str
+    payload: dict[str, Any]
+    hashes: dict[str, str]
+    hash_errors: dict[str, str] = field(default_factory=dict)
+    crawled_at: datetime | None = None
+    text: str = ""
+
+
+def natural_key_of(payload: Mapping[str, Any], canonical: str, key_fields: Sequence[str]) -> str:
+    """The natural key string: the single field's value, or a JSON array of several."""
+    values = []
+    for name in key_fields:
+        value = canonical if name == "canonical_url" else payload.get(name)
+        if value is None or value == "":
+            raise RecordError(f"missing natural-key field '{name}'")
+        values.append(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
+    return values[0] if len(values) == 1 else json.dumps(values, ensure_ascii=False)
+
+
+def canonicalise_record(
+    record: Mapping[str, Any],
+    line_no: int,
+    hash_versions: Sequence[str],
+    active_version: str,
+    key_fields: Sequence[str] = DEFAULT_NATURAL_KEY,
+) -> CanonicalRecord:
+    """Canonical URL, canonical payload, natural key and a digest per version.
+
+    Raises RecordError when the URL is missing or invalid, the natural key is
+    incomplete, or the active hash version cannot be computed. Other versions
+    that fail are kept as `hash_errors` (reported by the rehash job, never
+    silently given a hash).
+    """
+    url = record.get("url")
+    if not isinstance(url, str) or not url.strip():
+        raise RecordError("missing url")
+    try:
+        canonical = canonicalize_url_strict(url)
+    except UrlError as exc:
+        raise RecordError(f"invalid url: {exc}") from None
+    digests, errors = compute_hashes(record, hash_versions)
+    if active_version in errors:
+        raise RecordError(errors[active_version])
+    payload = {
+        key: _storage_value(key, value)
+        for key, value in record.items()
+        if key not in VOLATILE_FIELDS and value is not None
+    }
+    payload["url"] = canonical
+    text = " ".join(str(payload[f]) for f in TEXT_FIELDS if isinstance(payload.get(f), str) and payload[f])
+    return CanonicalRecord(
+        line_no=line_no,
+        canonical_url=canonical,
+        natural_key=natural_key_of(payload, canonical, key_fields),
+        payload=payload,
+        hashes=digests,
+        hash_errors=errors,
+        crawled_at=parse_timestamp(record.get("scraped_at")),
+        text=text,
+    )
+
+
+__all__ = [
+    "RECORD_VERSION", "URL_VERSION", "CanonicalRecord", "RecordError",
+    "canonicalise_record", "parse_line", "parse_timestamp", "natural_key_of",
+]

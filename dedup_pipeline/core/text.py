@@ -1,0 +1,133 @@
+"""Explicit, versioned text normalisation and shingling.
+
+A :class:`TextNormaliser` turns a document into the list of shingles that the
+MinHash and SimHash signatures are computed from. Every rule that changes
+which shingles come out is either a field of the dataclass or covered by
+:data:`RULES_VERSION`, and :meth:`TextNormaliser.identity` names both, so
+signatures made under different rules are never compared as equal.
+
+Rules, in order:
+
+1. Unicode normalisation (``unicode_form``, default NFKC: folds full-width
+   forms, ligatures and compatibility characters).
+2. ``casefold`` (stronger than ``lower``: "Straße" and "STRASSE" agree).
+3. ``digits``: ``"keep"``, or ``"mask"`` to map every decimal digit to ``0``
+   (so counters, prices and dates that change between crawls do not break
+   shingles, while the shape of the number stays).
+4. ``strip_punctuation``: every run of characters that are neither letters nor
+   digits (punctuation, symbols, underscores, whitespace) becomes one space.
+5. Whitespace is always collapsed to single spaces and trimmed.
+
+Shingles are word n-grams (tokens joined by one space) or character n-grams
+of the normalised text (spaces included). A non-empty document shorter than
+the n-gram size yields exactly one shingle, its whole normalised text; an
+empty document (or one that normalises to nothing) yields no shingle at all,
+so empty documents never share a shingle with anything.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import ClassVar
+
+#: Version of the rule *implementations* below. Bump it (``text/2``...) when
+#: the code of a rule changes what it outputs for some input; the golden test
+#: in ``test_text.py`` fails when that happens without a bump.
+RULES_VERSION = "text/1"
+
+_UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
+_DIGIT_POLICIES = ("keep", "mask")
+_SHINGLE_KINDS = ("word", "char")
+
+_NOT_ALNUM = re.compile(r"[\W_]+")
+_DIGIT = re.compile(r"\d")
+
+
+@dataclass(frozen=True)
+class TextNormaliser:
+    """Normalisation and shingling rules; immutable and hashable.
+
+    The defaults (word 3-grams) were chosen on the quality data, see
+    ``benchmarks/neardup_quality.py``.
+    """
+
+    unicode_form: str = "NFKC"
+    casefold: bool = True
+    strip_punctuation: bool = True
+    digits: str = "keep"
+    shingle: str = "word"
+    ngram: int = 3
+
+    version: ClassVar[str] = RULES_VERSION
+
+    def __post_init__(self) -> None:
+        if self.unicode_form not in _UNICODE_FORMS:
+            raise ValueError(f"unicode_form must be one of {_UNICODE_FORMS}, got {self.unicode_form!r}")
+        if self.digits not in _DIGIT_POLICIES:
+            raise ValueError(f"digits must be one of {_DIGIT_POLICIES}, got {self.digits!r}")
+        if self.shingle not in _SHINGLE_KINDS:
+            raise ValueError(f"shingle must be one of {_SHINGLE_KINDS}, got {self.shingle!r}")
+        if not isinstance(self.ngram, int) or self.ngram < 1:
+            raise ValueError(f"ngram must be a positive int, got {self.ngram!r}")
+
+    def identity(self) -> str:
+        """A stable string naming the rule version and every setting."""
+        return (
+            f"{self.version};unicode={self.unicode_form};casefold={int(self.casefold)};"
+            f"punct={'strip' if self.strip_punctuation else 'keep'};digits={self.digits};"
+            f"shingle={self.shingle};n={self.ngram}"
+        )
+
+    def normalise(self, text: str) -> str:
+        """Apply rules 1-5 and return the normalised text."""
+        if self.unicode_form != "none":
+            text = unicodedata.normalize(self.unicode_form, text)
+        if self.casefold:
+            text = text.casefold()
+        if self.digits == "mask":
+            text = _DIGIT.sub("0", text)
+        if self.strip_punctuation:
+            text = _NOT_ALNUM.sub(" ", text)
+        return " ".join(text.split())
+
+    def shingles(self, text: str) -> list[str]:
+        """Shingles of ``text`` in document order (duplicates kept)."""
+        norm = self.normalise(text)
+        if not norm:
+            return []
+        n = self.ngram
+        if self.shingle == "word":
+            tokens = norm.split(" ")
+            if len(tokens) <= n:
+                return [norm]
+            return list(map(" ".join, zip(*(tokens[i:] for i in range(n)))))
+        if len(norm) <= n:
+            return [norm]
+        return [norm[i : i + n] for i in range(len(norm) - n + 1)]
+
+    def shingle_bytes(self, text: str) -> list[bytes]:
+        """``[s.encode("utf-8") for s in self.shingles(text)]``, computed faster.
+
+        The hashing in :mod:`dedup_pipeline.core.minhash` works on bytes, so
+        this skips building each shingle as ``str`` first: the normalised text
+        is encoded once, and word shingles are joined from its byte tokens.
+        """
+        norm = self.normalise(text)
+        if not norm:
+            return []
+        data = norm.encode("utf-8")
+        n = self.ngram
+        if self.shingle == "word":
+            # After normalise() the only whitespace left is single spaces, so
+            # splitting the bytes on b" " gives exactly the encoded tokens.
+            tokens = data.split(b" ")
+            if len(tokens) <= n:
+                return [data]
+            return list(map(b" ".join, zip(*(tokens[i:] for i in range(n)))))
+        if len(norm) <= n:
+            return [data]
+        if len(data) == len(norm):  # ASCII: character and byte offsets agree
+            return [data[i : i + n] for i in range(len(data) - n + 1)]
+        return [norm[i : i + n].encode("utf-8") for i in range(len(norm) - n + 1)]

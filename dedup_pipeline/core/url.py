@@ -1,0 +1,430 @@
+"""URL canonicalisation, version ``url/1``.
+
+Two URLs that differ only in ways a web server cannot observe (or in
+advertising/analytics tracking parameters) get the same canonical string;
+two URLs that could address different content never do.  Nothing lossy:
+path case, trailing slashes, ``+`` versus ``%20``, ``%2F`` versus ``/`` and
+``a`` versus ``a=`` in queries are all preserved.
+
+Rules of ``url/1`` (changing any of them means bumping :data:`URL_VERSION`):
+
+* surrounding whitespace stripped; embedded tab, CR and LF removed (as
+  browsers do);
+* only ``http`` and ``https`` are canonicalised; the scheme is lowercased;
+* the host is lowercased; a non-ASCII host is converted to punycode with
+  IDNA 2008 / UTS #46 non-transitional processing (what browsers do, so
+  ``faß.de`` and ``fass.de`` stay distinct); IPv6 literals keep their
+  brackets and are lowercased; a trailing dot is kept; userinfo is kept
+  exactly as written;
+* the default port (80 for http, 443 for https) and an empty port are
+  dropped; other ports are written without leading zeros;
+* an empty path becomes ``/``; dot segments are removed (RFC 3986 5.2.4);
+  case and trailing slashes are kept;
+* percent-encoding is normalised (RFC 3986 6.2.2): hex digits uppercased and
+  escapes of unreserved characters (``A-Z a-z 0-9 - . _ ~``) decoded.
+  Characters RFC 3986 does not allow in the path or query (space, controls,
+  ``"<>[\\]^`{|}``, non-ASCII, a ``%`` that does not start an escape) are
+  percent-encoded as UTF-8.  Nothing else is decoded or encoded;
+* the query is split on ``&``; empty pieces and tracking parameters (see
+  :data:`TRACKING_PARAMS` and :data:`TRACKING_PREFIXES`) are dropped, the
+  rest sorted by (name, value); an empty query loses its ``?``;
+* the fragment is dropped.
+
+The functions are pure (no I/O) and idempotent.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import operator
+import re
+
+import idna
+
+__all__ = [
+    "TRACKING_PARAMS",
+    "TRACKING_PREFIXES",
+    "URL_VERSION",
+    "UrlError",
+    "canonical_url",
+    "canonicalize_url_strict",
+]
+
+URL_VERSION = "url/1"
+
+#: Query parameter names (compared case-insensitively) that only carry
+#: click/campaign attribution, never the identity of the content.  Each is
+#: set by an ad or analytics platform on links it rewrites.  Deliberately
+#: absent because some sites use them to select content: ``ref`` (GitHub and
+#: GitLab use ``?ref=<branch>``), ``source``, ``campaign``, ``cid``, ``si``,
+#: ``spm``, ``tag`` and Matomo's ``pk_*``/``mtm_*`` family.
+TRACKING_PARAMS: frozenset[str] = frozenset(
+    {
+        # Google Ads / Marketing Platform / Merchant Center
+        "gclid",
+        "gclsrc",
+        "dclid",
+        "gbraid",
+        "wbraid",
+        "gad_source",
+        "srsltid",
+        # Google Analytics cross-domain linker
+        "_ga",
+        "_gl",
+        # Meta (Facebook, Instagram)
+        "fbclid",
+        "igshid",
+        # Microsoft Advertising
+        "msclkid",
+        # Yandex
+        "yclid",
+        "ysclid",
+        # X/Twitter, TikTok, LinkedIn, Pinterest
+        "twclid",
+        "ttclid",
+        "li_fat_id",
+        "epik",
+        # Mailchimp
+        "mc_cid",
+        "mc_eid",
+        # HubSpot
+        "_hsenc",
+        "_hsmi",
+        "__hssc",
+        "__hstc",
+        "__hsfp",
+        # Marketo, Klaviyo, Omeda, Vero
+        "mkt_tok",
+        "_kx",
+        "oly_anon_id",
+        "oly_enc_id",
+        "vero_id",
+        "vero_conv",
+        # Affiliate networks (Impact, Rakuten Advertising)
+        "irclickid",
+        "ranmid",
+        "raneaid",
+        "ransiteid",
+    }
+)
+
+#: Parameters whose lowercased name starts with one of these are dropped
+#: (``utm_source``, ``utm_medium``, ``UTM_Campaign``, ...).
+TRACKING_PREFIXES: tuple[str, ...] = ("utm_",)
+
+
+class UrlError(ValueError):
+    """The URL cannot be canonicalised under ``url/1``.
+
+    The message is the reason only; it never contains the URL, which may be
+    personal data.
+    """
+
+
+# --- character classes (RFC 3986 section 2 and 3) --------------------------
+
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_SUB_DELIMS = "!$&'()*+,;="
+_PATH_CHARS = r"A-Za-z0-9\-._~" + re.escape(_SUB_DELIMS) + ":@/"
+_QUERY_CHARS = _PATH_CHARS + r"?"
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*").fullmatch
+
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9\-._~" + re.escape(_SUB_DELIMS) + r"]+").fullmatch
+_PATH_IS_CLEAN = re.compile(f"[{_PATH_CHARS}]*").fullmatch
+# Path and query together (the path cannot hold a "?", so one class does).
+_PATH_AND_QUERY_ARE_CLEAN = re.compile(f"[{_QUERY_CHARS}]*").fullmatch
+_QUERY_IS_CLEAN = re.compile(f"[{_QUERY_CHARS}]*").fullmatch
+# An escape, a "%" that does not start one, or a run of characters to encode.
+_PATH_FIX = re.compile(f"%[0-9A-Fa-f]{{2}}|%|[^{_PATH_CHARS}%]+").sub
+_QUERY_FIX = re.compile(f"%[0-9A-Fa-f]{{2}}|%|[^{_QUERY_CHARS}%]+").sub
+
+_REG_NAME = re.compile(r"[a-z0-9\-._~" + re.escape(_SUB_DELIMS) + r"]+").fullmatch
+_IPV6_CHARS = re.compile(r"[0-9a-f:.]+").fullmatch
+
+_DROP_TAB_CR_LF = str.maketrans("", "", "\t\r\n")
+_PARTITION_AT_EQUALS = operator.methodcaller("partition", "=")
+_PREFIX_NEEDLES = tuple("&" + prefix for prefix in TRACKING_PREFIXES)
+_DEFAULT_PORT = {"http": "80", "https": "443"}
+_MAX_IDN_LENGTH = 1024  # far above DNS's 63 per label; bounds the IDNA work
+
+# Schemes named in error messages; any other "scheme" might be the start of
+# a typo'd "user:password" and is not echoed.
+_KNOWN_SCHEMES = frozenset(
+    "about blob data file ftp ftps git intent irc javascript magnet mailto "
+    "news nntp sftp sms ssh tel urn vbscript webcal ws wss".split()
+)
+
+
+def _build_escape_tables() -> tuple[dict[str, str], list[str]]:
+    """Return (escape -> normalised form, byte -> "%XX")."""
+    byte_escape = [f"%{b:02X}" for b in range(256)]
+    normalised = {}
+    for b in range(256):
+        hi, lo = f"{b:02X}"
+        target = chr(b) if chr(b) in _UNRESERVED else f"%{hi}{lo}"
+        for h in {hi, hi.lower()}:
+            for low in {lo, lo.lower()}:
+                normalised[f"%{h}{low}"] = target
+    return normalised, byte_escape
+
+
+_NORMALISED_ESCAPE, _BYTE_ESCAPE = _build_escape_tables()
+
+
+# --- public API --------------------------------------------------------------
+
+
+def canonical_url(url: str) -> str:
+    """Return the ``url/1`` canonical form of *url*, never raising on a str.
+
+    When *url* cannot be canonicalised (not http(s), bad port, invalid
+    host, ...), return it with surrounding whitespace stripped instead, so
+    the result is always usable as a key and the function is idempotent.
+    """
+    try:
+        return canonicalize_url_strict(url)
+    except ValueError:  # UrlError; ValueError as a belt-and-braces guarantee
+        return url.strip()
+
+
+def canonicalize_url_strict(url: str) -> str:
+    """Return the ``url/1`` canonical form of *url* or raise :class:`UrlError`.
+
+    See the module docstring for the rules.  Each component is first tested
+    for the common case where it needs no work; only URLs that fail such a
+    test pay for the general code.
+    """
+    s = url.strip()
+    if "\t" in s or "\n" in s or "\r" in s:
+        s = s.translate(_DROP_TAB_CR_LF)
+    if not s.isascii():
+        _reject_lone_surrogates(s)
+    if s.startswith("https://"):
+        scheme, start = "https", 8
+    elif s.startswith("http://"):
+        scheme, start = "http", 7
+    else:
+        scheme, start = _scheme_and_authority_start(s)
+
+    end = s.find("#", start)
+    if end < 0:
+        end = len(s)
+    question = s.find("?", start, end)
+    if question < 0:
+        question = end
+    slash = s.find("/", start, question)
+    if slash < 0:
+        slash = question
+
+    authority = s[start:slash]
+    if _PLAIN_HOST(authority):  # no userinfo, port, IPv6, escape or Unicode
+        authority = authority.lower()
+    else:
+        authority = _canonical_authority(authority, scheme)
+
+    if _PATH_AND_QUERY_ARE_CLEAN(s, slash, end):  # nothing to (de|en)code
+        path = s[slash:question] or "/"
+        if "/." in path:
+            path = _remove_dot_segments(path)
+        query = _filter_and_sort(s[question + 1 : end]) if question < end else ""
+    else:
+        path = _canonical_path(s[slash:question])
+        query = _canonical_query(s[question + 1 : end])
+
+    if query:
+        return f"{scheme}://{authority}{path}?{query}"
+    return f"{scheme}://{authority}{path}"
+
+
+# --- components --------------------------------------------------------------
+
+
+def _reject_lone_surrogates(s: str) -> None:
+    """Raise UrlError if *s* is not valid Unicode text (cannot be UTF-8)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UrlError("lone surrogate (not valid Unicode text)") from None
+
+
+def _scheme_and_authority_start(s: str) -> tuple[str, int]:
+    """Return (lowercased scheme, index after "//") or raise UrlError.
+
+    The slow path of the scheme check: mixed case schemes and errors.
+    """
+    colon = s.find(":")
+    scheme = s[:colon] if colon > 0 else ""
+    if not _SCHEME(scheme):
+        raise UrlError("no scheme")
+    lowered = scheme.lower()
+    if lowered != "http" and lowered != "https":
+        if lowered in _KNOWN_SCHEMES:
+            raise UrlError(f"scheme {lowered!r} is not http(s)")
+        raise UrlError("scheme is not http(s)")
+    if s[colon + 1 : colon + 3] != "//":
+        raise UrlError("no '//' after the scheme")
+    return lowered, colon + 3
+
+
+def _canonical_authority(authority: str, scheme: str) -> str:
+    """Return ``[userinfo@]host[:port]`` in canonical form."""
+    userinfo, at, hostport = authority.rpartition("@")
+    if hostport.startswith("["):
+        end = hostport.find("]") + 1
+        if end == 0:
+            raise UrlError("unterminated IPv6 literal")
+        host = _canonical_ipv6(hostport[:end])
+        rest = hostport[end:]
+        if rest and rest[0] != ":":
+            raise UrlError("unexpected characters after IPv6 literal")
+        port = rest[1:]
+    else:
+        host, _, port = hostport.partition(":")
+        host = _canonical_host(host)
+    if port:
+        port = _canonical_port(port, scheme)
+    if port:
+        return f"{userinfo}{at}{host}:{port}"
+    return f"{userinfo}{at}{host}"
+
+
+def _canonical_host(host: str) -> str:
+    """Lowercase a registered name, converting Unicode labels to punycode."""
+    if not host.isascii():
+        host = ".".join([_idna_label(label) for label in host.split(".")])
+    lowered = host.lower()
+    if _REG_NAME(lowered):
+        return lowered
+    if not host:
+        raise UrlError("no host")
+    if "%" in host:
+        raise UrlError("percent-encoded host")
+    raise UrlError("invalid character in host")
+
+
+def _idna_label(label: str) -> str:
+    """Return an ASCII label unchanged, or a Unicode one as punycode.
+
+    UTS #46 non-transitional mapping then IDNA 2008 (the ``idna`` package).
+    Converting label by label keeps ASCII labels under the same rules as in
+    an all-ASCII host, and saves the cost of the ``idna`` checks on them.
+    """
+    if label.isascii():
+        return label
+    if len(label) > _MAX_IDN_LENGTH:
+        raise UrlError("host too long")
+    try:
+        return idna.encode(label, uts46=True).decode("ascii")
+    except (idna.IDNAError, UnicodeError):
+        raise UrlError("host is not a valid internationalised domain name") from None
+
+
+def _canonical_ipv6(literal: str) -> str:
+    """Validate a bracketed IPv6 literal and lowercase it (not compressed)."""
+    inner = literal[1:-1].lower()
+    if not _IPV6_CHARS(inner):
+        raise UrlError("invalid IPv6 literal")
+    try:
+        ipaddress.IPv6Address(inner)
+    except ValueError:
+        raise UrlError("invalid IPv6 literal") from None
+    return f"[{inner}]"
+
+
+def _canonical_port(port: str, scheme: str) -> str:
+    """Return the port without leading zeros, or '' for the default port."""
+    if port == _DEFAULT_PORT[scheme]:
+        return ""
+    if not (port.isascii() and port.isdigit()):
+        raise UrlError("port is not a number")
+    digits = port.lstrip("0") or "0"
+    if len(digits) > 5 or int(digits) > 65535:
+        raise UrlError("port out of range")
+    return "" if digits == _DEFAULT_PORT[scheme] else digits
+
+
+def _canonical_path(path: str) -> str:
+    """Normalise escapes, encode what must be, remove dot segments.
+
+    *path* is empty or starts with "/" (it follows the authority).
+    """
+    if not path:
+        return "/"
+    if not _PATH_IS_CLEAN(path):
+        path = _PATH_FIX(_fix_escapes, path)
+    if "/." in path:
+        path = _remove_dot_segments(path)
+    return path
+
+
+def _canonical_query(query: str) -> str:
+    """Normalise the query, drop empty and tracking pieces, sort the rest."""
+    if not _QUERY_IS_CLEAN(query):
+        query = _QUERY_FIX(_fix_escapes, query)
+    return _filter_and_sort(query)
+
+
+def _filter_and_sort(query: str) -> str:
+    """Drop empty and tracking pieces of a normalised query, sort the rest."""
+    if not query:
+        return ""
+    pieces = query.split("&")
+    if "" in pieces:
+        pieces = [piece for piece in pieces if piece]
+    # (name, "=" or "", value) tuples sort by name, then bare "a" before
+    # "a=...", then by value: the (name, value) order, made total.
+    parts = list(map(_PARTITION_AT_EQUALS, pieces))
+    if _may_have_tracking(query):
+        parts = [part for part in parts if not _is_tracking(part[0])]
+    parts.sort()
+    return "&".join(map("".join, parts))
+
+
+def _may_have_tracking(query: str) -> bool:
+    """Tell, without a Python loop over the pieces, if any may be tracking.
+
+    Exact for names in TRACKING_PARAMS; for prefixes true as soon as a name
+    starts with one.  In *marked* every name follows a "&" and every value
+    a "=", so a split on "&" yields each name and "=..." value chunks, which
+    can never equal a name.
+    """
+    marked = ("&" + query.lower()).replace("=", "&=")
+    for needle in _PREFIX_NEEDLES:
+        if needle in marked:
+            return True
+    return not TRACKING_PARAMS.isdisjoint(marked.split("&"))
+
+
+def _is_tracking(name: str) -> bool:
+    """Tell if a query parameter name (as normalised) is a tracking one.
+
+    Escapes of unreserved characters are already decoded, so a name that
+    still holds a "%" cannot be a tracking name: testing the normalised name
+    is the same as testing the percent-decoded one.
+    """
+    name = name.lower()
+    return name in TRACKING_PARAMS or name.startswith(TRACKING_PREFIXES)
+
+
+def _fix_escapes(match: re.Match[str]) -> str:
+    """Normalise one escape, or percent-encode a run of disallowed chars."""
+    text = match.group()
+    if text[0] == "%":
+        return _NORMALISED_ESCAPE.get(text, "%25")
+    return "".join([_BYTE_ESCAPE[b] for b in text.encode("utf-8")])
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 5.2.4 for an absolute path (one starting with "/")."""
+    segments = path.split("/")
+    out: list[str] = []
+    for segment in segments[1:]:
+        if segment == "..":
+            if out:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    if segments[-1] in (".", ".."):
+        out.append("")  # "/a/b/.." -> "/a/", not "/a"
+    return "/" + "/".join(out)

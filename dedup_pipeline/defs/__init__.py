@@ -1,0 +1,1 @@
+"""The Dagster layer: partitions, resources, assets, checks, jobs and sensors. Kept thin."""

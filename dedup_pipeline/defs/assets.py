@@ -1,0 +1,118 @@
+"""The four assets of the dedup ladder, cheapest rung first. Each is a few lines over `dedup_pipeline.ladder`."""
+
+
+import dagster as dg
+
+from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, WarehouseResource
+from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.exact import ExactReport, deduplicate_batch
+from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.landing import find_batch
+
+GROUP = "dedup_ladder"
+COLLAPSE_CHECK = "collapse_rate_in_band"
+
+
+@dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, kinds={"python", "sql"})
+def raw_crawl_batches(
+    context: dg.AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource
+) -> dg.MaterializeResult:
+    """A crawl batch as it landed: one partition per JSON Lines file (optionally gzipped) in the landing folder.
+
+    Registers the file (size, SHA-256, line count) and sends every line that is
+    not a JSON object to the `quarantine` table with its reason and line number.
+    Read `lines` (records in the file), `parsed` (lines that go on to be
+    canonicalised) and `quarantined` (lines stopped here).
+    """
+    batch = find_batch(landing.path(), context.partition_key)
+    report = ingest_raw_batch(warehouse.get(), batch)
+    return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.parsed})
+
+
+@dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[raw_crawl_batches], kinds={"python", "sql"})
+def canonical_records(
+    context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource
+) -> dg.MaterializeResult:
+    """Each parsable record in canonical form, in the `canonical_records` table.
+
+    Canonical URL (`url/1`: tracking parameters stripped, scheme and host
+    lowercased, default port dropped, query sorted, fragment dropped, path case
+    kept), volatile fetch fields (scraped_at, crawl_id, proxy_ip, ...) left out
+    of the identity, text NFC with whitespace collapsed, exact decimal numbers,
+    and one SHA-256 per hash version (`content/1`, `content/2`) beside its
+    version. Records without a usable URL or natural key, or that the active
+    hash version cannot hash, go to quarantine. `unhashable[content/N]` counts
+    records a non-active version could not hash (the rehash job reports them).
+    """
+    report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings())
+    return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.canonical})
+
+
+def _collapse_check(report: ExactReport, ladder: LadderResource) -> dg.AssetCheckResult:
+    low, high = ladder.min_collapse_rate, ladder.max_collapse_rate
+    in_band = low <= report.collapse_rate <= high
+    too_small = report.records_in < ladder.min_records_for_check
+    return dg.AssetCheckResult(
+        check_name=COLLAPSE_CHECK,
+        passed=in_band or too_small,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=(
+            "Collapse rate = exact duplicates / records in. Near zero usually means a volatile field "
+            "leaked into the hash; near one means the crawl re-fetched nothing new."
+        ),
+        metadata={
+            "collapse_rate": report.collapse_rate, "band_low": low, "band_high": high,
+            "records_in": report.records_in,
+            "note": "batch too small to judge" if too_small and not in_band else ("in band" if in_band else "outside band"),
+        },
+    )
+
+
+@dg.asset(
+    partitions_def=crawl_batches_partitions,
+    group_name=GROUP,
+    deps=[canonical_records],
+    kinds={"python", "sql"},
+    check_specs=[dg.AssetCheckSpec(COLLAPSE_CHECK, asset="deduplicated_records")],
+)
+def deduplicated_records(
+    context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource
+) -> dg.MaterializeResult:
+    """The warehouse table `records`: one current row per natural key, one row per content.
+
+    Each canonical record of the batch, in file order, is one of: `exact_duplicate`
+    (its active-version digest is already stored: skipped), `changed` (its
+    natural key is stored with other content: the row is updated and the old
+    content kept in `record_history`), or `new` (inserted). A UNIQUE index on
+    (hash_version, content_hash) is the authority. Every decision is in the
+    `dedup_decisions` log (keys and digests only). `collapse_rate` is exact
+    duplicates / records in; `survivors` go on to the near-duplicate rung.
+    Re-materialising a partition changes nothing.
+    """
+    report = deduplicate_batch(warehouse.get(), context.partition_key, context.run.run_id, ladder.settings())
+    return dg.MaterializeResult(
+        metadata={**report.as_metadata(), "dagster/row_count": report.survivors},
+        check_results=[_collapse_check(report, ladder)],
+    )
+
+
+@dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[deduplicated_records], kinds={"python", "sql"})
+def near_duplicate_clusters(
+    context: dg.AssetExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource
+) -> dg.MaterializeResult:
+    """Near-duplicate clusters: MinHash + LSH over the title and description of the batch's survivors.
+
+    Each new or changed record is sketched, its LSH buckets are stored in the
+    warehouse, and candidates from every earlier batch are verified by
+    estimated Jaccard similarity. Near duplicates are kept (another source may
+    matter) and linked: `near_duplicate_links` holds each pair with its
+    similarity, `near_duplicate_clusters` each clustered record with its
+    cluster id (the smallest record id in the cluster, stable across runs).
+    """
+    report = cluster_batch(warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size)
+    return dg.MaterializeResult(metadata=report.as_metadata())
+
+
+ladder_assets = [raw_crawl_batches, canonical_records, deduplicated_records, near_duplicate_clusters]

@@ -1,0 +1,97 @@
+"""Resources: where the warehouse and the landing folder are, and how the ladder behaves."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field
+
+from dedup_pipeline.core.hashing import HASH_RULES
+from dedup_pipeline.core.neardup import DEFAULT_THRESHOLD, NearDupParams
+from dedup_pipeline.core.text import TextNormaliser
+from dedup_pipeline.core.policy import DuplicatePolicy
+from dedup_pipeline.landing import landing_dir
+from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.store.warehouse import Warehouse, default_database_url
+
+
+@lru_cache(maxsize=8)
+def _warehouse(url: str) -> Warehouse:
+    # One engine (connection pool) per process and URL; the schema is created once.
+    return Warehouse(url).create_schema()
+
+
+class WarehouseResource(dg.ConfigurableResource):
+    """The warehouse database. Unset means $DEDUP_DATABASE_URL, else a local SQLite file."""
+
+    database_url: Optional[str] = Field(
+        default=None,
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host:5432/db. "
+        "Leave empty to use $DEDUP_DATABASE_URL or the embedded SQLite warehouse.",
+    )
+
+    def get(self) -> Warehouse:
+        return _warehouse(self.database_url or default_database_url())
+
+
+class LandingResource(dg.ConfigurableResource):
+    """The landing folder crawlers drop batch files into."""
+
+    folder: Optional[str] = Field(default=None, description="Folder path; empty means $DEDUP_LANDING_DIR or .dedup/landing.")
+    settle_seconds: float = Field(
+        default=5.0, description="A file modified more recently than this is still being written and is left alone."
+    )
+
+    def path(self) -> Path:
+        return Path(self.folder).resolve() if self.folder else landing_dir()
+
+
+class LadderResource(dg.ConfigurableResource):
+    """How records move down the ladder (see the README, 'Duplicate classes')."""
+
+    chunk_size: int = Field(default=2000, description="Records per transaction and per set-based statement.")
+    natural_key: list[str] = Field(default=["canonical_url"], description="Fields that identify the same thing.")
+    hash_versions: list[str] = Field(default=list(HASH_RULES), description="Hash versions computed per record.")
+    on_changed: str = Field(default="upsert", description="'upsert' (keep old content in history) or 'keep_first'.")
+    keep_history: bool = Field(default=True, description="Keep superseded content in record_history.")
+    min_collapse_rate: float = Field(default=0.01, description="Collapse-rate check fails below this.")
+    max_collapse_rate: float = Field(default=0.95, description="Collapse-rate check fails above this.")
+    min_records_for_check: int = Field(default=100, description="Smaller batches pass the collapse-rate check.")
+
+    def settings(self) -> LadderSettings:
+        return LadderSettings(
+            chunk_size=self.chunk_size,
+            natural_key=tuple(self.natural_key),
+            hash_versions=tuple(self.hash_versions),
+            policy=DuplicatePolicy(on_changed=self.on_changed, keep_history=self.keep_history),
+        )
+
+
+class NearDupResource(dg.ConfigurableResource):
+    """Near-duplicate detection settings. Changing a sketch setting needs a new index (it is refused otherwise)."""
+
+    method: str = Field(default="minhash", description="'minhash' (MinHash + LSH) or 'simhash'.")
+    threshold: float = Field(default=DEFAULT_THRESHOLD, description="Estimated Jaccard similarity that links two records.")
+    num_perm: int = Field(default=128, description="MinHash permutations.")
+    shingle: str = Field(default="word", description="'word' or 'char' n-grams.")
+    ngram: int = Field(default=3, description="n-gram size.")
+    simhash_max_distance: int = Field(default=3, description="SimHash: differing bits that still count as near.")
+    representative: str = Field(default="oldest", description="Cluster representative: 'oldest' or 'longest'.")
+    chunk_size: int = Field(default=2000, description="Records sketched and linked per transaction.")
+
+    def params(self) -> NearDupParams:
+        return NearDupParams(
+            method=self.method, threshold=self.threshold, num_perm=self.num_perm,
+            normaliser=TextNormaliser(shingle=self.shingle, ngram=self.ngram),
+            simhash_max_distance=self.simhash_max_distance, representative=self.representative,
+        )
+
+
+def default_resources() -> dict:
+    return {
+        "warehouse": WarehouseResource(), "landing": LandingResource(), "ladder": LadderResource(),
+        "near_dup": NearDupResource(),
+    }

@@ -1,0 +1,32 @@
+"""The landing sensor: every new batch file becomes a partition and a run of the ladder."""
+
+
+import os
+
+import dagster as dg
+
+from dedup_pipeline.defs.jobs import dedup_ladder_job
+from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.defs.resources import LandingResource
+from dedup_pipeline.landing import list_batches
+
+AUTOMATION_ENV = "DEDUP_AUTOMATION"
+
+
+def automation_status() -> dg.DefaultSensorStatus:
+    """Sensors start running when DEDUP_AUTOMATION=on, else they wait to be switched on in the UI."""
+    enabled = os.environ.get(AUTOMATION_ENV, "").lower() in ("1", "on", "true", "yes")
+    return dg.DefaultSensorStatus.RUNNING if enabled else dg.DefaultSensorStatus.STOPPED
+
+
+@dg.sensor(job=dedup_ladder_job, minimum_interval_seconds=30, default_status=automation_status())
+def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource) -> dg.SensorResult:
+    """Adds a partition for each new, fully written batch file in the landing folder and requests its run."""
+    known = set(context.instance.get_dynamic_partitions(crawl_batches_partitions.name))
+    new_keys = [batch.key for batch in list_batches(landing.path(), landing.settle_seconds) if batch.key not in known]
+    if not new_keys:
+        return dg.SensorResult(skip_reason="no new batch files")
+    return dg.SensorResult(
+        dynamic_partitions_requests=[crawl_batches_partitions.build_add_request(new_keys)],
+        run_requests=[dg.RunRequest(partition_key=key, run_key=key) for key in new_keys],
+    )

@@ -1,0 +1,104 @@
+"""Rung 2: canonical URL, canonical fields and versioned content hashes for every good line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import delete, insert, select
+
+from dedup_pipeline.core.errors import RecordError
+from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord, canonicalise_record, parse_line
+from dedup_pipeline.landing import BatchFileError, TruncatedBatch, file_sha256, iter_lines
+from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
+from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.store.schema import canonical_records, crawl_batches
+from dedup_pipeline.store.warehouse import Warehouse, active_hash_version
+
+RUNG = "canonical"
+
+
+@dataclass
+class CanonicalReport:
+    batch_id: str
+    records_in: int = 0
+    canonical: int = 0
+    quarantined: int = 0
+    hash_errors: Counter = field(default_factory=Counter)  # version -> records that version could not hash
+
+    def as_metadata(self) -> dict:
+        meta = {"batch_id": self.batch_id, "records_in": self.records_in, "canonical": self.canonical,
+                "quarantined": self.quarantined}
+        meta.update({f"unhashable[{v}]": n for v, n in sorted(self.hash_errors.items())})
+        return meta
+
+
+def registered_file(warehouse: Warehouse, batch_id: str) -> tuple[Path, str]:
+    with warehouse.engine.connect() as conn:
+        row = conn.execute(
+            select(crawl_batches.c.file_path, crawl_batches.c.file_sha256).where(crawl_batches.c.batch_id == batch_id)
+        ).one_or_none()
+    if row is None:
+        raise BatchFileError(f"batch {batch_id!r} is not registered: materialise raw_crawl_batches first")
+    return Path(row.file_path), row.file_sha256
+
+
+def _row(batch_id: str, record: CanonicalRecord) -> dict:
+    return {
+        "batch_id": batch_id, "line_no": record.line_no, "natural_key": record.natural_key,
+        "canonical_url": record.canonical_url, "url_version": URL_VERSION, "hashes": record.hashes,
+        "hash_errors": record.hash_errors, "payload": record.payload, "crawled_at": record.crawled_at,
+    }
+
+
+def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSettings) -> CanonicalReport:
+    """Canonicalise every parsable line of a registered batch into the `canonical_records` table.
+
+    Lines the raw rung quarantined are skipped (they are already in quarantine);
+    lines that parse but cannot be canonicalised (no or invalid URL, missing
+    natural key, active hash version not computable) are quarantined here.
+    One transaction, so a partition is either fully replaced or untouched.
+    """
+    path, sha = registered_file(warehouse, batch_id)
+    if file_sha256(path) != sha:
+        raise BatchFileError(f"batch file {path} changed since it was registered: re-materialise raw_crawl_batches")
+    report = CanonicalReport(batch_id)
+    with warehouse.engine.begin() as conn:
+        active = active_hash_version(conn)
+        versions = tuple(dict.fromkeys((active, *settings.hash_versions)))
+        conn.execute(delete(canonical_records).where(canonical_records.c.batch_id == batch_id))
+        clear_quarantine(conn, batch_id, RUNG)
+        bad = QuarantineWriter(conn, batch_id, RUNG)
+        rows: list[dict] = []
+        for line_no, raw, record in _parsed_lines(path):
+            report.records_in += 1
+            try:
+                canonical = canonicalise_record(record, line_no, versions, active, settings.natural_key)
+            except RecordError as exc:
+                bad.add(line_no, str(exc), raw)
+                continue
+            report.canonical += 1
+            report.hash_errors.update(canonical.hash_errors.keys())
+            rows.append(_row(batch_id, canonical))
+            if len(rows) >= settings.chunk_size:
+                conn.execute(insert(canonical_records), rows)
+                rows = []
+        if rows:
+            conn.execute(insert(canonical_records), rows)
+        bad.flush()
+        report.quarantined = bad.count
+    return report
+
+
+def _parsed_lines(path: Path) -> Iterator[tuple[int, bytes, dict]]:
+    """Lines that parse; the raw rung has already quarantined the others."""
+    try:
+        for line in iter_lines(path):
+            try:
+                yield line.number, line.raw, parse_line(line.raw)
+            except RecordError:
+                continue
+    except TruncatedBatch:
+        return

@@ -1,0 +1,32 @@
+"""Settings of the ladder, as plain data so that core, store and the Dagster layer share them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dedup_pipeline.core.hashing import HASH_RULES
+from dedup_pipeline.core.policy import DuplicatePolicy
+from dedup_pipeline.core.records import DEFAULT_NATURAL_KEY
+
+
+@dataclass(frozen=True)
+class LadderSettings:
+    """How a batch moves down the ladder.
+
+    - ``chunk_size``: records per transaction and per set-based statement; memory is bounded by it.
+    - ``natural_key``: fields that identify "the same thing" (the canonical URL by default).
+    - ``hash_versions``: versions computed for every record (the active one is always required).
+    - ``policy``: what to do per duplicate class.
+    """
+
+    chunk_size: int = 2000
+    natural_key: tuple[str, ...] = DEFAULT_NATURAL_KEY
+    hash_versions: tuple[str, ...] = tuple(HASH_RULES)
+    policy: DuplicatePolicy = field(default_factory=DuplicatePolicy)
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise ValueError("chunk_size must be at least 1")
+        unknown = set(self.hash_versions) - set(HASH_RULES)
+        if unknown:
+            raise ValueError(f"unknown hash versions {sorted(unknown)}; known: {sorted(HASH_RULES)}")

@@ -1,0 +1,140 @@
+"""The landing folder: which files are crawl batches, their partition keys, and reading their lines."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+LANDING_DIR_ENV = "DEDUP_LANDING_DIR"
+#: Batch file endings, longest first so "x.jsonl.gz" is not read as "x.jsonl" + ".gz".
+BATCH_SUFFIXES = (".jsonl.gz", ".ndjson.gz", ".json.gz", ".jsonl", ".ndjson")
+_KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=:+-]{0,199}$")
+
+
+class BatchFileError(RuntimeError):
+    """A batch file that cannot be read as a whole (missing, unreadable, changed)."""
+
+
+def landing_dir() -> Path:
+    """$DEDUP_LANDING_DIR, else the `landing` folder of the data folder."""
+    from dedup_pipeline.store.warehouse import data_dir
+
+    return Path(os.environ.get(LANDING_DIR_ENV) or data_dir() / "landing").resolve()
+
+
+def batch_key(path: Path) -> str | None:
+    """The partition key of a batch file (its name without the suffix), or None if it is not a batch."""
+    name = path.name
+    for suffix in BATCH_SUFFIXES:
+        if name.endswith(suffix):
+            key = name[: -len(suffix)]
+            return key if _KEY_PATTERN.match(key) else None
+    return None
+
+
+@dataclass(frozen=True)
+class BatchFile:
+    key: str
+    path: Path
+    size: int
+    mtime: float
+
+
+def list_batches(folder: Path, settle_seconds: float = 0.0) -> list[BatchFile]:
+    """Batch files in `folder`, in name order.
+
+    Hidden files and files modified in the last `settle_seconds` are left out:
+    a crawler still writing a batch (or writing it under a temporary name and
+    renaming it when done, as it should) never yields a partial partition.
+    """
+    if not folder.is_dir():
+        raise BatchFileError(f"landing folder {folder} does not exist or is not a folder")
+    now = time.time()
+    found: dict[str, BatchFile] = {}
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or not path.is_file():
+            continue
+        key = batch_key(path)
+        if key is None:
+            continue
+        stat = path.stat()
+        if now - stat.st_mtime < settle_seconds:
+            continue
+        if key in found:
+            raise BatchFileError(f"two landing files map to batch {key!r}: {found[key].path.name} and {path.name}")
+        found[key] = BatchFile(key, path, stat.st_size, stat.st_mtime)
+    return [found[key] for key in sorted(found)]
+
+
+def find_batch(folder: Path, key: str) -> BatchFile:
+    for batch in list_batches(folder):
+        if batch.key == key:
+            return batch
+    raise BatchFileError(f"no landing file for batch {key!r} in {folder}")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Line:
+    """One physical line of a batch: 1-based number and raw bytes (no newline)."""
+
+    number: int
+    raw: bytes
+
+
+class TruncatedBatch(Exception):
+    """Raised after the last good line when a compressed batch ends early."""
+
+    def __init__(self, line_no: int, tail: bytes, reason: str):
+        super().__init__(reason)
+        self.line_no = line_no
+        self.tail = tail
+        self.reason = reason
+
+
+def iter_lines(path: Path) -> Iterator[Line]:
+    """Stream the non-blank lines of a batch file, gunzipping when needed.
+
+    Memory is one line at a time. A truncated or corrupt gzip stream yields
+    every complete line before the damage and then raises `TruncatedBatch`
+    carrying the incomplete tail, so the caller can quarantine it.
+    """
+    opener = gzip.open if path.name.endswith(".gz") else open
+    line_no = 0
+    try:
+        with opener(path, "rb") as handle:
+            pending = b""
+            while True:
+                try:
+                    block = handle.read(1 << 20)
+                except (EOFError, OSError, zlib.error) as exc:
+                    raise TruncatedBatch(line_no + 1, pending, f"compressed stream damaged: {exc}") from None
+                if not block:
+                    break
+                pending += block
+                *complete, pending = pending.split(b"\n")
+                for raw in complete:
+                    line_no += 1
+                    raw = raw.rstrip(b"\r")
+                    if raw.strip():
+                        yield Line(line_no, raw)
+            if pending.strip():
+                yield Line(line_no + 1, pending.rstrip(b"\r"))
+    except FileNotFoundError:
+        raise BatchFileError(f"batch file {path} disappeared") from None
+    except PermissionError:
+        raise BatchFileError(f"batch file {path} is not readable") from None

@@ -1,0 +1,111 @@
+"""Run the whole ladder over a landing folder on the configured Dagster instance and warehouse.
+
+Shared by the command line and the end-to-end tests: every batch becomes a
+partition and one in-process run of the `dedup_ladder` job, so the runs and
+their metadata show in the Dagster UI afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import dagster as dg
+from sqlalchemy import func, select
+
+from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.landing import LANDING_DIR_ENV, list_batches
+from dedup_pipeline.store.schema import records
+from dedup_pipeline.store.warehouse import Warehouse
+
+LOCAL_DAGSTER_HOME = ".dagster_home"
+# The command line prints its own summary; Dagster's step-by-step log stays in the UI.
+_QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def ensure_dagster_home() -> Path:
+    """Use $DAGSTER_HOME, else a git-ignored `.dagster_home` folder in the working directory.
+
+    Never the repository's `dagster.yaml`: that one is for `dg dev` from the
+    checkout; production instances live in deploy/.
+    """
+    home = os.environ.get("DAGSTER_HOME")
+    if home:
+        return Path(home)
+    local = Path.cwd() / LOCAL_DAGSTER_HOME
+    local.mkdir(parents=True, exist_ok=True)
+    config = local / "dagster.yaml"
+    if not config.exists():
+        checkout_config = Path.cwd() / "dagster.yaml"
+        config.write_text(checkout_config.read_text() if checkout_config.exists() else "telemetry:\n  enabled: false\n")
+    os.environ["DAGSTER_HOME"] = str(local)
+    return local
+
+
+@dataclass
+class BatchSummary:
+    batch: str
+    records_in: int
+    quarantined: int
+    exact_duplicates: int
+    changed: int
+    new: int
+    stale: int
+    near_duplicates: int
+
+
+@dataclass
+class LadderSummary:
+    batches: list[BatchSummary] = field(default_factory=list)
+    warehouse_records: int = 0
+
+    def as_dict(self) -> dict:
+        return {"batches": [asdict(b) for b in self.batches], "warehouse_records": self.warehouse_records}
+
+
+def _metadata(result: dg.ExecuteInProcessResult, asset_name: str) -> dict:
+    materializations = result.asset_materializations_for_node(asset_name)
+    if not materializations:
+        return {}
+    return {key: value.value for key, value in materializations[-1].metadata.items()}
+
+
+def run_landing_folder(landing: Path, instance: dg.DagsterInstance | None = None) -> LadderSummary:
+    """Register every batch file in `landing` and materialise the ladder for each, in name order."""
+    from dedup_pipeline.definitions import defs
+
+    landing = landing.resolve()
+    os.environ[LANDING_DIR_ENV] = str(landing)
+    instance = instance or dg.DagsterInstance.get()
+    batches = list_batches(landing)
+    known = set(instance.get_dynamic_partitions(crawl_batches_partitions.name))
+    missing = [b.key for b in batches if b.key not in known]
+    if missing:
+        instance.add_dynamic_partitions(crawl_batches_partitions.name, missing)
+    job = defs.resolve_job_def("dedup_ladder")
+    summary = LadderSummary()
+    for batch in batches:
+        result = job.execute_in_process(
+            partition_key=batch.key, instance=instance, raise_on_error=True, run_config=_QUIET_RUN_CONFIG
+        )
+        raw = _metadata(result, "raw_crawl_batches")
+        canonical = _metadata(result, "canonical_records")
+        exact = _metadata(result, "deduplicated_records")
+        near = _metadata(result, "near_duplicate_clusters")
+        summary.batches.append(
+            BatchSummary(
+                batch=batch.key,
+                records_in=int(raw.get("lines", 0)),
+                quarantined=int(raw.get("quarantined", 0)) + int(canonical.get("quarantined", 0)),
+                exact_duplicates=int(exact.get("exact_duplicate", 0)),
+                changed=int(exact.get("changed", 0)),
+                new=int(exact.get("new", 0)),
+                stale=int(exact.get("stale", 0)),
+                near_duplicates=int(near.get("near_duplicates", 0)),
+            )
+        )
+    warehouse = Warehouse().create_schema()
+    with warehouse.engine.connect() as conn:
+        summary.warehouse_records = conn.execute(select(func.count()).select_from(records)).scalar_one()
+    return summary

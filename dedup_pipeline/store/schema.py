@@ -1,0 +1,159 @@
+"""The warehouse schema (SQLAlchemy Core). One module so every table is in one place.
+
+Digests are stored compactly as 32 raw bytes (BYTEA on PostgreSQL, BLOB on
+SQLite) beside their version string. `records` holds one current row per
+natural key; its UNIQUE (hash_version, content_hash) index is the authority on
+"is this content already stored".
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON, BigInteger, Boolean, Column, DateTime, Float, ForeignKey, Index, Integer, LargeBinary,
+    MetaData, String, Table, Text, UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+# BIGINT ids on PostgreSQL; SQLite only auto-increments INTEGER PRIMARY KEY.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+Payload = JSON().with_variant(JSONB(), "postgresql")
+Digest = LargeBinary(32)
+
+
+def _now_column(name: str, **kwargs) -> Column:
+    return Column(name, DateTime(timezone=True), **kwargs)
+
+
+settings = Table(
+    "dedup_settings", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+    _now_column("updated_at", nullable=False),
+)
+
+crawl_batches = Table(
+    "crawl_batches", metadata,
+    Column("batch_id", String(255), primary_key=True),
+    Column("file_path", Text, nullable=False),
+    Column("file_sha256", String(64), nullable=False),
+    Column("file_bytes", BigInteger, nullable=False),
+    Column("lines", Integer, nullable=False),
+    Column("parsed", Integer, nullable=False),
+    Column("quarantined", Integer, nullable=False),
+    _now_column("landed_at", nullable=False),
+    _now_column("registered_at", nullable=False),
+)
+
+quarantine = Table(
+    "quarantine", metadata,
+    Column("batch_id", String(255), primary_key=True),
+    Column("line_no", Integer, primary_key=True),
+    Column("rung", String(32), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("raw_line", LargeBinary, nullable=False),
+    _now_column("quarantined_at", nullable=False),
+)
+
+canonical_records = Table(
+    "canonical_records", metadata,
+    Column("batch_id", String(255), primary_key=True),
+    Column("line_no", Integer, primary_key=True),
+    Column("natural_key", Text, nullable=False),
+    Column("canonical_url", Text, nullable=False),
+    Column("url_version", String(16), nullable=False),
+    Column("hashes", Payload, nullable=False),
+    Column("hash_errors", Payload, nullable=False),
+    Column("payload", Payload, nullable=False),
+    _now_column("crawled_at"),
+)
+
+records = Table(
+    "records", metadata,
+    Column("record_id", Id, primary_key=True, autoincrement=True),
+    Column("natural_key", Text, nullable=False, unique=True),
+    Column("canonical_url", Text, nullable=False),
+    Column("url_version", String(16), nullable=False),
+    Column("hash_version", String(32), nullable=False),
+    Column("content_hash", Digest, nullable=False),
+    Column("payload", Payload, nullable=False),
+    _now_column("first_seen_at", nullable=False),
+    _now_column("last_crawled_at", nullable=False),
+    Column("first_batch_id", String(255), nullable=False),
+    Column("last_batch_id", String(255), nullable=False),
+    # Order of the version held: (last_landed_at, last_batch_id, last_line_no); newer batches win.
+    _now_column("last_landed_at", nullable=False),
+    Column("last_line_no", Integer, nullable=False),
+    UniqueConstraint("hash_version", "content_hash", name="uq_records_version_hash"),
+    Index("ix_records_last_batch", "last_batch_id"),
+)
+
+record_hashes = Table(
+    "record_hashes", metadata,
+    Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
+    Column("hash_version", String(32), primary_key=True),
+    Column("content_hash", Digest),
+    Column("error", Text),
+    Index("ix_record_hashes_version_hash", "hash_version", "content_hash"),
+)
+
+record_history = Table(
+    "record_history", metadata,
+    Column("history_id", Id, primary_key=True, autoincrement=True),
+    Column("record_id", Id, nullable=False, index=True),
+    Column("natural_key", Text, nullable=False),
+    Column("hash_version", String(32), nullable=False),
+    Column("content_hash", Digest, nullable=False),
+    Column("payload", Payload, nullable=False),
+    _now_column("valid_from", nullable=False),
+    _now_column("superseded_at", nullable=False),
+    Column("superseded_by_batch_id", String(255), nullable=False),
+)
+
+dedup_decisions = Table(
+    "dedup_decisions", metadata,
+    Column("decision_id", Id, primary_key=True, autoincrement=True),
+    Column("batch_id", String(255), nullable=False),
+    Column("line_no", Integer, nullable=False),
+    Column("run_id", String(64), nullable=False),
+    Column("natural_key", Text),
+    Column("hash_version", String(32)),
+    Column("content_hash", Digest),
+    Column("decision", String(32), nullable=False),
+    _now_column("decided_at", nullable=False),
+    Index("ix_decisions_batch", "batch_id", "line_no"),
+)
+
+minhash_signatures = Table(
+    "minhash_signatures", metadata,
+    Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
+    Column("index_identity", String(255), nullable=False),
+    Column("content_hash", Digest, nullable=False),
+    Column("signature", LargeBinary, nullable=False),
+)
+
+lsh_buckets = Table(
+    "lsh_buckets", metadata,
+    Column("band", Integer, primary_key=True),
+    Column("bucket", BigInteger, primary_key=True),
+    Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
+    Index("ix_lsh_buckets_record", "record_id"),
+)
+
+near_duplicate_links = Table(
+    "near_duplicate_links", metadata,
+    Column("record_a", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
+    Column("record_b", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
+    Column("similarity", Float, nullable=False),
+    Column("method", String(16), nullable=False),
+    Column("batch_id", String(255), nullable=False),
+    Index("ix_links_b", "record_b"),
+)
+
+near_duplicate_clusters = Table(
+    "near_duplicate_clusters", metadata,
+    Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
+    Column("cluster_id", Id, nullable=False, index=True),
+    Column("is_representative", Boolean, nullable=False),
+)

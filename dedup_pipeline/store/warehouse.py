@@ -1,0 +1,110 @@
+"""Connecting to the warehouse: SQLite by default, PostgreSQL when DEDUP_DATABASE_URL is set."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event, select
+from sqlalchemy.engine import make_url
+
+from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
+from dedup_pipeline.store.schema import metadata, settings
+
+DATABASE_URL_ENV = "DEDUP_DATABASE_URL"
+DATA_DIR_ENV = "DEDUP_DATA_DIR"
+ACTIVE_HASH_VERSION = "active_hash_version"
+
+
+def data_dir() -> Path:
+    """Where the embedded default keeps its files: $DEDUP_DATA_DIR, else ./.dedup."""
+    return Path(os.environ.get(DATA_DIR_ENV) or Path.cwd() / ".dedup").resolve()
+
+
+def default_database_url() -> str:
+    """$DEDUP_DATABASE_URL, else a SQLite file in the data folder."""
+    url = os.environ.get(DATABASE_URL_ENV)
+    if url:
+        return url
+    return f"sqlite:///{data_dir() / 'warehouse.sqlite'}"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes; everything here is UTC."""
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with the settings each backend needs for concurrent pipeline steps."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 120})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class Warehouse:
+    """The warehouse: an engine plus the schema and the settings that live in it."""
+
+    def __init__(self, url: str | None = None, engine: Engine | None = None):
+        self.url = url or default_database_url()
+        self.engine = engine or make_engine(self.url)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def create_schema(self) -> "Warehouse":
+        """Create missing tables and initial settings; safe to call on every run."""
+        metadata.create_all(self.engine)
+        with self.engine.begin() as conn:
+            if read_setting(conn, ACTIVE_HASH_VERSION) is None:
+                insert = upsert_ignore(conn, settings).values(
+                    name=ACTIVE_HASH_VERSION, value=INITIAL_ACTIVE_VERSION, updated_at=utcnow()
+                )
+                conn.execute(insert)
+        return self
+
+    def active_hash_version(self) -> str:
+        with self.engine.connect() as conn:
+            return active_hash_version(conn)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def read_setting(conn: Connection, name: str) -> str | None:
+    return conn.execute(select(settings.c.value).where(settings.c.name == name)).scalar_one_or_none()
+
+
+def active_hash_version(conn: Connection) -> str:
+    """The hash version dedup decisions use; it lives in the warehouse, not in code."""
+    version = read_setting(conn, ACTIVE_HASH_VERSION) or INITIAL_ACTIVE_VERSION
+    if version not in HASH_RULES:
+        raise RuntimeError(f"warehouse names hash version {version!r}, which this code does not know")
+    return version
+
+
+def upsert_ignore(conn: Connection, table):
+    """INSERT ... ON CONFLICT DO NOTHING for the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(table).on_conflict_do_nothing()

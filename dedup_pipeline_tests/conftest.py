@@ -1,0 +1,52 @@
+"""Shared fixtures: a warehouse on SQLite and on the real PostgreSQL, each test in its own database state."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from dedup_pipeline.store.schema import metadata
+from dedup_pipeline.store.warehouse import Warehouse
+
+PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def pg_database_url():
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"dedup_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001 - say clearly what is missing
+        pytest.fail(f"PostgreSQL is required at {PG_ADMIN_URL} (start it, see .ci/run): {exc}")
+    yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def warehouse_url(request, tmp_path):
+    """A warehouse URL with an empty schema: a SQLite file, or the session's PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'warehouse.sqlite'}"
+        return
+    url = request.getfixturevalue("pg_database_url")
+    engine = create_engine(url)
+    metadata.drop_all(engine)
+    with engine.begin() as conn:  # tables outside the metadata (later migrations) go too
+        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+    engine.dispose()
+    yield url
+
+
+@pytest.fixture
+def warehouse(warehouse_url):
+    wh = Warehouse(warehouse_url).create_schema()
+    yield wh
+    wh.dispose()

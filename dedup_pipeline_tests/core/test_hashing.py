@@ -1,0 +1,140 @@
+"""The seeds' hash properties, the two rules' details, and golden digests that pin them across releases."""
+
+from decimal import Decimal
+
+import pytest
+
+from dedup_pipeline import content_hash
+from dedup_pipeline.core.errors import RecordError
+from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes, content_v1_bytes, hash_rule
+
+SEED_A = {"sku": "A1", "title": "Widget ", "price": 9.9, "scraped_at": "2026-07-05T10:00:00Z", "proxy_ip": "10.0.0.1"}
+SEED_B = {"price": 9.90, "sku": "A1", "title": "Widget", "scraped_at": "2026-07-05T11:30:00Z", "proxy_ip": "10.0.0.9"}
+
+LISTING = {
+    "url": "https://shop.example.com/p/1?utm_source=x",
+    "title": "Café  crème\tgrinder",
+    "description": "Burr grinder, 40 mm",
+    "price": Decimal("9.90"),
+    "currency": "eur",
+    "seller_id": "s-1",
+    "sku": "G-1",
+    "scraped_at": "2026-11-01T10:00:00Z",
+    "crawl_id": "c1",
+}
+
+
+def test_seed_example_same_content_other_volatile_fields_and_key_order():
+    assert content_hash(SEED_A, "content/1") == content_hash(SEED_B, "content/1")
+
+
+def test_seed_example_real_change_hashes_differently():
+    assert content_hash(SEED_A, "content/1") != content_hash({**SEED_A, "price": 10.0}, "content/1")
+
+
+def test_content1_price_text_and_number_forms_agree():
+    # The seeds: " 9.90 " and "9.9" hash the same when they mean the same price.
+    forms = [" 9.90 ", "9.9", Decimal("9.900"), 9.9]
+    digests = {content_hash({**SEED_A, "price": form}, "content/1")[0] for form in forms}
+    assert len(digests) == 1
+
+
+def test_content1_matches_the_seed_rule_byte_for_byte():
+    import hashlib
+    import json
+    import unicodedata
+
+    def seed_canonicalise(record):
+        def norm(v):
+            if isinstance(v, str):
+                return " ".join(unicodedata.normalize("NFC", v).strip().split())
+            if isinstance(v, float):
+                return format(v, ".4f")
+            return v
+        cleaned = {k: norm(v) for k, v in record.items() if k not in {"scraped_at", "crawl_id", "proxy_ip", "response_ms", "etag"} and v is not None}
+        return json.dumps(cleaned, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+    record = {"sku": "A1", "title": "Cafe\u0301  au lait", "price": 12.5, "stock": 3, "url": "https://a.example/x", "etag": "e"}
+    assert content_v1_bytes(record) == seed_canonicalise(record)
+    assert content_hash(record, "content/1")[0] == hashlib.sha256(seed_canonicalise(record)).hexdigest()
+
+
+def test_content1_canonicalises_the_url():
+    a = {**SEED_A, "url": "https://Shop.example.com/p/1?utm_source=mail#top"}
+    b = {**SEED_A, "url": "https://shop.example.com/p/1"}
+    assert content_hash(a, "content/1") == content_hash(b, "content/1")
+
+
+@pytest.mark.parametrize("version", sorted(HASH_RULES))
+def test_unicode_forms_and_whitespace_runs_hash_the_same(version):
+    composed = {**LISTING, "title": "Caf\u00e9 grinder"}
+    decomposed = {**LISTING, "title": "  Cafe\u0301\n grinder "}
+    assert content_hash(composed, version) == content_hash(decomposed, version)
+
+
+def test_content2_ignores_fields_outside_the_identity_tuple():
+    base = content_hash(LISTING)
+    assert content_hash({**LISTING, "sku": "other", "url": "https://elsewhere.example/", "colour": "red"}) == base
+    assert content_hash({**LISTING, "seller_id": "s-2"}) != base
+
+
+def test_content2_price_is_exact_minor_units():
+    assert content_hash({**LISTING, "price": "9.9"}) == content_hash({**LISTING, "price": Decimal("9.90")})
+    assert content_hash({**LISTING, "price": "9.9"}) == content_hash({k: v for k, v in {**LISTING, "price_minor": 990}.items() if k != "price"})
+    assert content_hash({**LISTING, "price": "9.91"}) != content_hash(LISTING)
+    jpy = {**LISTING, "currency": "JPY", "price": "990"}
+    assert content_hash(jpy) == content_hash({**jpy, "price": None, "price_minor": 990})
+
+
+def test_content2_refuses_floats_and_missing_identity_fields():
+    with pytest.raises(RecordError, match="float"):
+        content_hash({**LISTING, "price": 9.9})
+    with pytest.raises(RecordError, match="missing identity field 'title'"):
+        content_hash({k: v for k, v in LISTING.items() if k != "title"})
+    with pytest.raises(RecordError, match="missing identity field 'price'"):
+        content_hash({k: v for k, v in LISTING.items() if k != "price"})
+
+
+def test_content2_currency_case_does_not_matter():
+    assert content_hash({**LISTING, "currency": "EUR"}) == content_hash({**LISTING, "currency": " eur "})
+
+
+def test_version_is_returned_and_unknown_versions_are_refused():
+    assert content_hash(LISTING, "content/1")[1] == "content/1"
+    assert content_hash(LISTING)[1] == "content/2"
+    with pytest.raises(ValueError, match="unknown hash version"):
+        hash_rule("content/9")
+
+
+def test_compute_hashes_reports_failing_versions_instead_of_guessing():
+    digests, errors = compute_hashes({**LISTING, "price": 9.9}, ["content/1", "content/2"])
+    assert set(digests) == {"content/1"} and set(errors) == {"content/2"}
+
+
+# Golden digests: a content/N digest must never change between releases. If one of
+# these fails, the rule changed: make it a new version and migrate, do not update the pin.
+PINNED = {
+    "content/1": "fe3897e9e5bfb28f2a6b60253d86852090dc3e9278b7d6469897bda2b3c804b3",
+    "content/2": "e7299785c2939f397f2c69fbdac4f121d63d4615625ebb7a4a0c1ef675bc50ef",
+    "content/2 minimal": "571ec65b8396dc235d7ee4a24c77cb0fc16ac7d76ed4f78f78a7c061c478a134",
+}
+
+
+def test_golden_digests_are_stable():
+    pins = {
+        "content/1": content_hash(SEED_A, "content/1")[0],
+        "content/2": content_hash(LISTING, "content/2")[0],
+        "content/2 minimal": content_hash({"title": "T", "price": "1", "currency": "USD", "seller_id": 7})[0],
+    }
+    assert pins == PINNED
+
+
+def test_content2_canonical_bytes_are_the_documented_json():
+    import hashlib
+
+    expected = (
+        '{"currency":"EUR","description":"Burr grinder, 40 mm","price_minor":990,'
+        '"seller_id":"s-1","title":"Café crème grinder"}'
+    ).encode("utf-8")
+    assert HASH_RULES["content/2"].canonical_bytes(LISTING) == expected
+    assert hashlib.sha256(expected).hexdigest() == PINNED["content/2"]

@@ -1,0 +1,67 @@
+"""The duplicate-class policy, replayed in file order."""
+
+from datetime import datetime, timezone
+
+import pytest
+
+from dedup_pipeline.core.policy import Decision, DuplicatePolicy, StoredRow, plan_chunk
+from dedup_pipeline.core.records import CanonicalRecord
+
+T1 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+T2 = datetime(2026, 11, 2, tzinfo=timezone.utc)
+
+
+def rec(line, key, digest):
+    return CanonicalRecord(line_no=line, canonical_url=key, natural_key=key, payload={}, hashes={"v": digest})
+
+
+def decisions(plan):
+    return [(r.line_no, d.value) for r, d in plan.decisions]
+
+
+def test_new_exact_and_changed_in_file_order():
+    plan = plan_chunk([rec(1, "k1", "a"), rec(2, "k1", "a"), rec(3, "k2", "a"), rec(4, "k1", "b")], "v", {}, set(), (T1, "b1"))
+    assert decisions(plan) == [(1, "new"), (2, "exact_duplicate"), (3, "exact_duplicate"), (4, "changed")]
+    # the last occurrence wins, the earlier version of the key goes to history
+    assert plan.inserts["k1"].line_no == 4
+    assert [(old.line_no, new.line_no) for old, new in plan.chunk_superseded] == [(1, 4)]
+
+
+def test_against_stored_rows():
+    stored = {"k1": StoredRow(7, "a", (T1, "b1", 3))}
+    plan = plan_chunk([rec(1, "k1", "b"), rec(2, "k2", "a"), rec(3, "k3", "c")], "v", stored, {"a"}, (T2, "b2"))
+    assert decisions(plan) == [(1, "changed"), (2, "new"), (3, "new")]
+    assert plan.updates["k1"][1].record_id == 7 and plan.stored_superseded == [stored["k1"]]
+    # "a" left the table with k1's old version, so k2 may now store it
+    assert set(plan.inserts) == {"k2", "k3"}
+
+
+def test_an_older_batch_never_overwrites_newer_content():
+    stored = {"k1": StoredRow(7, "b", (T2, "b2", 1))}
+    plan = plan_chunk([rec(5, "k1", "a")], "v", stored, set(), (T1, "b1"))
+    assert decisions(plan) == [(5, "stale")] and not plan.updates
+
+
+def test_replaying_the_same_batch_plans_nothing():
+    first = plan_chunk([rec(1, "k", "a"), rec(2, "k", "b")], "v", {}, set(), (T1, "b1"))
+    assert decisions(first) == [(1, "new"), (2, "changed")]
+    stored = {"k": StoredRow(1, "b", (T1, "b1", 2))}
+    replay = plan_chunk([rec(1, "k", "a"), rec(2, "k", "b")], "v", stored, {"b"}, (T1, "b1"))
+    assert decisions(replay) == [(1, "stale"), (2, "exact_duplicate")]
+    assert not (replay.inserts or replay.updates or replay.chunk_superseded or replay.stored_superseded)
+
+
+def test_keep_first_policy_ignores_changes():
+    stored = {"k1": StoredRow(7, "a", (T1, "b1", 1))}
+    plan = plan_chunk([rec(1, "k1", "b")], "v", stored, {"a"}, (T2, "b2"), DuplicatePolicy(on_changed="keep_first"))
+    assert decisions(plan) == [(1, "change_ignored")] and not plan.updates
+
+
+def test_erased_positions_are_suppressed():
+    plan = plan_chunk([rec(1, "k1", "a"), rec(2, "k2", "b")], "v", {}, set(), (T1, "b1"), erased={0})
+    assert decisions(plan) == [(1, "erased"), (2, "new")] and set(plan.inserts) == {"k2"}
+
+
+def test_policy_validates_its_options():
+    with pytest.raises(ValueError):
+        DuplicatePolicy(on_changed="delete")

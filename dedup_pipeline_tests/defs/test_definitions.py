@@ -1,0 +1,93 @@
+"""The Dagster layer in process: the ladder over two overlapping batches, the check, the sensor."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+from sqlalchemy import func, select
+
+from dedup_pipeline.definitions import defs
+from dedup_pipeline.defs.assets import COLLAPSE_CHECK, ladder_assets
+from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, WarehouseResource
+from dedup_pipeline.defs.sensors import landing_sensor
+from dedup_pipeline.store.schema import records
+from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline_tests.helpers import listing, write_batch
+
+
+def test_definitions_load():
+    dg.Definitions.validate_loadable(defs)
+    keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert keys == {"raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters"}
+    assert defs.resolve_job_def("dedup_ladder") is not None
+
+
+def resources(url, folder, **ladder):
+    return {
+        "warehouse": WarehouseResource(database_url=url),
+        "landing": LandingResource(folder=str(folder), settle_seconds=0),
+        "ladder": LadderResource(**ladder),
+        "near_dup": NearDupResource(),
+    }
+
+
+def materialize(instance, url, folder, key, **ladder):
+    return dg.materialize(ladder_assets, partition_key=key, instance=instance, resources=resources(url, folder, **ladder))
+
+
+def meta(result, asset):
+    return {k: v.value for k, v in result.asset_materializations_for_node(asset)[0].metadata.items()}
+
+
+def test_whole_ladder_in_process(warehouse_url, tmp_path):
+    folder = tmp_path / "landing"
+    write_batch(folder, "day1", [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)], landed=1e9)
+    write_batch(folder, "day2", [listing(n) for n in range(100, 200)] + ["not json"], landed=1e9 + 86400, gz=True)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["day1", "day2"])
+
+    first = materialize(instance, warehouse_url, folder, "day1")
+    assert first.success
+    exact = meta(first, "deduplicated_records")
+    assert (exact["records_in"], exact["new"], exact["exact_duplicate"]) == (180, 150, 30)
+    assert exact["collapse_rate"] == pytest.approx(30 / 180)
+    [check] = first.get_asset_check_evaluations()
+    assert check.check_name == COLLAPSE_CHECK and check.passed
+
+    second = materialize(instance, warehouse_url, folder, "day2")
+    exact = meta(second, "deduplicated_records")
+    assert (exact["records_in"], exact["new"], exact["exact_duplicate"]) == (100, 50, 50)
+    assert meta(second, "raw_crawl_batches")["quarantined"] == 1
+    assert meta(second, "near_duplicate_clusters")["sketched"] == 50
+
+    with Warehouse(warehouse_url).engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 200
+
+
+def test_collapse_check_fails_outside_its_band(tmp_path):
+    folder = tmp_path / "landing"
+    write_batch(folder, "b", [listing(n) for n in range(120)], landed=1e9)  # no duplicates at all
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b"])
+    result = materialize(instance, f"sqlite:///{tmp_path / 'w.sqlite'}", folder, "b", min_collapse_rate=0.05)
+    [check] = result.get_asset_check_evaluations()
+    assert not check.passed and check.metadata["collapse_rate"].value == 0.0
+    assert result.success  # a warning, not a failed run
+
+
+def test_landing_sensor_adds_partitions_and_requests_runs(tmp_path):
+    folder = tmp_path / "landing"
+    write_batch(folder, "2026-11-01", [listing(1)], landed=1e9)
+    write_batch(folder, "2026-11-02", [listing(2)], landed=1e9, gz=True)
+    (folder / "notes.txt").write_text("not a batch")
+    instance = dg.DagsterInstance.ephemeral()
+    context = dg.build_sensor_context(instance=instance, definitions=defs, resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)})
+    result = landing_sensor(context)
+    assert [r.partition_key for r in result.run_requests] == ["2026-11-01", "2026-11-02"]
+    assert result.dynamic_partitions_requests[0].partition_keys == ["2026-11-01", "2026-11-02"]
+
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["2026-11-01", "2026-11-02"])
+    write_batch(folder, "2026-11-03", [listing(3)])  # still being written: too fresh to take
+    context = dg.build_sensor_context(instance=instance, definitions=defs, resources={"landing": LandingResource(folder=str(folder), settle_seconds=60)})
+    assert not landing_sensor(context).run_requests

@@ -1,0 +1,79 @@
+"""Small builders shared by the tests: batch files and table snapshots."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from pathlib import Path
+
+from sqlalchemy import select
+
+from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, record_history, records
+
+
+_WORDS = (
+    "kettle steel whistle handle stove copper enamel lid spout base cord wooden matte glossy quiet fast "
+    "boil litre compact travel family vintage modern classic induction gas electric warm cool red blue"
+).split()
+
+
+def description(n: int, words: int = 24) -> str:
+    """A distinct, deterministic product description (so listings are not near duplicates of each other)."""
+    rng = random.Random(n)
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def listing(n: int, **overrides) -> dict:
+    """A product listing with volatile fetch metadata, like a crawler writes it."""
+    record = {
+        "url": f"https://shop.example.com/p/{n}",
+        "title": f"Product {n} kettle",
+        "description": description(n),
+        "price": f"{10 + n}.90",
+        "currency": "EUR",
+        "seller_id": f"seller-{n % 3}",
+        "sku": f"SKU-{n}",
+        "scraped_at": f"2026-11-01T10:{n % 60:02d}:00Z",
+        "crawl_id": "crawl-a",
+        "proxy_ip": f"10.0.0.{n % 250}",
+        "response_ms": 100 + n,
+        "etag": f"e{n}",
+    }
+    record.update(overrides)
+    return record
+
+
+def write_batch(folder: Path, name: str, lines: list, landed: float | None = None, gz: bool = False) -> Path:
+    """Write a batch file (dicts are dumped as JSON, str/bytes written as they are)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (name + (".jsonl.gz" if gz else ".jsonl"))
+    data = b"".join(
+        (line if isinstance(line, bytes) else (line if isinstance(line, str) else json.dumps(line)).encode("utf-8")) + b"\n"
+        for line in lines
+    )
+    if gz:
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    if landed is not None:
+        os.utime(path, (landed, landed))
+    return path
+
+
+def snapshot(engine) -> dict:
+    """The data tables as comparable values (ids and wall-clock times left out)."""
+    with engine.connect() as conn:
+        ids = {rid: key for rid, key in conn.execute(select(records.c.record_id, records.c.natural_key))}
+        return {
+            "records": sorted(
+                (r.natural_key, r.hash_version, r.content_hash.hex(), str(sorted(r.payload.items())), r.last_batch_id)
+                for r in conn.execute(select(records))
+            ),
+            "history": sorted(
+                (h.natural_key, h.content_hash.hex(), h.superseded_by_batch_id) for h in conn.execute(select(record_history))
+            ),
+            "links": sorted((ids[a], ids[b], round(s, 6)) for a, b, s in conn.execute(
+                select(near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity))),
+            "clusters": sorted((ids[r], ids[c], rep) for r, c, rep in conn.execute(select(near_duplicate_clusters))),
+        }

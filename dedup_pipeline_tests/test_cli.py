@@ -1,0 +1,52 @@
+"""The command line, as a user runs it: a fresh working directory, the embedded default."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dedup_pipeline_tests.helpers import listing, write_batch
+
+
+def run_cli(args, cwd: Path, **env) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("DEDUP_", "DAGSTER_HOME"))}
+    environment.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "dedup_pipeline.cli", *args], cwd=cwd, env=environment,
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_run_json_on_the_embedded_default(tmp_path):
+    landing = tmp_path / "landing"
+    write_batch(landing, "a", [listing(n) for n in range(5)] + [listing(0, crawl_id="x"), "{broken"], landed=1e9)
+    write_batch(landing, "b", [listing(n, price="1.00") if n == 4 else listing(n) for n in range(3, 8)], landed=1e9 + 60)
+    result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["warehouse_records"] == 8
+    a, b = out["batches"]
+    assert a == {"batch": "a", "records_in": 7, "quarantined": 1, "exact_duplicates": 1, "changed": 0, "new": 5,
+                 "stale": 0, "near_duplicates": 0}
+    assert (b["exact_duplicates"], b["changed"], b["new"]) == (1, 1, 3)
+    # the embedded default: a SQLite warehouse and a local Dagster instance inside the working directory
+    assert (tmp_path / ".dedup" / "warehouse.sqlite").exists()
+    assert (tmp_path / ".dagster_home").is_dir()
+
+
+def test_demo_prints_the_decision_table(tmp_path):
+    result = run_cli(["demo"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("batch"))
+    assert header.split() == ["batch", "in", "quarantined", "exact", "dup", "changed", "new", "stale", "near", "dup"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith("2026-")}
+    assert set(rows) == {"2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication"}
+    shop1 = dict(zip(["in", "quarantined", "exact", "changed", "new", "stale", "near"], map(int, rows["2026-11-01-shop"])))
+    assert shop1["quarantined"] == 2 and shop1["exact"] > 0 and shop1["new"] > 0
+    syndication = rows["2026-11-02-syndication"]
+    assert int(syndication[-1]) > 0  # syndicated copies are linked as near duplicates
+    assert "warehouse records:" in result.stdout
