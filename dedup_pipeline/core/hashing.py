@@ -1,7 +1,9 @@
 """Versioned content-hash rules (the registry) and the public `content_hash`.
 
-Each rule turns a parsed record into one deterministic byte string and hashes
-it with SHA-256. A rule is never edited in place: a changed rule is a new
+Each rule turns a record's canonical fields (`record/1`, see
+`dedup_pipeline.core.fields`) into one deterministic byte string and hashes it
+with SHA-256. Because the canonical form is idempotent, a raw record and its
+stored payload hash the same. A rule is never edited in place: a changed rule is a new
 version string, migrated to by the rehash job. The version is stored beside
 every digest, and digests of different versions are never compared.
 
@@ -20,30 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import unicodedata
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Callable, Iterable, Mapping
 
 from dedup_pipeline.core.errors import RecordError
+from dedup_pipeline.core.fields import NUMERIC_FIELDS, canonical_fields, normalise_text
 from dedup_pipeline.core.numbers import parse_decimal, plain_decimal, to_minor_units
-from dedup_pipeline.core.url import canonical_url
 
-#: Fetch metadata that changes without the content changing. Never hashed.
-VOLATILE_FIELDS = frozenset(
-    {"scraped_at", "crawl_id", "proxy_ip", "response_ms", "etag", "fetched_at", "request_id", "user_agent"}
-)
-#: Fields whose numeric strings are read as numbers, so " 9.90 " equals 9.9.
-NUMERIC_FIELDS = frozenset({"price"})
 #: The fixed identity tuple of `content/2`.
 IDENTITY_FIELDS = ("title", "price_minor", "currency", "seller_id", "description")
-
-
-def normalise_text(value: str) -> str:
-    """NFC, surrounding whitespace stripped, inner whitespace runs collapsed to one space."""
-    if not value.isascii():
-        value = unicodedata.normalize("NFC", value)
-    return " ".join(value.split())
 
 
 def _dumps(payload: Any) -> bytes:
@@ -75,19 +63,15 @@ def _v1_value(value: Any) -> Any:
     raise RecordError(f"content/1: unsupported value type {type(value).__name__}")
 
 
-def content_v1_bytes(record: Mapping[str, Any]) -> bytes:
-    """The seeds' first rule: all non-volatile, non-null fields, normalised."""
+def content_v1_bytes(fields: Mapping[str, Any]) -> bytes:
+    """The seeds' first rule over canonical fields: every field, numbers in the fixed form ``.4f``."""
     cleaned: dict[str, Any] = {}
-    for key, value in record.items():
-        if key in VOLATILE_FIELDS or value is None:
-            continue
-        if key == "url" and isinstance(value, str):
-            cleaned[key] = canonical_url(value)
-        elif key in NUMERIC_FIELDS and isinstance(value, str):
+    for key, value in fields.items():
+        if key in NUMERIC_FIELDS and isinstance(value, str):
             try:
                 cleaned[key] = _fixed_number(parse_decimal(value, key))
             except RecordError:
-                cleaned[key] = normalise_text(value)  # "call for price" stays text
+                cleaned[key] = value  # "call for price" stays text
         else:
             cleaned[key] = _v1_value(value)
     return _dumps(cleaned)
@@ -146,9 +130,9 @@ class HashRule:
     summary: str
     canonical_bytes: Callable[[Mapping[str, Any]], bytes]
 
-    def digest(self, record: Mapping[str, Any]) -> str:
-        """Hex SHA-256 of the rule's canonical bytes; raises RecordError when the rule cannot apply."""
-        return hashlib.sha256(self.canonical_bytes(record)).hexdigest()
+    def digest(self, fields: Mapping[str, Any]) -> str:
+        """Hex SHA-256 of canonical fields (`canonical_fields(record)`); RecordError when the rule cannot apply."""
+        return hashlib.sha256(self.canonical_bytes(fields)).hexdigest()
 
 
 HASH_RULES: dict[str, HashRule] = {
@@ -176,16 +160,16 @@ def content_hash(record: Mapping[str, Any], version: str = "content/2") -> tuple
     Raises ``ValueError`` (a ``RecordError``) when the record cannot be hashed under
     that rule, for example a float price under ``content/2``.
     """
-    return hash_rule(version).digest(record), version
+    return hash_rule(version).digest(canonical_fields(record)), version
 
 
-def compute_hashes(record: Mapping[str, Any], versions: Iterable[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Digest per version, and the reason per version that could not be computed."""
+def compute_hashes(fields: Mapping[str, Any], versions: Iterable[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Digest per version of canonical fields, and the reason per version that could not be computed."""
     digests: dict[str, str] = {}
     errors: dict[str, str] = {}
     for version in versions:
         try:
-            digests[version] = hash_rule(version).digest(record)
+            digests[version] = hash_rule(version).digest(fields)
         except RecordError as exc:
             errors[version] = str(exc)
     return digests, errors

@@ -45,7 +45,7 @@ DEFAULT_THRESHOLD = 0.5
 #: Weights of false positives and false negatives when choosing bands/rows.
 #: Recall-leaning: a missed candidate is lost for good, while a false
 #: candidate only costs one verification.
-LSH_WEIGHTS = (0.5, 0.5)
+LSH_WEIGHTS = (0.05, 0.95)
 
 METHODS = ("minhash", "simhash")
 VERIFY_MODES = ("estimate", "exact")

@@ -13,12 +13,10 @@ from decimal import Decimal
 from typing import Any, Mapping, Sequence
 
 from dedup_pipeline.core.errors import RecordError
-from dedup_pipeline.core.hashing import VOLATILE_FIELDS, NUMERIC_FIELDS, compute_hashes, normalise_text
-from dedup_pipeline.core.numbers import parse_decimal, plain_decimal
+from dedup_pipeline.core.fields import RECORD_VERSION, canonical_fields
+from dedup_pipeline.core.hashing import compute_hashes
 from dedup_pipeline.core.url import URL_VERSION, UrlError, canonicalize_url_strict
 
-#: Version of the stored canonical payload (field normalisation for storage).
-RECORD_VERSION = "record/1"
 #: Fields whose text feeds near-duplicate detection, in order.
 TEXT_FIELDS = ("title", "description")
 #: Natural key used when the configuration names none.
@@ -81,25 +79,6 @@ def parse_timestamp(value: Any) -> datetime | None:
     return parsed.astimezone(timezone.utc)
 
 
-def _storage_value(key: str, value: Any) -> Any:
-    """Canonical storage form of one field (record/1): NFC text, plain exact numbers."""
-    if isinstance(value, str):
-        if key in NUMERIC_FIELDS:
-            try:
-                return plain_decimal(parse_decimal(value, key))
-            except RecordError:
-                pass
-        text = normalise_text(value)
-        return text.upper() if key == "currency" else text
-    if isinstance(value, Decimal):
-        return plain_decimal(value)
-    if isinstance(value, dict):
-        return {k: _storage_value(k, v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_storage_value(key, v) for v in value]
-    return value
-
-
 @dataclass(slots=True)
 class CanonicalRecord:
     """A record ready for the exact rung: identity, hashes and the payload to store."""
@@ -146,14 +125,10 @@ def canonicalise_record(
         canonical = canonicalize_url_strict(url)
     except UrlError as exc:
         raise RecordError(f"invalid url: {exc}") from None
-    digests, errors = compute_hashes(record, hash_versions)
+    payload = canonical_fields(record)
+    digests, errors = compute_hashes(payload, hash_versions)
     if active_version in errors:
         raise RecordError(errors[active_version])
-    payload = {
-        key: _storage_value(key, value)
-        for key, value in record.items()
-        if key not in VOLATILE_FIELDS and value is not None
-    }
     payload["url"] = canonical
     text = " ".join(str(payload[f]) for f in TEXT_FIELDS if isinstance(payload.get(f), str) and payload[f])
     return CanonicalRecord(

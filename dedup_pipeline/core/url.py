@@ -36,7 +36,6 @@ The functions are pure (no I/O) and idempotent.
 from __future__ import annotations
 
 import ipaddress
-import operator
 import re
 
 import idna
@@ -121,30 +120,35 @@ class UrlError(ValueError):
     """
 
 
-# --- character classes (RFC 3986 section 2 and 3) --------------------------
+# --- character classes (RFC 3986 sections 2 and 3) -------------------------
 
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-_SUB_DELIMS = "!$&'()*+,;="
-_PATH_CHARS = r"A-Za-z0-9\-._~" + re.escape(_SUB_DELIMS) + ":@/"
+_SUB_DELIMS = re.escape("!$&'()*+,;=")
+_PATH_CHARS = r"A-Za-z0-9\-._~" + _SUB_DELIMS + ":@/"
 _QUERY_CHARS = _PATH_CHARS + r"?"
+# An escape already in normal form: uppercase hex, of a byte that is not
+# unreserved (so not of 2D 2E 30-39 41-5A 5F 61-7A 7E).
+_NORMAL_ESCAPE = r"%(?:[0189A-F][0-9A-F]|2[0-9A-CF]|3[A-F]|[46]0|5[B-E]|7[B-DF])"
+
+# The common case in one match: lowercase http(s), a plain ASCII host,
+# maybe a port, and a path and query that need no escape work.  Groups:
+# scheme, host, port (None if no ":"), path ("" if none), query (None if no
+# "?").  What follows "#" is the fragment, ignored.
+_COMMON_URL = re.compile(
+    r"(https?)://([A-Za-z0-9.\-]+)(?::([0-9]*))?"
+    rf"((?:/[{_PATH_CHARS}]*(?:{_NORMAL_ESCAPE}[{_PATH_CHARS}]*)*)?)"
+    rf"(?:\?([{_QUERY_CHARS}]*(?:{_NORMAL_ESCAPE}[{_QUERY_CHARS}]*)*))?"
+    r"(?:#|\Z)"
+).match
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*").fullmatch
-
-_PLAIN_HOST = re.compile(r"[A-Za-z0-9\-._~" + re.escape(_SUB_DELIMS) + r"]+").fullmatch
-_PATH_IS_CLEAN = re.compile(f"[{_PATH_CHARS}]*").fullmatch
-# Path and query together (the path cannot hold a "?", so one class does).
-_PATH_AND_QUERY_ARE_CLEAN = re.compile(f"[{_QUERY_CHARS}]*").fullmatch
-_QUERY_IS_CLEAN = re.compile(f"[{_QUERY_CHARS}]*").fullmatch
+_REG_NAME = re.compile(r"[a-z0-9\-._~" + _SUB_DELIMS + r"]+").fullmatch
+_IPV6_CHARS = re.compile(r"[0-9a-f:.]+").fullmatch
 # An escape, a "%" that does not start one, or a run of characters to encode.
 _PATH_FIX = re.compile(f"%[0-9A-Fa-f]{{2}}|%|[^{_PATH_CHARS}%]+").sub
 _QUERY_FIX = re.compile(f"%[0-9A-Fa-f]{{2}}|%|[^{_QUERY_CHARS}%]+").sub
 
-_REG_NAME = re.compile(r"[a-z0-9\-._~" + re.escape(_SUB_DELIMS) + r"]+").fullmatch
-_IPV6_CHARS = re.compile(r"[0-9a-f:.]+").fullmatch
-
 _DROP_TAB_CR_LF = str.maketrans("", "", "\t\r\n")
-_PARTITION_AT_EQUALS = operator.methodcaller("partition", "=")
-_PREFIX_NEEDLES = tuple("&" + prefix for prefix in TRACKING_PREFIXES)
 _DEFAULT_PORT = {"http": "80", "https": "443"}
 _MAX_IDN_LENGTH = 1024  # far above DNS's 63 per label; bounds the IDNA work
 
@@ -157,19 +161,19 @@ _KNOWN_SCHEMES = frozenset(
 
 
 def _build_escape_tables() -> tuple[dict[str, str], list[str]]:
-    """Return (escape -> normalised form, byte -> "%XX")."""
+    """Return (any-case escape -> normal form, byte -> "%XX")."""
     byte_escape = [f"%{b:02X}" for b in range(256)]
-    normalised = {}
+    normal = {}
     for b in range(256):
         hi, lo = f"{b:02X}"
         target = chr(b) if chr(b) in _UNRESERVED else f"%{hi}{lo}"
         for h in {hi, hi.lower()}:
             for low in {lo, lo.lower()}:
-                normalised[f"%{h}{low}"] = target
-    return normalised, byte_escape
+                normal[f"%{h}{low}"] = target
+    return normal, byte_escape
 
 
-_NORMALISED_ESCAPE, _BYTE_ESCAPE = _build_escape_tables()
+_ESCAPE_TO_NORMAL, _BYTE_TO_ESCAPE = _build_escape_tables()
 
 
 # --- public API --------------------------------------------------------------
@@ -191,22 +195,46 @@ def canonical_url(url: str) -> str:
 def canonicalize_url_strict(url: str) -> str:
     """Return the ``url/1`` canonical form of *url* or raise :class:`UrlError`.
 
-    See the module docstring for the rules.  Each component is first tested
-    for the common case where it needs no work; only URLs that fail such a
-    test pay for the general code.
+    See the module docstring for the rules.  Most URLs are split and checked
+    by one regex match (:data:`_COMMON_URL`) and only need their host
+    lowercased and their query filtered and sorted; the others go through
+    the general code, component by component.
     """
     s = url.strip()
     if "\t" in s or "\n" in s or "\r" in s:
         s = s.translate(_DROP_TAB_CR_LF)
+    m = _COMMON_URL(s)
+    if m is None:
+        scheme, authority, path, query = _canonical_parts(s)
+    else:
+        scheme, host, port, path, query = m.groups()
+        authority = host.lower()
+        if port is not None:
+            port = _canonical_port(port, scheme)
+            if port:
+                authority = f"{authority}:{port}"
+        if not path:
+            path = "/"
+        elif "/." in path:
+            path = _remove_dot_segments(path)
+        if query:
+            query = _filter_and_sort(query)
+    if query:
+        return f"{scheme}://{authority}{path}?{query}"
+    return f"{scheme}://{authority}{path}"
+
+
+# --- general path ------------------------------------------------------------
+
+
+def _canonical_parts(s: str) -> tuple[str, str, str, str]:
+    """Return canonical (scheme, authority, path, query) of any URL text.
+
+    *s* is already stripped and free of tab/CR/LF.
+    """
     if not s.isascii():
         _reject_lone_surrogates(s)
-    if s.startswith("https://"):
-        scheme, start = "https", 8
-    elif s.startswith("http://"):
-        scheme, start = "http", 7
-    else:
-        scheme, start = _scheme_and_authority_start(s)
-
+    scheme, start = _scheme_and_authority_start(s)
     end = s.find("#", start)
     if end < 0:
         end = len(s)
@@ -216,28 +244,12 @@ def canonicalize_url_strict(url: str) -> str:
     slash = s.find("/", start, question)
     if slash < 0:
         slash = question
-
-    authority = s[start:slash]
-    if _PLAIN_HOST(authority):  # no userinfo, port, IPv6, escape or Unicode
-        authority = authority.lower()
-    else:
-        authority = _canonical_authority(authority, scheme)
-
-    if _PATH_AND_QUERY_ARE_CLEAN(s, slash, end):  # nothing to (de|en)code
-        path = s[slash:question] or "/"
-        if "/." in path:
-            path = _remove_dot_segments(path)
-        query = _filter_and_sort(s[question + 1 : end]) if question < end else ""
-    else:
-        path = _canonical_path(s[slash:question])
-        query = _canonical_query(s[question + 1 : end])
-
-    if query:
-        return f"{scheme}://{authority}{path}?{query}"
-    return f"{scheme}://{authority}{path}"
-
-
-# --- components --------------------------------------------------------------
+    return (
+        scheme,
+        _canonical_authority(s[start:slash], scheme),
+        _canonical_path(s[slash:question]),
+        _canonical_query(s[question + 1 : end]),
+    )
 
 
 def _reject_lone_surrogates(s: str) -> None:
@@ -249,10 +261,7 @@ def _reject_lone_surrogates(s: str) -> None:
 
 
 def _scheme_and_authority_start(s: str) -> tuple[str, int]:
-    """Return (lowercased scheme, index after "//") or raise UrlError.
-
-    The slow path of the scheme check: mixed case schemes and errors.
-    """
+    """Return (lowercased scheme, index after its "//") or raise UrlError."""
     colon = s.find(":")
     scheme = s[:colon] if colon > 0 else ""
     if not _SCHEME(scheme):
@@ -282,8 +291,7 @@ def _canonical_authority(authority: str, scheme: str) -> str:
     else:
         host, _, port = hostport.partition(":")
         host = _canonical_host(host)
-    if port:
-        port = _canonical_port(port, scheme)
+    port = _canonical_port(port, scheme)
     if port:
         return f"{userinfo}{at}{host}:{port}"
     return f"{userinfo}{at}{host}"
@@ -333,8 +341,8 @@ def _canonical_ipv6(literal: str) -> str:
 
 
 def _canonical_port(port: str, scheme: str) -> str:
-    """Return the port without leading zeros, or '' for the default port."""
-    if port == _DEFAULT_PORT[scheme]:
+    """Return the port without leading zeros, or "" for an empty/default one."""
+    if not port or port == _DEFAULT_PORT[scheme]:
         return ""
     if not (port.isascii() and port.isdigit()):
         raise UrlError("port is not a number")
@@ -351,8 +359,7 @@ def _canonical_path(path: str) -> str:
     """
     if not path:
         return "/"
-    if not _PATH_IS_CLEAN(path):
-        path = _PATH_FIX(_fix_escapes, path)
+    path = _PATH_FIX(_fix_escapes, path)
     if "/." in path:
         path = _remove_dot_segments(path)
     return path
@@ -360,59 +367,37 @@ def _canonical_path(path: str) -> str:
 
 def _canonical_query(query: str) -> str:
     """Normalise the query, drop empty and tracking pieces, sort the rest."""
-    if not _QUERY_IS_CLEAN(query):
-        query = _QUERY_FIX(_fix_escapes, query)
-    return _filter_and_sort(query)
+    if not query:
+        return ""
+    return _filter_and_sort(_QUERY_FIX(_fix_escapes, query))
+
+
+# --- shared steps ------------------------------------------------------------
 
 
 def _filter_and_sort(query: str) -> str:
     """Drop empty and tracking pieces of a normalised query, sort the rest."""
-    if not query:
-        return ""
-    pieces = query.split("&")
-    if "" in pieces:
-        pieces = [piece for piece in pieces if piece]
-    # (name, "=" or "", value) tuples sort by name, then bare "a" before
+    kept = []
+    for piece in query.split("&"):
+        parts = piece.partition("=")
+        # Escapes of unreserved characters are already decoded, so a name
+        # that still holds a "%" cannot be a tracking name: testing the
+        # normalised name is the same as testing the percent-decoded one.
+        name = parts[0].lower()
+        if name not in TRACKING_PARAMS and not name.startswith(TRACKING_PREFIXES) and piece:
+            kept.append(parts)
+    # (name, "=" or "", value) tuples sort by name, then a bare "a" before
     # "a=...", then by value: the (name, value) order, made total.
-    parts = list(map(_PARTITION_AT_EQUALS, pieces))
-    if _may_have_tracking(query):
-        parts = [part for part in parts if not _is_tracking(part[0])]
-    parts.sort()
-    return "&".join(map("".join, parts))
-
-
-def _may_have_tracking(query: str) -> bool:
-    """Tell, without a Python loop over the pieces, if any may be tracking.
-
-    Exact for names in TRACKING_PARAMS; for prefixes true as soon as a name
-    starts with one.  In *marked* every name follows a "&" and every value
-    a "=", so a split on "&" yields each name and "=..." value chunks, which
-    can never equal a name.
-    """
-    marked = ("&" + query.lower()).replace("=", "&=")
-    for needle in _PREFIX_NEEDLES:
-        if needle in marked:
-            return True
-    return not TRACKING_PARAMS.isdisjoint(marked.split("&"))
-
-
-def _is_tracking(name: str) -> bool:
-    """Tell if a query parameter name (as normalised) is a tracking one.
-
-    Escapes of unreserved characters are already decoded, so a name that
-    still holds a "%" cannot be a tracking name: testing the normalised name
-    is the same as testing the percent-decoded one.
-    """
-    name = name.lower()
-    return name in TRACKING_PARAMS or name.startswith(TRACKING_PREFIXES)
+    kept.sort()
+    return "&".join(["".join(parts) for parts in kept])
 
 
 def _fix_escapes(match: re.Match[str]) -> str:
     """Normalise one escape, or percent-encode a run of disallowed chars."""
     text = match.group()
     if text[0] == "%":
-        return _NORMALISED_ESCAPE.get(text, "%25")
-    return "".join([_BYTE_ESCAPE[b] for b in text.encode("utf-8")])
+        return _ESCAPE_TO_NORMAL.get(text, "%25")
+    return "".join([_BYTE_TO_ESCAPE[b] for b in text.encode("utf-8")])
 
 
 def _remove_dot_segments(path: str) -> str:
