@@ -27,28 +27,37 @@ class ChunkConflict(RuntimeError):
 def load_state(
     conn: Connection, chunk: Sequence[CanonicalRecord], version: str
 ) -> tuple[dict[str, StoredRow], set[str]]:
-    """Current rows of the chunk's natural keys, and which of its digests are already stored."""
+    """Current rows of the chunk's natural keys, and which of its digests are already stored.
+
+    Digests are read from `record_hashes` under the active `version` only, so a
+    row written under an older version (kept during a rehash migration) is
+    compared by its backfilled digest of the active version, never by a digest
+    of another version. A row with no digest under `version` compares unequal.
+    """
     keys = sorted({record.natural_key for record in chunk})
     digests = sorted({bytes.fromhex(record.hashes[version]) for record in chunk})
+    active_hash = record_hashes.alias("active_hash")
+    joined = records.outerjoin(
+        active_hash, and_(active_hash.c.record_id == records.c.record_id, active_hash.c.hash_version == version)
+    )
     columns = (
-        records.c.natural_key, records.c.record_id, records.c.content_hash,
+        records.c.natural_key, records.c.record_id, active_hash.c.content_hash,
         records.c.last_landed_at, records.c.last_batch_id, records.c.last_line_no,
     )
     by_key = {
-        key: StoredRow(record_id, digest.hex(), (as_utc(landed), batch, line))
+        key: StoredRow(record_id, digest.hex() if digest else "", (as_utc(landed), batch, line))
         for key, record_id, digest, landed, batch, line in conn.execute(
-            select(*columns).where(records.c.natural_key.in_(keys), records.c.hash_version == version)
+            select(*columns).select_from(joined).where(records.c.natural_key.in_(keys))
         )
     }
-    stored = {
-        digest.hex()
-        for (digest,) in conn.execute(
-            select(records.c.content_hash).where(
-                records.c.hash_version == version, records.c.content_hash.in_(digests)
+    stored = set(
+        conn.execute(
+            select(record_hashes.c.content_hash).where(
+                record_hashes.c.hash_version == version, record_hashes.c.content_hash.in_(digests)
             )
-        )
-    }
-    return by_key, stored
+        ).scalars()
+    )
+    return by_key, {digest.hex() for digest in stored}
 
 
 def _row_values(record: CanonicalRecord, version: str, batch_id: str, batch_time: datetime) -> dict:
@@ -112,13 +121,19 @@ def apply_plan(
         params = []
         for key, (record, stored) in plan.updates.items():
             values = {f"v_{name}": value for name, value in _row_values(record, version, batch_id, batch_time).items()}
-            values["b_key"] = key
-            values["b_old"] = bytes.fromhex(stored.content_hash)
+            values["b_id"] = stored.record_id
+            values["b_batch"], values["b_line"] = stored.order[1], stored.order[2]
             params.append(values)
-        # Optimistic: the row is only updated if it still holds the content this chunk planned against.
+        # Optimistic: the row is only updated if it still holds the version this chunk planned against.
         statement = (
             update(records)
-            .where(and_(records.c.natural_key == bindparam("b_key"), records.c.content_hash == bindparam("b_old")))
+            .where(
+                and_(
+                    records.c.record_id == bindparam("b_id"),
+                    records.c.last_batch_id == bindparam("b_batch"),
+                    records.c.last_line_no == bindparam("b_line"),
+                )
+            )
             .values({name[2:]: bindparam(name) for name in params[0] if name.startswith("v_")})
         )
         result = conn.execute(statement, params)
