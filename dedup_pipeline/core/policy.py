@@ -98,11 +98,11 @@ def plan_chunk(
             plan.decisions.append((record, Decision.ERASED))
             continue
         digest = record.hashes[active_version]
-        if digest in digests:
-            plan.decisions.append((record, Decision.EXACT_DUPLICATE))
-            continue
         key = record.natural_key
         previous = current.get(key)
+        if digest in digests or digest == previous:
+            plan.decisions.append((record, Decision.EXACT_DUPLICATE))
+            continue
         order = (*batch_order, record.line_no)
         if previous is None:
             decision = Decision.NEW

@@ -4,18 +4,25 @@
 import dagster as dg
 
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, WarehouseResource
+from dedup_pipeline.defs.plots import ladder_figures
+from dedup_pipeline.defs.resources import (
+    LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource,
+)
 from dedup_pipeline.ladder.canonical import canonicalise_batch
-from dedup_pipeline.ladder.exact import ExactReport, deduplicate_batch
+from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.landing import find_batch
 
 GROUP = "dedup_ladder"
+#: The collapse-rate check on deduplicated_records (defined with the other checks in defs/checks.py).
 COLLAPSE_CHECK = "collapse_rate_in_band"
+#: Every rung writes the warehouse and is idempotent, so a step that hit a transient database error
+#: (a dropped connection, a failover, a lock timeout) is simply run again.
+WAREHOUSE_RETRY = dg.RetryPolicy(max_retries=2, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
-@dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, kinds={"python", "sql"})
+@dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, kinds={"python", "sql"}, retry_policy=WAREHOUSE_RETRY)
 def raw_crawl_batches(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource
 ) -> dg.MaterializeResult:
@@ -31,7 +38,10 @@ def raw_crawl_batches(
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.parsed})
 
 
-@dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[raw_crawl_batches], kinds={"python", "sql"})
+@dg.asset(
+    partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[raw_crawl_batches], kinds={"python", "sql"},
+    retry_policy=WAREHOUSE_RETRY,
+)
 def canonical_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource
 ) -> dg.MaterializeResult:
@@ -50,35 +60,15 @@ def canonical_records(
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.canonical})
 
 
-def _collapse_check(report: ExactReport, ladder: LadderResource) -> dg.AssetCheckResult:
-    low, high = ladder.min_collapse_rate, ladder.max_collapse_rate
-    in_band = low <= report.collapse_rate <= high
-    too_small = report.records_in < ladder.min_records_for_check
-    return dg.AssetCheckResult(
-        check_name=COLLAPSE_CHECK,
-        passed=in_band or too_small,
-        severity=dg.AssetCheckSeverity.WARN,
-        description=(
-            "Collapse rate = exact duplicates / records in. Near zero usually means a volatile field "
-            "leaked into the hash; near one means the crawl re-fetched nothing new."
-        ),
-        metadata={
-            "collapse_rate": report.collapse_rate, "band_low": low, "band_high": high,
-            "records_in": report.records_in,
-            "note": "batch too small to judge" if too_small and not in_band else ("in band" if in_band else "outside band"),
-        },
-    )
-
-
 @dg.asset(
     partitions_def=crawl_batches_partitions,
     group_name=GROUP,
     deps=[canonical_records],
     kinds={"python", "sql"},
-    check_specs=[dg.AssetCheckSpec(COLLAPSE_CHECK, asset="deduplicated_records")],
+    retry_policy=WAREHOUSE_RETRY,
 )
 def deduplicated_records(
-    context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource
+    context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, seen_set: SeenSetResource
 ) -> dg.MaterializeResult:
     """The warehouse table `records`: one current row per natural key, one row per content.
 
@@ -91,14 +81,23 @@ def deduplicated_records(
     duplicates / records in; `survivors` go on to the near-duplicate rung.
     Re-materialising a partition changes nothing.
     """
-    report = deduplicate_batch(warehouse.get(), context.partition_key, context.run.run_id, ladder.settings())
+    report = deduplicate_batch(
+        warehouse.get(), context.partition_key, context.run.run_id, ladder.settings(), seen_set.get()
+    )
+    if report.seen_set_fallbacks:
+        context.log.warning(
+            f"seen-set {report.seen_set} unavailable for {report.seen_set_fallbacks} chunk(s): "
+            "ran on the warehouse's UNIQUE index alone (slower, nothing lost)"
+        )
     return dg.MaterializeResult(
         metadata={**report.as_metadata(), "dagster/row_count": report.survivors},
-        check_results=[_collapse_check(report, ladder)],
     )
 
 
-@dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[deduplicated_records], kinds={"python", "sql"})
+@dg.asset(
+    partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[deduplicated_records], kinds={"python", "sql"},
+    retry_policy=WAREHOUSE_RETRY,
+)
 def near_duplicate_clusters(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource
 ) -> dg.MaterializeResult:
@@ -112,7 +111,8 @@ def near_duplicate_clusters(
     cluster id (the smallest record id in the cluster, stable across runs).
     """
     report = cluster_batch(warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size)
-    return dg.MaterializeResult(metadata=report.as_metadata())
+    figures = ladder_figures(warehouse.get(), context.partition_key, report.clusters)
+    return dg.MaterializeResult(metadata={**report.as_metadata(), **figures})
 
 
 ladder_assets = [raw_crawl_batches, canonical_records, deduplicated_records, near_duplicate_clusters]

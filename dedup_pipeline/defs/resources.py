@@ -15,6 +15,7 @@ from dedup_pipeline.core.text import TextNormaliser
 from dedup_pipeline.core.policy import DuplicatePolicy
 from dedup_pipeline.landing import landing_dir
 from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.store.seen_set import SeenSet, seen_set_from_env
 from dedup_pipeline.store.warehouse import Warehouse, default_database_url
 
 
@@ -90,8 +91,18 @@ class NearDupResource(dg.ConfigurableResource):
         )
 
 
+class SeenSetResource(dg.ConfigurableResource):
+    """The exact rung's fast path. It only says "maybe seen"; the warehouse's UNIQUE index decides."""
+
+    kind: str = Field(default="auto", description="'auto' (Redis if $DEDUP_REDIS_URL is set, else Bloom), 'redis', 'bloom' or 'none'.")
+    ttl_seconds: Optional[int] = Field(default=None, description="Redis key TTL; empty means $DEDUP_SEEN_TTL_SECONDS or 30 days.")
+
+    def get(self) -> SeenSet:
+        return seen_set_from_env(self.kind, ttl_seconds=self.ttl_seconds)
+
+
 def default_resources() -> dict:
     return {
         "warehouse": WarehouseResource(), "landing": LandingResource(), "ladder": LadderResource(),
-        "near_dup": NearDupResource(),
+        "near_dup": NearDupResource(), "seen_set": SeenSetResource(),
     }

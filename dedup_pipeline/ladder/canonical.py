@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, select
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord, canonicalise_record, parse_line
 from dedup_pipeline.landing import BatchFileError, TruncatedBatch, file_sha256, iter_lines
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import canonical_records, crawl_batches
 from dedup_pipeline.store.warehouse import Warehouse, active_hash_version
 
@@ -45,12 +46,16 @@ def registered_file(warehouse: Warehouse, batch_id: str) -> tuple[Path, str]:
     return Path(row.file_path), row.file_sha256
 
 
-def _row(batch_id: str, record: CanonicalRecord) -> dict:
-    return {
-        "batch_id": batch_id, "line_no": record.line_no, "natural_key": record.natural_key,
-        "canonical_url": record.canonical_url, "url_version": URL_VERSION, "hashes": record.hashes,
-        "hash_errors": record.hash_errors, "payload": record.payload, "crawled_at": record.crawled_at,
-    }
+_COLUMNS = (
+    "batch_id", "line_no", "natural_key", "canonical_url", "url_version", "hashes", "hash_errors", "payload", "crawled_at",
+)
+
+
+def _row(batch_id: str, record: CanonicalRecord) -> tuple:
+    return (
+        batch_id, record.line_no, record.natural_key, record.canonical_url, URL_VERSION, record.hashes,
+        record.hash_errors, record.payload, record.crawled_at,
+    )
 
 
 def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSettings) -> CanonicalReport:
@@ -71,7 +76,7 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
         conn.execute(delete(canonical_records).where(canonical_records.c.batch_id == batch_id))
         clear_quarantine(conn, batch_id, RUNG)
         bad = QuarantineWriter(conn, batch_id, RUNG)
-        rows: list[dict] = []
+        rows: list[tuple] = []
         for line_no, raw, record in _parsed_lines(path):
             report.records_in += 1
             try:
@@ -83,10 +88,9 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
             report.hash_errors.update(canonical.hash_errors.keys())
             rows.append(_row(batch_id, canonical))
             if len(rows) >= settings.chunk_size:
-                conn.execute(insert(canonical_records), rows)
+                copy_rows(conn, canonical_records, _COLUMNS, rows)
                 rows = []
-        if rows:
-            conn.execute(insert(canonical_records), rows)
+        copy_rows(conn, canonical_records, _COLUMNS, rows)
         bad.flush()
         report.quarantined = bad.count
     return report

@@ -15,7 +15,9 @@ from dedup_pipeline.core.policy import Decision, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state
+from dedup_pipeline.store.erasure import erased_positions
 from dedup_pipeline.store.schema import canonical_records, crawl_batches, quarantine
+from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable
 from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, as_utc, utcnow
 
 log = logging.getLogger(__name__)
@@ -26,10 +28,15 @@ MAX_CHUNK_ATTEMPTS = 8
 class ExactReport:
     batch_id: str
     hash_version: str
+    seen_set: str = "none"
     records_in: int = 0
     quarantined: int = 0
     decisions: Counter = field(default_factory=Counter)
     chunk_retries: int = 0
+    seen_set_hits: int = 0             # fast-path hits the warehouse confirmed
+    seen_set_false_positives: int = 0  # hits the warehouse did not confirm (Bloom false positive, stale key)
+    seen_set_cold_misses: int = 0      # chunks whose misses the UNIQUE index caught (cold or flushed seen-set)
+    seen_set_fallbacks: int = 0        # chunks that ran on the database alone because the seen-set was down
 
     @property
     def duplicates(self) -> int:
@@ -48,7 +55,9 @@ class ExactReport:
         meta = {
             "batch_id": self.batch_id, "hash_version": self.hash_version, "records_in": self.records_in,
             "quarantined": self.quarantined, "survivors": self.survivors, "collapse_rate": self.collapse_rate,
-            "chunk_retries": self.chunk_retries,
+            "chunk_retries": self.chunk_retries, "seen_set": self.seen_set, "seen_set_hits": self.seen_set_hits,
+            "seen_set_false_positives": self.seen_set_false_positives,
+            "seen_set_cold_misses": self.seen_set_cold_misses, "seen_set_fallbacks": self.seen_set_fallbacks,
         }
         meta.update({decision.value: self.decisions[decision.value] for decision in Decision if decision != Decision.QUARANTINED})
         return meta
@@ -83,38 +92,104 @@ def _batch_time(conn: Connection, batch_id: str) -> datetime:
     return as_utc(landed)
 
 
-def deduplicate_batch(warehouse: Warehouse, batch_id: str, run_id: str, settings: LadderSettings) -> ExactReport:
+def deduplicate_batch(
+    warehouse: Warehouse, batch_id: str, run_id: str, settings: LadderSettings, seen_set: SeenSet | None = None
+) -> ExactReport:
     """Apply the duplicate-class policy to every canonical record of the batch.
 
-    Each chunk is one transaction. A chunk that loses a race with a concurrent
-    writer is rolled back and replayed against the new state, so two workers
-    on overlapping batches end with exactly one row per key and per content.
-    Re-running a batch finds everything stored and changes nothing.
+    Each chunk is one transaction. The seen-set (if any) narrows the digest
+    lookup to its hits; the warehouse confirms every hit, and the UNIQUE index
+    catches misses it got wrong. A chunk that loses a race with a concurrent
+    writer (or trusted a cold seen-set) is rolled back and replayed against the
+    warehouse alone, so two workers on overlapping batches end with exactly one
+    row per key and per content. Re-running a batch finds everything stored
+    and changes nothing.
     """
+    seen_set = seen_set or NoSeenSet()
     with warehouse.engine.connect() as reader:
         version = active_hash_version(reader)
         batch_time = _batch_time(reader, batch_id)
-        report = ExactReport(batch_id, version)
+        report = ExactReport(batch_id, version, seen_set.kind)
         report.quarantined = reader.execute(
             select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)
         ).scalar_one()
         for chunk in iter_canonical_chunks(reader, batch_id, settings.chunk_size):
             report.records_in += len(chunk)
-            report.decisions.update(_apply_chunk(warehouse, chunk, batch_id, run_id, version, batch_time, settings, report))
+            report.decisions.update(_ChunkWriter(warehouse, seen_set, batch_id, run_id, version, batch_time, settings, report).write(chunk))
         reader.rollback()
+    seen_set.flush()
+    if report.seen_set_fallbacks:
+        log.warning(
+            "seen-set %s was unavailable for %d chunk(s) of batch %s; they ran on the warehouse alone",
+            seen_set.kind, report.seen_set_fallbacks, batch_id,
+        )
     return report
 
 
-def _apply_chunk(warehouse, chunk, batch_id, run_id, version, batch_time, settings, report) -> Counter:
-    for attempt in range(1, MAX_CHUNK_ATTEMPTS + 1):
+@dataclass
+class _ChunkWriter:
+    warehouse: Warehouse
+    seen_set: SeenSet
+    batch_id: str
+    run_id: str
+    version: str
+    batch_time: datetime
+    settings: LadderSettings
+    report: ExactReport
+
+    def write(self, chunk: list[CanonicalRecord]) -> Counter:
+        digests = [bytes.fromhex(record.hashes[self.version]) for record in chunk]
+        hits = self._probe(digests)
+        for attempt in range(1, MAX_CHUNK_ATTEMPTS + 1):
+            check = digests if hits is None else [d for d, hit in zip(digests, hits) if hit]
+            try:
+                with self.warehouse.engine.begin() as conn:
+                    stored_by_key, stored = load_state(conn, chunk, self.version, check)
+                    plan = plan_chunk(
+                        chunk, self.version, stored_by_key, stored, (self.batch_time, self.batch_id), self.settings.policy,
+                        erased=erased_positions(conn, chunk, self.batch_id),
+                    )
+                    counts = apply_plan(
+                        conn, plan, self.version, self.batch_id, self.run_id, utcnow(), self.batch_time,
+                        self.settings.policy.keep_history,
+                    )
+            except (ChunkConflict, IntegrityError, OperationalError) as exc:
+                if isinstance(exc, OperationalError) and not _is_lock_conflict(exc):
+                    raise
+                if hits is not None:
+                    self.report.seen_set_cold_misses += 1
+                    hits = None  # replay against the warehouse alone
+                else:
+                    self.report.chunk_retries += 1
+                log.info("chunk of batch %s replayed (attempt %d): %s", self.batch_id, attempt, type(exc).__name__)
+                continue
+            if hits is not None:
+                confirmed = sum(1 for d, hit in zip(digests, hits) if hit and d.hex() in stored)
+                self.report.seen_set_hits += confirmed
+                self.report.seen_set_false_positives += sum(hits) - confirmed
+            self._remember(plan)
+            return counts
+        raise RuntimeError(f"chunk of batch {self.batch_id} kept conflicting after {MAX_CHUNK_ATTEMPTS} attempts")
+
+    def _probe(self, digests: list[bytes]) -> list[bool] | None:
         try:
-            with warehouse.engine.begin() as conn:
-                stored_by_key, stored_digests = load_state(conn, chunk, version)
-                plan = plan_chunk(chunk, version, stored_by_key, stored_digests, (batch_time, batch_id), settings.policy)
-                return apply_plan(conn, plan, version, batch_id, run_id, utcnow(), batch_time, settings.policy.keep_history)
-        except (ChunkConflict, IntegrityError, OperationalError) as exc:
-            if isinstance(exc, OperationalError) and "deadlock" not in str(exc).lower() and "locked" not in str(exc).lower():
-                raise
-            report.chunk_retries += 1
-            log.warning("chunk of batch %s lost a race (attempt %d): %s; replaying", batch_id, attempt, type(exc).__name__)
-    raise RuntimeError(f"chunk of batch {batch_id} kept conflicting after {MAX_CHUNK_ATTEMPTS} attempts")
+            return self.seen_set.maybe_seen(self.version, digests)
+        except SeenSetUnavailable:
+            self.report.seen_set_fallbacks += 1
+            return None
+
+    def _remember(self, plan) -> None:
+        stored_now = [
+            bytes.fromhex(record.hashes[self.version])
+            for record, decision in plan.decisions
+            if decision in (Decision.NEW, Decision.CHANGED, Decision.EXACT_DUPLICATE)
+        ]
+        try:
+            self.seen_set.remember(self.version, stored_now)
+        except SeenSetUnavailable:
+            self.report.seen_set_fallbacks += 1
+
+
+def _is_lock_conflict(exc: OperationalError) -> bool:
+    text = str(exc).lower()
+    return "deadlock" in text or "locked" in text

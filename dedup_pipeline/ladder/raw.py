@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import Connection, delete, insert
+from sqlalchemy import Connection, delete
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
 from dedup_pipeline.landing import BatchFile, TruncatedBatch, file_sha256, iter_lines
+from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import crawl_batches, quarantine
 from dedup_pipeline.store.warehouse import Warehouse, upsert_ignore, utcnow
 
@@ -28,28 +29,27 @@ class RawReport:
         return asdict(self)
 
 
+_QUARANTINE_COLUMNS = ("batch_id", "line_no", "rung", "reason", "raw_line", "quarantined_at")
+
+
 class QuarantineWriter:
     """Buffers quarantine rows and writes them a chunk at a time inside the caller's transaction."""
 
     def __init__(self, conn: Connection, batch_id: str, rung: str, chunk_size: int = 1000):
         self.conn, self.batch_id, self.rung, self.chunk_size = conn, batch_id, rung, chunk_size
-        self.rows: list[dict] = []
+        self.rows: list[tuple] = []
         self.count = 0
         self.now = utcnow()
 
     def add(self, line_no: int, reason: str, raw: bytes) -> None:
-        self.rows.append(
-            {"batch_id": self.batch_id, "line_no": line_no, "rung": self.rung, "reason": reason,
-             "raw_line": raw, "quarantined_at": self.now}
-        )
+        self.rows.append((self.batch_id, line_no, self.rung, reason, raw, self.now))
         self.count += 1
         if len(self.rows) >= self.chunk_size:
             self.flush()
 
     def flush(self) -> None:
-        if self.rows:
-            self.conn.execute(insert(quarantine), self.rows)
-            self.rows = []
+        copy_rows(self.conn, quarantine, _QUARANTINE_COLUMNS, self.rows)
+        self.rows = []
 
 
 def clear_quarantine(conn: Connection, batch_id: str, rung: str) -> None:

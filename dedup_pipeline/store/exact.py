@@ -12,11 +12,12 @@ from collections import Counter
 from datetime import datetime
 from typing import Sequence
 
-from sqlalchemy import Connection, and_, bindparam, delete, insert, select, update
+from sqlalchemy import Column, Connection, DateTime, Integer, String, and_, delete, insert, literal, select, true, update
 
 from dedup_pipeline.core.policy import ChunkPlan, Decision, StoredRow
 from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
-from dedup_pipeline.store.schema import dedup_decisions, record_hashes, record_history, records
+from dedup_pipeline.store.bulk import copy_rows, in_values, staging_table
+from dedup_pipeline.store.schema import Id, dedup_decisions, record_hashes, record_history, records
 from dedup_pipeline.store.warehouse import as_utc, upsert_ignore
 
 
@@ -25,9 +26,12 @@ class ChunkConflict(RuntimeError):
 
 
 def load_state(
-    conn: Connection, chunk: Sequence[CanonicalRecord], version: str
+    conn: Connection, chunk: Sequence[CanonicalRecord], version: str, check_digests: Sequence[bytes] | None = None
 ) -> tuple[dict[str, StoredRow], set[str]]:
     """Current rows of the chunk's natural keys, and which of its digests are already stored.
+
+    `check_digests` limits the digest lookup (the seen-set's hits); the others
+    are assumed new, and the UNIQUE index catches them at insert if they are not.
 
     Digests are read from `record_hashes` under the active `version` only, so a
     row written under an older version (kept during a rehash migration) is
@@ -35,7 +39,9 @@ def load_state(
     of another version. A row with no digest under `version` compares unequal.
     """
     keys = sorted({record.natural_key for record in chunk})
-    digests = sorted({bytes.fromhex(record.hashes[version]) for record in chunk})
+    if check_digests is None:
+        check_digests = [bytes.fromhex(record.hashes[version]) for record in chunk]
+    digests = sorted(set(check_digests))
     active_hash = record_hashes.alias("active_hash")
     joined = records.outerjoin(
         active_hash, and_(active_hash.c.record_id == records.c.record_id, active_hash.c.hash_version == version)
@@ -47,44 +53,99 @@ def load_state(
     by_key = {
         key: StoredRow(record_id, digest.hex() if digest else "", (as_utc(landed), batch, line))
         for key, record_id, digest, landed, batch, line in conn.execute(
-            select(*columns).select_from(joined).where(records.c.natural_key.in_(keys))
+            select(*columns).select_from(joined).where(in_values(conn, records.c.natural_key, keys))
         )
     }
-    stored = set(
-        conn.execute(
-            select(record_hashes.c.content_hash).where(
-                record_hashes.c.hash_version == version, record_hashes.c.content_hash.in_(digests)
-            )
-        ).scalars()
-    )
+    stored = set()
+    if digests:
+        stored = set(
+            conn.execute(
+                select(record_hashes.c.content_hash).where(
+                    record_hashes.c.hash_version == version, in_values(conn, record_hashes.c.content_hash, digests)
+                )
+            ).scalars()
+        )
     return by_key, {digest.hex() for digest in stored}
 
 
-def _row_values(record: CanonicalRecord, version: str, batch_id: str, batch_time: datetime) -> dict:
-    return {
-        "natural_key": record.natural_key,
-        "canonical_url": record.canonical_url,
-        "url_version": URL_VERSION,
-        "hash_version": version,
-        "content_hash": bytes.fromhex(record.hashes[version]),
-        "payload": record.payload,
-        "last_crawled_at": record.crawled_at or batch_time,
-        "last_batch_id": batch_id,
-        "last_landed_at": batch_time,
-        "last_line_no": record.line_no,
-    }
+_ROW_COLUMNS = (
+    "natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload",
+    "last_crawled_at", "last_batch_id", "last_landed_at", "last_line_no",
+)
+_HASH_COLUMNS = ("record_id", "hash_version", "content_hash", "error")
+_HISTORY_COLUMNS = (
+    "record_id", "natural_key", "hash_version", "content_hash", "payload", "valid_from", "superseded_at",
+    "superseded_by_batch_id",
+)
+_DECISION_COLUMNS = (
+    "batch_id", "line_no", "run_id", "natural_key", "hash_version", "content_hash", "decision", "decided_at",
+)
 
 
-def _hash_rows(record_id: int, record: CanonicalRecord) -> list[dict]:
-    rows = [
-        {"record_id": record_id, "hash_version": v, "content_hash": bytes.fromhex(h), "error": None}
-        for v, h in record.hashes.items()
-    ]
-    rows += [
-        {"record_id": record_id, "hash_version": v, "content_hash": None, "error": reason}
-        for v, reason in record.hash_errors.items()
-    ]
+def _row_values(record: CanonicalRecord, version: str, batch_id: str, batch_time: datetime) -> tuple:
+    return (
+        record.natural_key, record.canonical_url, URL_VERSION, version, bytes.fromhex(record.hashes[version]),
+        record.payload, record.crawled_at or batch_time, batch_id, batch_time, record.line_no,
+    )
+
+
+def _hash_rows(record_id: int, record: CanonicalRecord) -> list[tuple]:
+    rows = [(record_id, v, bytes.fromhex(h), None) for v, h in record.hashes.items()]
+    rows += [(record_id, v, None, reason) for v, reason in record.hash_errors.items()]
     return rows
+
+
+def _insert_new(conn: Connection, plan: ChunkPlan, version: str, batch_id: str, batch_time: datetime) -> dict[str, int]:
+    """Stage the chunk's new rows, then one INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING."""
+    stage = staging_table(conn, records, "stage_new_records", _ROW_COLUMNS)
+    copy_rows(conn, stage, _ROW_COLUMNS, (_row_values(r, version, batch_id, batch_time) for r in plan.inserts.values()))
+    columns = [stage.c[name] for name in _ROW_COLUMNS]
+    moved = select(*columns, stage.c.last_crawled_at, stage.c.last_batch_id).where(true())
+    statement = (
+        upsert_ignore(conn, records)
+        .from_select([*_ROW_COLUMNS, "first_seen_at", "first_batch_id"], moved)
+        .returning(records.c.natural_key, records.c.record_id)
+    )
+    inserted = dict(conn.execute(statement).all())
+    if len(inserted) != len(plan.inserts):
+        raise ChunkConflict("another writer stored one of this chunk's keys or digests first")
+    return inserted
+
+
+def _update_changed(conn: Connection, plan: ChunkPlan, version: str, batch_id: str, batch_time: datetime) -> None:
+    """Stage the chunk's changed rows, then one UPDATE ... FROM, optimistic on the stored version."""
+    guard = (Column("record_id", Id), Column("old_batch_id", String(255)), Column("old_line_no", Integer))
+    stage = staging_table(conn, records, "stage_changed_records", _ROW_COLUMNS, extra=guard)
+    copy_rows(
+        conn, stage, (*_ROW_COLUMNS, "record_id", "old_batch_id", "old_line_no"),
+        (
+            (*_row_values(record, version, batch_id, batch_time), stored.record_id, stored.order[1], stored.order[2])
+            for record, stored in plan.updates.values()
+        ),
+    )
+    statement = (
+        update(records)
+        .where(
+            records.c.record_id == stage.c.record_id,
+            records.c.last_batch_id == stage.c.old_batch_id,
+            records.c.last_line_no == stage.c.old_line_no,
+        )
+        .values({name: stage.c[name] for name in _ROW_COLUMNS})
+    )
+    if conn.execute(statement).rowcount != len(plan.updates):
+        raise ChunkConflict("a stored row changed while this chunk was planned")
+    ids = [stored.record_id for _, stored in plan.updates.values()]
+    conn.execute(delete(record_hashes).where(in_values(conn, record_hashes.c.record_id, ids)))
+
+
+def _history_of_stored(conn: Connection, plan: ChunkPlan, batch_id: str, now: datetime) -> None:
+    """Copy the stored rows this chunk supersedes into history, in one INSERT ... SELECT."""
+    ids = [row.record_id for row in plan.stored_superseded]
+    old = select(
+        records.c.record_id, records.c.natural_key, records.c.hash_version, records.c.content_hash,
+        records.c.payload, records.c.last_crawled_at, literal(now, DateTime(timezone=True)), literal(batch_id),
+    ).where(in_values(conn, records.c.record_id, ids))
+    conn.execute(insert(record_history).from_select(_HISTORY_COLUMNS, old))
 
 
 def apply_plan(
@@ -97,97 +158,35 @@ def apply_plan(
     batch_time: datetime,
     keep_history: bool = True,
 ) -> Counter:
-    """Write one chunk's plan; returns the decision counts. Raises ChunkConflict on a lost race."""
+    """Write one chunk's plan with a handful of set-based statements; returns the decision counts.
+
+    Raises ChunkConflict when another writer got there first (the caller rolls back and replays).
+    """
     if keep_history and plan.stored_superseded:
-        ids = [row.record_id for row in plan.stored_superseded]
-        superseded = select(
-            records.c.record_id, records.c.natural_key, records.c.hash_version, records.c.content_hash,
-            records.c.payload, records.c.last_crawled_at,
-        ).where(records.c.record_id.in_(ids))
-        conn.execute(
-            insert(record_history).values(
-                [
-                    {
-                        "record_id": rid, "natural_key": key, "hash_version": hv, "content_hash": digest,
-                        "payload": payload, "valid_from": crawled, "superseded_at": now,
-                        "superseded_by_batch_id": batch_id,
-                    }
-                    for rid, key, hv, digest, payload, crawled in conn.execute(superseded)
-                ]
-            )
-        )
-
+        _history_of_stored(conn, plan, batch_id, now)
     if plan.updates:
-        params = []
-        for key, (record, stored) in plan.updates.items():
-            values = {f"v_{name}": value for name, value in _row_values(record, version, batch_id, batch_time).items()}
-            values["b_id"] = stored.record_id
-            values["b_batch"], values["b_line"] = stored.order[1], stored.order[2]
-            params.append(values)
-        # Optimistic: the row is only updated if it still holds the version this chunk planned against.
-        statement = (
-            update(records)
-            .where(
-                and_(
-                    records.c.record_id == bindparam("b_id"),
-                    records.c.last_batch_id == bindparam("b_batch"),
-                    records.c.last_line_no == bindparam("b_line"),
-                )
-            )
-            .values({name[2:]: bindparam(name) for name in params[0] if name.startswith("v_")})
-        )
-        result = conn.execute(statement, params)
-        if result.rowcount != len(params):
-            raise ChunkConflict("a stored row changed while this chunk was planned")
-        ids = [stored.record_id for _, stored in plan.updates.values()]
-        conn.execute(delete(record_hashes).where(record_hashes.c.record_id.in_(ids)))
+        _update_changed(conn, plan, version, batch_id, batch_time)
+    inserted_ids = _insert_new(conn, plan, version, batch_id, batch_time) if plan.inserts else {}
 
-    inserted_ids: dict[str, int] = {}
-    if plan.inserts:
-        rows = []
-        for record in plan.inserts.values():
-            values = _row_values(record, version, batch_id, batch_time)
-            values["first_seen_at"] = values["last_crawled_at"]
-            values["first_batch_id"] = batch_id
-            rows.append(values)
-        statement = upsert_ignore(conn, records).returning(records.c.natural_key, records.c.record_id)
-        inserted_ids = dict(conn.execute(statement, rows).all())
-        if len(inserted_ids) != len(rows):
-            raise ChunkConflict("another writer stored one of this chunk's keys or digests first")
+    def current_id(key: str) -> int:
+        return inserted_ids[key] if key in inserted_ids else plan.updates[key][1].record_id
 
     if keep_history and plan.chunk_superseded:
-        rows = []
-        for old, new in plan.chunk_superseded:
-            rows.append(
-                {
-                    "record_id": inserted_ids.get(new.natural_key) or plan.updates[new.natural_key][1].record_id,
-                    "natural_key": old.natural_key, "hash_version": version,
-                    "content_hash": bytes.fromhex(old.hashes[version]), "payload": old.payload,
-                    "valid_from": old.crawled_at or batch_time, "superseded_at": now,
-                    "superseded_by_batch_id": batch_id,
-                }
-            )
-        conn.execute(insert(record_history), rows)
-
-    hash_rows = [row for key, rid in inserted_ids.items() for row in _hash_rows(rid, plan.inserts[key])]
-    hash_rows += [row for record, stored in plan.updates.values() for row in _hash_rows(stored.record_id, record)]
-    if hash_rows:
-        conn.execute(insert(record_hashes), hash_rows)
-
-    counts: Counter = Counter()
-    decision_rows = []
-    for record, decision in plan.decisions:
-        counts[decision.value] += 1
-        decision_rows.append(
-            {
-                "batch_id": batch_id, "line_no": record.line_no, "run_id": run_id,
-                "natural_key": record.natural_key, "hash_version": version,
-                "content_hash": bytes.fromhex(record.hashes[version]), "decision": decision.value,
-                "decided_at": now,
-            }
-        )
-    if decision_rows:
-        conn.execute(insert(dedup_decisions), decision_rows)
+        copy_rows(conn, record_history, _HISTORY_COLUMNS, (
+            (current_id(new.natural_key), old.natural_key, version, bytes.fromhex(old.hashes[version]), old.payload,
+             old.crawled_at or batch_time, now, batch_id)
+            for old, new in plan.chunk_superseded
+        ))
+    final = [*plan.inserts.values(), *(record for record, _ in plan.updates.values())]
+    copy_rows(conn, record_hashes, _HASH_COLUMNS, (
+        row for record in final for row in _hash_rows(current_id(record.natural_key), record)
+    ))
+    counts: Counter = Counter(decision.value for _, decision in plan.decisions)
+    copy_rows(conn, dedup_decisions, _DECISION_COLUMNS, (
+        (batch_id, record.line_no, run_id, record.natural_key, version, bytes.fromhex(record.hashes[version]),
+         decision.value, now)
+        for record, decision in plan.decisions
+    ))
     return counts
 
 

@@ -9,7 +9,9 @@ from sqlalchemy import func, select
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, ladder_assets
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, WarehouseResource
+from dedup_pipeline.defs.resources import (
+    LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource,
+)
 from dedup_pipeline.defs.sensors import landing_sensor
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
@@ -29,6 +31,7 @@ def resources(url, folder, **ladder):
         "landing": LandingResource(folder=str(folder), settle_seconds=0),
         "ladder": LadderResource(**ladder),
         "near_dup": NearDupResource(),
+        "seen_set": SeenSetResource(kind="none"),
     }
 
 

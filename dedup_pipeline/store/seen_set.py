@@ -1,0 +1,192 @@
+"""Seen-sets: a fast "maybe seen" answer in front of the warehouse's UNIQUE index.
+
+A seen-set never decides anything on its own. A hit is confirmed against the
+warehouse before a record counts as an exact duplicate, so a Bloom false
+positive or a stale Redis key never drops a new record; a miss goes straight
+to the insert, where the UNIQUE index catches a cold or flushed seen-set. When
+the backend is down or times out, `maybe_seen` raises `SeenSetUnavailable`
+and the exact rung carries on against the database alone (fails open).
+
+Three implementations behind one interface:
+- `RedisSeenSet`: one key per digest, written with SET NX EX (a TTL, so the set
+  is never an unbounded store of identifiers); every call is one pipelined
+  round trip for a whole chunk;
+- `BloomSeenSet`: an in-process rbloom filter per hash version, sized from the
+  expected count and false-positive rate, saved to a file between runs;
+- `NoSeenSet`: every lookup goes to the database.
+Keys and filters are per hash version: digests of different versions never meet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+REDIS_URL_ENV = "DEDUP_REDIS_URL"
+REDIS_PREFIX_ENV = "DEDUP_REDIS_PREFIX"  # one per warehouse when several share a Redis
+SEEN_TTL_ENV = "DEDUP_SEEN_TTL_SECONDS"
+DEFAULT_TTL_SECONDS = 30 * 86400  # the seeds' 30 days: about one re-crawl cycle
+KEY_PREFIX = "dedup:seen"
+
+
+class SeenSetUnavailable(RuntimeError):
+    """The seen-set backend cannot answer now; use the database."""
+
+
+class SeenSet:
+    """The interface: `maybe_seen`, `remember`, `forget`, `flush`."""
+
+    kind = "none"
+
+    def maybe_seen(self, version: str, digests: Sequence[bytes]) -> list[bool]:
+        """For each digest, whether it may have been stored already (never a definite yes)."""
+        return [False] * len(digests)
+
+    def remember(self, version: str, digests: Sequence[bytes]) -> None:
+        """Note digests that are now stored in the warehouse."""
+
+    def forget(self, version: str, digests: Sequence[bytes]) -> int:
+        """Remove digests where the backend can (erasure); returns how many were removed."""
+        return 0
+
+    def flush(self) -> None:
+        """Persist whatever the backend keeps in process (end of a batch)."""
+
+
+class NoSeenSet(SeenSet):
+    """Every record is checked against the database."""
+
+
+class RedisSeenSet(SeenSet):
+    """Digests as Redis keys with a TTL, shared by every worker."""
+
+    kind = "redis"
+
+    def __init__(
+        self, url: str, ttl_seconds: int = DEFAULT_TTL_SECONDS, timeout: float = 1.0, retry_after: float = 15.0,
+        prefix: str = KEY_PREFIX,
+    ):
+        import redis
+
+        self.prefix = prefix
+        self._errors = (redis.exceptions.RedisError, OSError)
+        self.client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        self.ttl_seconds = ttl_seconds
+        self.retry_after = retry_after
+        self._down_until = 0.0
+
+    def key(self, version: str, digest: bytes) -> str:
+        return f"{self.prefix}:{version}:{digest.hex()}"
+
+    def _call(self, action):
+        # A circuit breaker: after a failure, answer "unavailable" at once for a while
+        # instead of paying a timeout per chunk.
+        if time.monotonic() < self._down_until:
+            raise SeenSetUnavailable("redis marked down after a recent failure")
+        try:
+            return action()
+        except self._errors as exc:
+            self._down_until = time.monotonic() + self.retry_after
+            raise SeenSetUnavailable(f"redis: {type(exc).__name__}") from None
+
+    def maybe_seen(self, version: str, digests: Sequence[bytes]) -> list[bool]:
+        if not digests:
+            return []
+        values = self._call(lambda: self.client.mget([self.key(version, d) for d in digests]))
+        return [value is not None for value in values]
+
+    def remember(self, version: str, digests: Sequence[bytes]) -> None:
+        if not digests:
+            return
+
+        def write():
+            pipe = self.client.pipeline(transaction=False)
+            for digest in digests:
+                pipe.set(self.key(version, digest), b"1", nx=True, ex=self.ttl_seconds)
+            pipe.execute()
+
+        self._call(write)
+
+    def forget(self, version: str, digests: Sequence[bytes]) -> int:
+        if not digests:
+            return 0
+        return int(self._call(lambda: self.client.delete(*[self.key(version, d) for d in digests])))
+
+
+def _bloom_hash(item: bytes) -> int:
+    # rbloom wants a signed 128-bit int; a SHA-256 digest is already uniformly random.
+    return int.from_bytes(item[:16], "big", signed=True)
+
+
+class BloomSeenSet(SeenSet):
+    """An in-process Bloom filter per hash version, saved in `folder` between runs.
+
+    It cannot forget (erasure relies on tombstones instead) and a digest stays
+    in it until the file is deleted; it holds only bits, no identifiers.
+    """
+
+    kind = "bloom"
+
+    def __init__(self, folder: Path, capacity: int = 10_000_000, error_rate: float = 0.001):
+        self.folder, self.capacity, self.error_rate = Path(folder), capacity, error_rate
+        self._filters: dict = {}
+
+    def _path(self, version: str) -> Path:
+        return self.folder / f"seen-{version.replace('/', '-')}-{self.capacity}-{self.error_rate}.bloom"
+
+    def _filter(self, version: str):
+        from rbloom import Bloom
+
+        if version not in self._filters:
+            path = self._path(version)
+            self._filters[version] = (
+                Bloom.load(str(path), _bloom_hash) if path.exists() else Bloom(self.capacity, self.error_rate, _bloom_hash)
+            )
+        return self._filters[version]
+
+    def maybe_seen(self, version: str, digests: Sequence[bytes]) -> list[bool]:
+        bloom = self._filter(version)
+        return [digest in bloom for digest in digests]
+
+    def remember(self, version: str, digests: Sequence[bytes]) -> None:
+        self._filter(version).update(digests)
+
+    def flush(self) -> None:
+        """Merge with the file (another worker may have saved since we loaded) and replace it atomically."""
+        from rbloom import Bloom
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for version, bloom in self._filters.items():
+            path = self._path(version)
+            if path.exists():
+                bloom.update(Bloom.load(str(path), _bloom_hash))
+            temporary = path.with_suffix(f".{os.getpid()}.tmp")
+            bloom.save(str(temporary))
+            temporary.replace(path)
+
+
+def seen_set_from_env(kind: str = "auto", folder: Path | None = None, ttl_seconds: int | None = None) -> SeenSet:
+    """The configured seen-set: Redis when DEDUP_REDIS_URL is set, else a Bloom file in the data folder.
+
+    `kind` forces one of "redis", "bloom", "none".
+    """
+    from dedup_pipeline.store.warehouse import data_dir
+
+    url = os.environ.get(REDIS_URL_ENV)
+    if kind == "auto":
+        kind = "redis" if url else "bloom"
+    if kind == "redis":
+        if not url:
+            raise ValueError(f"seen-set 'redis' needs {REDIS_URL_ENV}")
+        ttl = ttl_seconds or int(os.environ.get(SEEN_TTL_ENV, DEFAULT_TTL_SECONDS))
+        return RedisSeenSet(url, ttl, prefix=os.environ.get(REDIS_PREFIX_ENV, KEY_PREFIX))
+    if kind == "bloom":
+        return BloomSeenSet(folder or data_dir() / "seen-sets")
+    if kind == "none":
+        return NoSeenSet()
+    raise ValueError(f"unknown seen-set kind {kind!r}: use auto, redis, bloom or none")

@@ -1,0 +1,140 @@
+"""Seen-sets against the real Redis, and the exact rung failing open when they are wrong or gone."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import pytest
+import redis
+
+from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.landing import find_batch
+from dedup_pipeline.store.seen_set import BloomSeenSet, NoSeenSet, RedisSeenSet, SeenSetUnavailable
+from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+DEAD_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there: a stopped Redis
+
+
+def digests(n, salt=""):
+    return [hashlib.sha256(f"{salt}{i}".encode()).digest() for i in range(n)]
+
+
+def clear(seen: RedisSeenSet) -> None:
+    """Flush this test's key space (never the whole Redis: other tests share it)."""
+    keys = list(seen.client.scan_iter(f"{seen.prefix}:*"))
+    if keys:
+        seen.client.delete(*keys)
+
+
+@pytest.fixture
+def redis_seen_set():
+    seen = RedisSeenSet(REDIS_URL, ttl_seconds=120, prefix=f"test:{uuid.uuid4().hex}")  # a private key space
+    yield seen, "content/1"
+    clear(seen)
+
+
+def test_redis_remembers_with_a_ttl(redis_seen_set):
+    seen, version = redis_seen_set
+    known, unknown = digests(5), digests(5, "other")
+    assert seen.maybe_seen(version, known) == [False] * 5
+    seen.remember(version, known)
+    assert seen.maybe_seen(version, known + unknown) == [True] * 5 + [False] * 5
+    ttl = seen.client.ttl(seen.key(version, known[0]))
+    assert 0 < ttl <= 120
+    assert seen.maybe_seen("another/version", known) == [False] * 5  # versions never meet
+    assert seen.forget(version, known[:2]) == 2
+    assert seen.maybe_seen(version, known) == [False, False, True, True, True]
+
+
+def test_redis_round_trips_are_per_chunk_not_per_record(redis_seen_set):
+    seen, version = redis_seen_set
+    before = seen.client.info("stats")["total_commands_processed"]
+    seen.remember(version, digests(500))
+    seen.maybe_seen(version, digests(500))
+    # 500 SETs pipelined + one MGET; INFO itself counts too. Nothing like 1000 separate requests' overhead,
+    # but the command count proves one MGET served the whole chunk.
+    after = seen.client.info("stats")["total_commands_processed"]
+    assert after - before <= 500 + 1 + 2
+
+
+def test_a_stopped_redis_is_unavailable_quickly_and_stays_marked_down():
+    seen = RedisSeenSet(DEAD_REDIS_URL, timeout=0.2, retry_after=60)
+    with pytest.raises(SeenSetUnavailable):
+        seen.maybe_seen("content/1", digests(3))
+    with pytest.raises(SeenSetUnavailable, match="marked down"):
+        seen.remember("content/1", digests(3))
+
+
+def test_bloom_persists_between_runs(tmp_path):
+    first = BloomSeenSet(tmp_path, capacity=1000, error_rate=0.001)
+    first.remember("content/1", digests(100))
+    first.flush()
+    second = BloomSeenSet(tmp_path, capacity=1000, error_rate=0.001)
+    assert all(second.maybe_seen("content/1", digests(100)))
+    assert sum(second.maybe_seen("content/1", digests(1000, "new"))) < 10
+    assert not any(second.maybe_seen("content/2", digests(100)))
+
+
+def run(warehouse, folder, key, seen_set, chunk=50):
+    ingest_raw_batch(warehouse, find_batch(folder, key))
+    canonicalise_batch(warehouse, key, LadderSettings(chunk_size=chunk))
+    return deduplicate_batch(warehouse, key, "run", LadderSettings(chunk_size=chunk), seen_set)
+
+
+@pytest.fixture
+def batches(tmp_path):
+    folder = tmp_path / "landing"
+    write_batch(folder, "a", [listing(n) for n in range(200)], landed=1e9)
+    write_batch(folder, "b", [listing(n, crawl_id="2") for n in range(100, 300)], landed=1e9 + 60)
+    return folder
+
+
+def _baseline(tmp_path, batches):
+    from dedup_pipeline.store.warehouse import Warehouse
+
+    wh = Warehouse(f"sqlite:///{tmp_path / 'baseline.sqlite'}").create_schema()
+    for key in ("a", "b"):
+        run(wh, batches, key, NoSeenSet())
+    return snapshot(wh.engine)
+
+
+def test_warm_redis_fast_path_gives_the_same_tables(warehouse, batches, tmp_path, redis_seen_set):
+    seen, _ = redis_seen_set
+    run(warehouse, batches, "a", seen)
+    report = run(warehouse, batches, "b", seen)
+    assert report.seen_set == "redis" and report.seen_set_hits == 100 and report.seen_set_fallbacks == 0
+    assert report.decisions["exact_duplicate"] == 100 and report.decisions["new"] == 100
+    assert snapshot(warehouse.engine) == _baseline(tmp_path, batches)
+
+
+def test_flushed_redis_is_caught_by_the_unique_index(warehouse, batches, tmp_path, redis_seen_set):
+    seen, _ = redis_seen_set
+    run(warehouse, batches, "a", seen)
+    clear(seen)  # every key gone between runs, as after FLUSHDB
+    report = run(warehouse, batches, "b", seen)
+    assert report.decisions["exact_duplicate"] == 100 and report.decisions["new"] == 100
+    assert snapshot(warehouse.engine) == _baseline(tmp_path, batches)
+
+
+def test_dead_redis_fails_open_to_the_warehouse(warehouse, batches, tmp_path):
+    seen = RedisSeenSet(DEAD_REDIS_URL, timeout=0.2)
+    run(warehouse, batches, "a", seen)
+    report = run(warehouse, batches, "b", seen)
+    assert report.seen_set_fallbacks >= 4  # every chunk said so
+    assert report.decisions["exact_duplicate"] == 100 and report.decisions["new"] == 100
+    assert snapshot(warehouse.engine) == _baseline(tmp_path, batches)
+
+
+def test_bloom_false_positives_never_drop_a_new_record(warehouse, batches, tmp_path):
+    # A filter far too small: most lookups come back "maybe seen".
+    seen = BloomSeenSet(tmp_path / "bloom", capacity=10, error_rate=0.5)
+    run(warehouse, batches, "a", seen)
+    report = run(warehouse, batches, "b", seen)
+    assert report.seen_set_false_positives > 0
+    assert report.decisions["new"] == 100
+    assert snapshot(warehouse.engine) == _baseline(tmp_path, batches)
