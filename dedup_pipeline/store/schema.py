@@ -157,3 +157,36 @@ near_duplicate_clusters = Table(
     Column("cluster_id", Id, nullable=False, index=True),
     Column("is_representative", Boolean, nullable=False),
 )
+
+# ---------------------------------------------------------------- erasure (dedup_pipeline/store/erasure.py)
+
+# One row per erasure request: who asked (an operator's reference, never the subject) and what was removed (counts).
+erasure_requests = Table(
+    "erasure_requests", metadata,
+    Column("erasure_id", Id, primary_key=True, autoincrement=True),
+    Column("request_id", Text, nullable=False),
+    Column("subject_kind", String(32), nullable=False),
+    Column("subject_scope", String(255), nullable=False),
+    Column("key_id", String(16), nullable=False),
+    Column("removed", Payload, nullable=False),
+    _now_column("requested_at", nullable=False),
+)
+
+# Keyed fingerprints (HMAC-SHA256) of erased identifiers, checked before every insert. Never the raw value.
+erasure_tombstones = Table(
+    "erasure_tombstones", metadata,
+    Column("fingerprint", Digest, primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("scope", String(255), nullable=False),
+    Column("key_id", String(16), nullable=False),
+    Column("erasure_id", Id, nullable=False, index=True),
+    _now_column("created_at", nullable=False),
+)
+
+# Which (kind, scope, key) combinations have tombstones: tiny, read once per chunk by the exact rung.
+erasure_scopes = Table(
+    "erasure_scopes", metadata,
+    Column("kind", String(32), primary_key=True),
+    Column("scope", String(255), primary_key=True),
+    Column("key_id", String(16), primary_key=True),
+)

@@ -1,0 +1,296 @@
+"""Erasure subjects and their keyed fingerprints (tombstones). Pure: no I/O.
+
+A tombstone is an HMAC-SHA256, under a secret key, of one identifier of an
+erased subject. Without the key nobody can test a guess against it, unlike a
+bare hash. Each fingerprint covers ``tombstone/1``, the identifier's kind,
+its scope and its normalised value, so a natural key never matches a field
+value that happens to be the same text:
+
+==================  ============================  ====================================
+kind                scope                         value
+==================  ============================  ====================================
+``natural_key``     ``""``                        the natural key as stored (a URL key in its
+                                                  ``url/1`` form)
+``canonical_url``   the URL version (``url/1``)   the canonical URL, so every URL variant matches
+``field``           the field path (``seller_id``, the field's text (NFC, whitespace
+                    ``author.email``)             collapsed, like the stored payload)
+``content_digest``  the hash version              the lowercase hex digest
+==================  ============================  ====================================
+
+Ingestion computes the same fingerprints for every incoming record and asks
+the warehouse whether any of them is a tombstone (`record_fingerprints`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import Enum
+from typing import Any, Iterable, Mapping
+
+from dedup_pipeline.core.fields import canonical_fields, normalise_text
+from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes
+from dedup_pipeline.core.url import URL_VERSION, UrlError, canonicalize_url_strict
+
+TOMBSTONE_VERSION = "tombstone/1"
+#: A key shorter than this is refused: it could be guessed, and then so could every fingerprint.
+MIN_KEY_BYTES = 32
+#: Fields the pipeline treats as personal data (documentation, the privacy test and the
+#: README). Erasure accepts any field path; these are the ones a subject is usually named by.
+PERSONAL_FIELDS = (
+    "seller_id", "seller_name", "seller_email", "seller_phone", "author", "author_name", "author_email",
+    "name", "email", "phone", "contact", "address", "username", "profile_url",
+)
+
+_FIELD_PATH = re.compile(r"[A-Za-z0-9_\-]{1,64}(?:\.[A-Za-z0-9_\-]{1,64}){0,7}")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+class SubjectKind(str, Enum):
+    """How an erasure request names its data subject."""
+
+    NATURAL_KEY = "natural_key"
+    CANONICAL_URL = "canonical_url"
+    FIELD = "field"
+    CONTENT_DIGEST = "content_digest"
+
+
+class SubjectError(ValueError):
+    """An erasure subject that cannot be used. The message never repeats the value."""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A normalised erasure subject: build it with `Subject.parse`."""
+
+    kind: SubjectKind
+    value: str
+    scope: str = ""  # field path, hash version or URL version, per kind
+
+    @classmethod
+    def parse(cls, kind: str, value: str, field: str | None = None, version: str | None = None) -> "Subject":
+        """Validate and normalise what an operator typed (UI run config or command line)."""
+        try:
+            kind = SubjectKind(kind)
+        except ValueError:
+            raise SubjectError(f"kind must be one of {[k.value for k in SubjectKind]}, got {kind!r}") from None
+        if not isinstance(value, str) or not value.strip():
+            raise SubjectError("the subject value is empty")
+        if kind is SubjectKind.NATURAL_KEY:
+            return cls(kind, normalise_natural_key(value))
+        if kind is SubjectKind.CANONICAL_URL:
+            try:
+                return cls(kind, canonicalize_url_strict(value), URL_VERSION)
+            except UrlError as exc:
+                raise SubjectError(f"not a usable http(s) URL: {exc}") from None
+        if kind is SubjectKind.FIELD:
+            if not field or not _FIELD_PATH.fullmatch(field):
+                raise SubjectError("kind 'field' needs a field path such as seller_id or author.email")
+            return cls(kind, normalise_field_value(value), field)
+        digest = value.strip().lower()
+        if not _HEX_DIGEST.fullmatch(digest):
+            raise SubjectError("a content digest is 64 hex digits")
+        if not version or version not in HASH_RULES:
+            raise SubjectError(f"kind 'content_digest' needs a hash version, one of {sorted(HASH_RULES)}")
+        return cls(kind, digest, version)
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.scope.split(".")) if self.kind is SubjectKind.FIELD else ()
+
+
+def normalise_natural_key(value: str) -> str:
+    """A natural key as the warehouse stores it: URL keys take their `url/1` form."""
+    value = value.strip()
+    try:
+        return canonicalize_url_strict(value)
+    except UrlError:
+        return value
+
+
+def normalise_field_value(value: Any) -> str | None:
+    """The text a field value is fingerprinted by, or None for values that name nobody (objects, lists, null)."""
+    if value is None or isinstance(value, (dict, list, tuple, bool)):
+        return None
+    if not isinstance(value, str):
+        # Canonical payloads hold exact decimals as text and integers as numbers: both become their text.
+        value = str(value)
+    text = normalise_text(value)
+    return text or None
+
+
+def field_value(payload: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    """The value at a dotted field path of a payload, or None."""
+    value: Any = payload
+    for name in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(name)
+    return value
+
+
+def key_id(key: bytes) -> str:
+    """A short public name for a key, stored beside each tombstone: a changed key is detected, never silently used."""
+    return hmac.new(key, b"dedup tombstone key id", hashlib.sha256).hexdigest()[:16]
+
+
+def fingerprint(key: bytes, kind: str, scope: str, value: str) -> bytes:
+    """HMAC-SHA256 of one identifier (32 bytes)."""
+    message = "\x1f".join((TOMBSTONE_VERSION, kind, scope, value)).encode("utf-8")
+    return hmac.digest(key, message, "sha256")
+
+
+def subject_fingerprint(key: bytes, subject: Subject) -> bytes:
+    return fingerprint(key, subject.kind.value, subject.scope, subject.value)
+
+
+def natural_key_fingerprint(key: bytes, natural_key: str) -> bytes:
+    return fingerprint(key, SubjectKind.NATURAL_KEY.value, "", natural_key)
+
+
+def url_fingerprint(key: bytes, canonical: str, url_version: str = URL_VERSION) -> bytes:
+    return fingerprint(key, SubjectKind.CANONICAL_URL.value, url_version, canonical)
+
+
+def digest_fingerprint(key: bytes, version: str, hex_digest: str) -> bytes:
+    return fingerprint(key, SubjectKind.CONTENT_DIGEST.value, version, hex_digest)
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """What kinds of tombstones exist: field paths and hash versions to fingerprint incoming records by."""
+
+    fields: frozenset[str] = frozenset()
+    versions: frozenset[str] = frozenset()
+    key_ids: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[str, str, str]]) -> "Catalogue":
+        fields, versions, key_ids = set(), set(), set()
+        for kind, scope, kid in rows:
+            key_ids.add(kid)
+            if kind == SubjectKind.FIELD.value:
+                fields.add(scope)
+            elif kind == SubjectKind.CONTENT_DIGEST.value:
+                versions.add(scope)
+        return cls(frozenset(fields), frozenset(versions), frozenset(key_ids))
+
+    def __bool__(self) -> bool:
+        return bool(self.key_ids)
+
+
+def record_fingerprints(
+    key: bytes,
+    catalogue: Catalogue,
+    natural_key: str,
+    canonical: str,
+    payload: Mapping[str, Any],
+    hashes: Mapping[str, str],
+) -> list[bytes]:
+    """Every fingerprint an incoming record could match a tombstone by.
+
+    Its natural key, its canonical URL, each tombstoned field it carries, and
+    its digest under every hash version that has tombstones. A version the
+    record was not hashed under (the ladder's `hash_versions` left it out) is
+    computed here from the canonical payload, so a digest tombstone holds
+    whatever versions the ladder is configured to compute.
+    """
+    found = [natural_key_fingerprint(key, natural_key), url_fingerprint(key, canonical)]
+    for path in sorted(catalogue.fields):
+        text = normalise_field_value(field_value(payload, tuple(path.split("."))))
+        if text is not None:
+            found.append(fingerprint(key, SubjectKind.FIELD.value, path, text))
+    missing = [v for v in catalogue.versions if v not in hashes and v in HASH_RULES]
+    computed = compute_hashes(payload, missing)[0] if missing else {}
+    for version in sorted(catalogue.versions):
+        digest = hashes.get(version) or computed.get(version)
+        if digest:
+            found.append(digest_fingerprint(key, version, digest))
+    return found
+
+
+def payload_digests(payload: Mapping[str, Any]) -> dict[str, str]:
+    """Digest of a stored (canonical) payload under every registered hash version that can hash it."""
+    return compute_hashes(payload, HASH_RULES)[0]
+
+
+# ---------------------------------------------------------------- quarantine
+
+_URL_TAIL = r"(?![A-Za-z0-9._~%!$&'()*+,;=:@/\-])"
+
+
+@dataclass
+class RawLineMatcher:
+    """Decides whether a quarantined raw line holds one of an erasure's identifiers.
+
+    A line that parses as a JSON object is canonicalised like a record and
+    matched exactly: canonical URL, natural key, field values, digests of
+    every version. Any other line (malformed JSON, invalid UTF-8, truncated)
+    is searched as text: URLs by host and path (case-insensitive, ending at a
+    URL boundary, so ``/p/1`` does not match ``/p/10``), natural keys and field
+    values as complete JSON strings. What cannot be matched: an identifier cut
+    by the truncation, escaped in an unusual way (``\\u`` escapes inside a URL,
+    other percent-encodings), or a content digest in a line that does not parse.
+    """
+
+    urls: set[str]
+    natural_keys: set[str]
+    fields: dict[str, set[str]]  # field path -> normalised values
+    digests: dict[str, set[str]]  # version -> hex digests
+
+    def __post_init__(self) -> None:
+        patterns = [re.escape(_host_and_path(url).lower()) + _URL_TAIL for url in self.urls]
+        patterns += [re.escape(key.lower()) + _URL_TAIL for key in self.natural_keys if _is_url(key)]
+        self._url_pattern = re.compile("|".join(patterns)) if patterns else None
+        tokens = {v for values in self.fields.values() for v in values}
+        tokens |= {key for key in self.natural_keys if not _is_url(key)}
+        self._tokens = {form for token in tokens for form in (json.dumps(token), json.dumps(token, ensure_ascii=False))}
+
+    def matches(self, raw: bytes) -> bool:
+        text = raw.decode("utf-8", errors="replace")
+        record = _loads_object(text)
+        if record is not None and self._matches_record(record):
+            return True
+        if self._url_pattern is not None and self._url_pattern.search(text.lower()):
+            return True
+        return any(token in text for token in self._tokens)
+
+    def _matches_record(self, record: dict) -> bool:
+        try:
+            fields = canonical_fields(record)
+        except Exception:  # noqa: BLE001 - a broken record is searched as text instead
+            return False
+        url = fields.get("url")
+        if isinstance(url, str) and (url in self.urls or url in self.natural_keys):
+            return True
+        for path, values in self.fields.items():
+            if normalise_field_value(field_value(fields, tuple(path.split(".")))) in values:
+                return True
+        if any(isinstance(v, str) and v in self.natural_keys for v in fields.values()):
+            return True
+        wanted = {v for v, digests in self.digests.items() if digests}
+        if wanted:
+            digests, _ = compute_hashes(fields, wanted)
+            return any(digest in self.digests[v] for v, digest in digests.items())
+        return False
+
+
+def _is_url(text: str) -> bool:
+    return text.startswith(("http://", "https://"))
+
+
+def _host_and_path(url: str) -> str:
+    rest = url.split("://", 1)[-1]
+    return rest.split("?", 1)[0]
+
+
+def _loads_object(text: str) -> dict | None:
+    try:
+        value = json.loads(text, parse_float=Decimal)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -1,0 +1,548 @@
+"""Erasure in the warehouse: remove every copy of a subject in one transaction, and leave tombstones.
+
+`erase` finds the subject's rows (current records, history, staged canonical
+rows), follows their content digests to every other copy (the same content
+under another URL or key is the same data), deletes them with everything
+derived from them (hash rows of every version, MinHash sketches, LSH buckets,
+near-duplicate links; the clusters they were in are recomputed), deletes the
+decision-log rows that name them (a natural key can itself be personal data)
+and the quarantined lines that hold them, and writes tombstones: keyed
+fingerprints (see `dedup_pipeline.core.erasure`) of the subject, of the
+matched keys and canonical URLs, and of the erased contents' digests under
+every registered hash version. It returns counts per table, never values.
+
+`erased_positions` is the ingestion side: the exact rung asks it, once per
+chunk, which records a tombstone suppresses.
+
+Erasure and ingestion are serialised on PostgreSQL by an advisory lock:
+every exact-rung chunk holds it shared while it checks tombstones and
+writes, an erasure holds it exclusively, so a chunk either commits before
+the erasure (and is erased by it) or checks tombstones after it. On SQLite,
+writers are serialised by the database and a chunk that read before the
+erasure committed fails its write and is replayed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from sqlalchemy import Connection, String, and_, any_, bindparam, cast, delete, false, or_, select, text, tuple_, update
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA
+from sqlalchemy.engine import make_url
+
+from dedup_pipeline.core import erasure as core
+from dedup_pipeline.core.clustering import cluster_records
+from dedup_pipeline.core.erasure import Catalogue, RawLineMatcher, Subject, SubjectKind
+from dedup_pipeline.core.records import CanonicalRecord
+from dedup_pipeline.core.url import URL_VERSION
+from dedup_pipeline.store import neardup as index
+from dedup_pipeline.store.schema import (
+    canonical_records, crawl_batches, dedup_decisions, erasure_requests, erasure_scopes, erasure_tombstones,
+    lsh_buckets, metadata, minhash_signatures, near_duplicate_clusters, near_duplicate_links, quarantine,
+    record_hashes, record_history, records, settings,
+)
+from dedup_pipeline.store.warehouse import upsert_ignore, utcnow
+
+TOMBSTONE_KEY_ENV = "DEDUP_TOMBSTONE_KEY"
+#: Names the advisory lock that serialises erasure against ingestion (any constant works).
+_ERASURE_LOCK = 7_301_043
+_IN_CHUNK = 5000
+_QUARANTINE_PAGE = 1000
+_MAX_ROUNDS = 20
+
+#: Tables this module handles by name. Any other table of the schema with a `record_id`,
+#: `natural_key` or (`hash_version`, `content_hash`) column is swept by those columns.
+_HANDLED = {
+    t.name for t in (
+        records, record_hashes, record_history, dedup_decisions, quarantine, canonical_records, minhash_signatures,
+        lsh_buckets, near_duplicate_links, near_duplicate_clusters, crawl_batches, settings, erasure_requests,
+        erasure_tombstones, erasure_scopes,
+    )
+}
+
+
+class TombstoneKeyError(RuntimeError):
+    """The tombstone key is missing, too short, or not the key the warehouse's tombstones were made with."""
+
+
+# ---------------------------------------------------------------- the key
+
+_memory_keys: dict[int, bytes] = {}
+_key_lock = threading.Lock()
+
+
+def tombstone_key(conn: Connection) -> bytes:
+    """The HMAC key: $DEDUP_TOMBSTONE_KEY, else (embedded SQLite only) a random key in a file beside the database.
+
+    A PostgreSQL warehouse without the variable is an error: production keys
+    come from the environment (a secret store), never from a file or a default.
+    """
+    configured = os.environ.get(TOMBSTONE_KEY_ENV)
+    if configured:
+        key = configured.strip().encode("utf-8")
+        if len(key) < core.MIN_KEY_BYTES:
+            raise TombstoneKeyError(f"{TOMBSTONE_KEY_ENV} must be at least {core.MIN_KEY_BYTES} bytes")
+        return key
+    url = conn.engine.url
+    if url.get_backend_name() != "sqlite":
+        raise TombstoneKeyError(
+            f"{TOMBSTONE_KEY_ENV} is not set: erasure tombstones on a {url.get_backend_name()} warehouse need a secret "
+            f"key of at least {core.MIN_KEY_BYTES} bytes from the environment (for example `openssl rand -hex 32`)"
+        )
+    if not url.database or url.database == ":memory:":
+        with _key_lock:
+            return _memory_keys.setdefault(id(conn.engine), secrets.token_hex(32).encode("ascii"))
+    return _key_file(Path(url.database).resolve().with_name(Path(url.database).name + ".tombstone-key"))
+
+
+def key_file_path(database_url: str) -> Path | None:
+    """Where the embedded default keeps its tombstone key (None for other warehouses)."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database).resolve().with_name(Path(url.database).name + ".tombstone-key")
+
+
+def _key_file(path: Path) -> bytes:
+    if not path.exists():
+        try:
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process made it first
+        else:
+            with os.fdopen(handle, "w") as out:
+                out.write(secrets.token_hex(32) + "\n")
+    return path.read_text().strip().encode("ascii")
+
+
+# ---------------------------------------------------------------- locking
+
+def lock_for_ingestion(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock_shared(:key)"), {"key": _ERASURE_LOCK})
+
+
+def lock_for_erasure(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ERASURE_LOCK})
+
+
+# ---------------------------------------------------------------- ingestion side
+
+def load_catalogue(conn: Connection) -> Catalogue:
+    rows = conn.execute(select(erasure_scopes.c.kind, erasure_scopes.c.scope, erasure_scopes.c.key_id))
+    return Catalogue.from_rows(rows)
+
+
+def _checked_key(conn: Connection, catalogue: Catalogue) -> bytes:
+    key = tombstone_key(conn)
+    foreign = catalogue.key_ids - {core.key_id(key)}
+    if foreign:
+        raise TombstoneKeyError(
+            f"the warehouse holds tombstones made with another key (key id {sorted(foreign)}); "
+            f"set {TOMBSTONE_KEY_ENV} to that key. Ingestion refuses to run rather than let erased subjects back in"
+        )
+    return key
+
+
+def existing_fingerprints(conn: Connection, fingerprints: Sequence[bytes]) -> set[bytes]:
+    """Which of `fingerprints` are tombstones: one statement on PostgreSQL (an array parameter)."""
+    if not fingerprints:
+        return set()
+    column = erasure_tombstones.c.fingerprint
+    if conn.dialect.name == "postgresql":
+        wanted = bindparam("fingerprints", list(fingerprints), type_=ARRAY(BYTEA))
+        return {bytes(fp) for fp in conn.execute(select(column).where(column == any_(wanted))).scalars()}
+    found: set[bytes] = set()
+    for part in _chunks(list(fingerprints)):
+        found |= set(conn.execute(select(column).where(column.in_(part))).scalars())
+    return found
+
+
+def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_id: str | None = None) -> set[int]:
+    """Positions in `chunk` that an erasure tombstone suppresses (decision `erased`).
+
+    Call it inside the chunk's transaction, before its writes. It takes the
+    erasure lock shared (PostgreSQL), reads the tiny tombstone catalogue and,
+    when any tombstone exists, asks for every fingerprint of the chunk in one
+    SELECT. With `batch_id`, the staged `canonical_records` rows of suppressed
+    lines are deleted in the same transaction, so a re-crawl of an erased
+    subject leaves no staged copy behind.
+    """
+    lock_for_ingestion(conn)
+    catalogue = load_catalogue(conn)
+    if not catalogue or not chunk:
+        return set()
+    key = _checked_key(conn, catalogue)
+    positions: dict[bytes, list[int]] = defaultdict(list)
+    for position, record in enumerate(chunk):
+        for fp in core.record_fingerprints(
+            key, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes
+        ):
+            positions[fp].append(position)
+    erased = {p for fp in existing_fingerprints(conn, list(positions)) for p in positions[fp]}
+    if erased and batch_id is not None:
+        lines = sorted({chunk[p].line_no for p in erased})
+        conn.execute(
+            delete(canonical_records).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(lines))
+        )
+    return erased
+
+
+# ---------------------------------------------------------------- erasure side
+
+@dataclass
+class ErasureResult:
+    """What one erasure did. `removed` is rows per table (counts only); `digests` feed the seen-set, never a report."""
+
+    erasure_id: int
+    removed: dict[str, int]
+    tombstones_added: int
+    clusters_recomputed: int
+    digests: dict[str, set[bytes]] = field(repr=False, default_factory=dict)
+
+
+@dataclass
+class _Found:
+    record_ids: set[int] = field(default_factory=set)
+    history_ids: set[int] = field(default_factory=set)
+    staged: set[tuple[str, int]] = field(default_factory=set)
+    digests: dict[str, set[bytes]] = field(default_factory=lambda: defaultdict(set))
+    keys: set[str] = field(default_factory=set)  # natural keys of erased current rows
+    urls: set[str] = field(default_factory=set)  # canonical URLs of erased current rows
+    direct_keys: set[str] = field(default_factory=set)  # natural keys of the rows the subject names itself
+    direct_urls: set[str] = field(default_factory=set)  # and their canonical URLs
+
+    def add_digest(self, version: str, digest: bytes | str | None) -> bool:
+        if not digest:
+            return False
+        raw = bytes.fromhex(digest) if isinstance(digest, str) else bytes(digest)
+        if raw in self.digests[version]:
+            return False
+        self.digests[version].add(raw)
+        return True
+
+
+def _json_text(column, path: Sequence[str]):
+    """A JSON field's value as text, on PostgreSQL (->>, #>>) and SQLite (json_extract)."""
+    target = column[path[0]] if len(path) == 1 else column[tuple(path)]
+    return cast(target.as_string(), String)
+
+
+def _chunks(values: list, size: int = _IN_CHUNK) -> Iterable[list]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+def _digest_condition(version_column, digest_column, digests: dict[str, set[bytes]]):
+    parts = [
+        and_(version_column == version, digest_column.in_(sorted(part)))
+        for version, values in digests.items()
+        for part in _chunks(sorted(values))
+    ]
+    return or_(false(), *parts)
+
+
+def _subject_conditions(subject: Subject):
+    """(records, record_history, canonical_records) conditions that name the subject directly."""
+    value = subject.value
+    if subject.kind is SubjectKind.NATURAL_KEY:
+        return (
+            records.c.natural_key == value,
+            record_history.c.natural_key == value,
+            canonical_records.c.natural_key == value,
+        )
+    if subject.kind is SubjectKind.CANONICAL_URL:
+        return (
+            or_(records.c.canonical_url == value, records.c.natural_key == value),
+            or_(_json_text(record_history.c.payload, ("url",)) == value, record_history.c.natural_key == value),
+            or_(canonical_records.c.canonical_url == value, canonical_records.c.natural_key == value),
+        )
+    if subject.kind is SubjectKind.FIELD:
+        path = subject.path
+        return (
+            _json_text(records.c.payload, path) == value,
+            _json_text(record_history.c.payload, path) == value,
+            _json_text(canonical_records.c.payload, path) == value,
+        )
+    digest = bytes.fromhex(value)
+    return (
+        records.c.record_id.in_(
+            select(record_hashes.c.record_id).where(
+                record_hashes.c.hash_version == subject.scope, record_hashes.c.content_hash == digest
+            )
+        ),
+        and_(record_history.c.hash_version == subject.scope, record_history.c.content_hash == digest),
+        _json_text(canonical_records.c.hashes, (subject.scope,)) == value,
+    )
+
+
+def _find(conn: Connection, subject: Subject) -> _Found:
+    """The subject's rows, then every other copy of their contents, to a fixed point."""
+    found = _Found()
+    if subject.kind is SubjectKind.CONTENT_DIGEST:
+        found.add_digest(subject.scope, subject.value)
+    on_records, on_history, on_staged = _subject_conditions(subject)
+    new_records = {row.record_id: row for row in conn.execute(
+        select(records.c.record_id, records.c.natural_key, records.c.canonical_url).where(on_records))}
+    found.direct_keys = {row.natural_key for row in new_records.values()}
+    found.direct_urls = {row.canonical_url for row in new_records.values()}
+    new_history = set(conn.execute(select(record_history.c.history_id).where(on_history)).scalars())
+    new_staged = {tuple(row) for row in conn.execute(
+        select(canonical_records.c.batch_id, canonical_records.c.line_no).where(on_staged))}
+    new_record_ids = set(new_records)
+    for _ in range(_MAX_ROUNDS):
+        new_record_ids -= found.record_ids
+        new_history -= found.history_ids
+        new_staged -= found.staged
+        if not (new_record_ids or new_history or new_staged):
+            break
+        fresh: dict[str, set[bytes]] = defaultdict(set)
+
+        def absorb(version: str, digest) -> None:
+            if found.add_digest(version, digest):
+                fresh[version].add(bytes.fromhex(digest) if isinstance(digest, str) else bytes(digest))
+
+        found.record_ids |= new_record_ids
+        found.history_ids |= new_history
+        found.staged |= new_staged
+        for part in _chunks(sorted(new_record_ids)):
+            for row in conn.execute(
+                select(records.c.natural_key, records.c.canonical_url, records.c.payload).where(records.c.record_id.in_(part))
+            ):
+                found.keys.add(row.natural_key)
+                found.urls.add(row.canonical_url)
+                for version, digest in core.payload_digests(row.payload).items():
+                    absorb(version, digest)
+            for version, digest in conn.execute(
+                select(record_hashes.c.hash_version, record_hashes.c.content_hash).where(
+                    record_hashes.c.record_id.in_(part), record_hashes.c.content_hash.is_not(None)
+                )
+            ):
+                absorb(version, digest)
+        for part in _chunks(sorted(new_history)):
+            for row in conn.execute(
+                select(record_history.c.hash_version, record_history.c.content_hash, record_history.c.payload).where(
+                    record_history.c.history_id.in_(part)
+                )
+            ):
+                absorb(row.hash_version, row.content_hash)
+                for version, digest in core.payload_digests(row.payload).items():
+                    absorb(version, digest)
+        for batch_id, lines in _group_lines(new_staged).items():
+            for part in _chunks(lines):
+                for row in conn.execute(
+                    select(canonical_records.c.hashes, canonical_records.c.payload).where(
+                        canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part)
+                    )
+                ):
+                    for version, digest in {**core.payload_digests(row.payload), **row.hashes}.items():
+                        absorb(version, digest)
+        # Every other copy of a content just found: current rows holding it under any version,
+        # history rows of erased records or of that content, staged lines hashed to it.
+        new_record_ids = set(conn.execute(
+            select(record_hashes.c.record_id).where(
+                _digest_condition(record_hashes.c.hash_version, record_hashes.c.content_hash, fresh)
+            )
+        ).scalars()) if fresh else set()
+        history_by_id = [record_history.c.record_id.in_(part) for part in _chunks(sorted(found.record_ids))]
+        new_history = set(conn.execute(
+            select(record_history.c.history_id).where(
+                or_(false(), *history_by_id,
+                    _digest_condition(record_history.c.hash_version, record_history.c.content_hash, fresh))
+            )
+        ).scalars())
+        new_staged = set()
+        for version, values in fresh.items():
+            for part in _chunks(sorted(v.hex() for v in values)):
+                new_staged |= {tuple(row) for row in conn.execute(
+                    select(canonical_records.c.batch_id, canonical_records.c.line_no).where(
+                        _json_text(canonical_records.c.hashes, (version,)).in_(part)
+                    )
+                )}
+    else:
+        raise RuntimeError(f"erasure did not converge in {_MAX_ROUNDS} rounds of following copies")
+    return found
+
+
+def _group_lines(pairs: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = defaultdict(list)
+    for batch_id, line_no in sorted(pairs):
+        grouped[batch_id].append(line_no)
+    return grouped
+
+
+def _delete_in(conn: Connection, table, column, values: Iterable) -> int:
+    total = 0
+    for part in _chunks(sorted(set(values))):
+        total += conn.execute(delete(table).where(column.in_(part))).rowcount
+    return total
+
+
+def _remove_near_duplicates(conn: Connection, ids: set[int], representative: str) -> tuple[dict[str, int], int]:
+    """Drop the records' sketches, buckets, links and cluster rows; recompute the clusters they were in."""
+    survivors = index.component_members(conn, ids) - ids
+    old_clusters = set(conn.execute(
+        select(near_duplicate_clusters.c.cluster_id).where(near_duplicate_clusters.c.record_id.in_(sorted(ids)))
+    ).scalars()) if ids else set()
+    counts = {"near_duplicate_links": 0}
+    for part in _chunks(sorted(ids)):
+        link = near_duplicate_links
+        counts["near_duplicate_links"] += conn.execute(
+            delete(link).where(or_(link.c.record_a.in_(part), link.c.record_b.in_(part)))
+        ).rowcount
+    counts["near_duplicate_clusters"] = _delete_in(conn, near_duplicate_clusters, near_duplicate_clusters.c.record_id, ids)
+    counts["lsh_buckets"] = _delete_in(conn, lsh_buckets, lsh_buckets.c.record_id, ids)
+    counts["minhash_signatures"] = _delete_in(conn, minhash_signatures, minhash_signatures.c.record_id, ids)
+    if survivors:
+        links = index.links_among(conn, survivors)
+        members = survivors | {x for a, b, _ in links for x in (a, b)}
+        lengths = index.text_lengths(conn, members) if representative == "longest" else None
+        clusters = [c for c in cluster_records(sorted(members), links, representative, lengths) if len(c.members) > 1]
+        assignment = {rid: (c.cluster_id, rid == c.representative) for c in clusters for rid in c.members}
+        index.replace_clusters(conn, members, assignment)
+    return counts, len(old_clusters)
+
+
+def _remove_decisions(conn: Connection, found: _Found) -> int:
+    d = dedup_decisions
+    by_key = [d.c.natural_key.in_(part) for part in _chunks(sorted(found.keys))]
+    condition = or_(false(), *by_key, _digest_condition(d.c.hash_version, d.c.content_hash, found.digests))
+    return conn.execute(delete(d).where(condition)).rowcount
+
+
+def _remove_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
+    """Scan quarantined lines a page at a time and delete the ones that hold the subject."""
+    q = quarantine
+    matched: list[tuple[str, int]] = []
+    after: tuple[str, int] | None = None
+    while True:
+        query = select(q.c.batch_id, q.c.line_no, q.c.raw_line).order_by(q.c.batch_id, q.c.line_no).limit(_QUARANTINE_PAGE)
+        if after is not None:
+            query = query.where(tuple_(q.c.batch_id, q.c.line_no) > tuple_(*after))
+        rows = conn.execute(query).all()
+        if not rows:
+            break
+        matched += [(row.batch_id, row.line_no) for row in rows if matcher.matches(bytes(row.raw_line))]
+        after = (rows[-1].batch_id, rows[-1].line_no)
+    removed = 0
+    for batch_id, lines in _group_lines(matched).items():
+        for part in _chunks(lines):
+            removed += conn.execute(delete(q).where(q.c.batch_id == batch_id, q.c.line_no.in_(part))).rowcount
+    return removed
+
+
+def _sweep_other_tables(conn: Connection, found: _Found) -> dict[str, int]:
+    """Tables added by other features that name records by id, natural key or digest lose those rows too."""
+    counts = {}
+    for table in metadata.sorted_tables:
+        if table.name in _HANDLED:
+            continue
+        columns = table.c
+        conditions = []
+        if "record_id" in columns:
+            conditions += [columns.record_id.in_(part) for part in _chunks(sorted(found.record_ids))]
+        if "natural_key" in columns:
+            conditions += [columns.natural_key.in_(part) for part in _chunks(sorted(found.keys))]
+        if "hash_version" in columns and "content_hash" in columns:
+            conditions.append(_digest_condition(columns.hash_version, columns.content_hash, found.digests))
+        if conditions:
+            removed = conn.execute(delete(table).where(or_(false(), *conditions))).rowcount
+            if removed:
+                counts[table.name] = removed
+    return counts
+
+
+def _tombstones(key: bytes, subject: Subject, found: _Found) -> list[tuple[bytes, str, str]]:
+    """(fingerprint, kind, scope) of every identifier that must never come back."""
+    rows = [(core.subject_fingerprint(key, subject), subject.kind.value, subject.scope)]
+    keys, urls = set(), set()
+    if subject.kind in (SubjectKind.NATURAL_KEY, SubjectKind.CANONICAL_URL):
+        # "This listing": its key and its URL both name it, whatever the natural-key configuration.
+        keys |= found.direct_keys
+        urls |= found.direct_urls
+        if subject.kind is SubjectKind.CANONICAL_URL:
+            keys.add(subject.value)
+        elif subject.value.startswith(("http://", "https://")):
+            urls.add(subject.value)
+    rows += [(core.natural_key_fingerprint(key, k), SubjectKind.NATURAL_KEY.value, "") for k in sorted(keys)]
+    rows += [(core.url_fingerprint(key, u), SubjectKind.CANONICAL_URL.value, URL_VERSION) for u in sorted(urls)]
+    rows += [
+        (core.digest_fingerprint(key, version, digest.hex()), SubjectKind.CONTENT_DIGEST.value, version)
+        for version, digests in sorted(found.digests.items())
+        for digest in sorted(digests)
+    ]
+    return list({fp: (fp, kind, scope) for fp, kind, scope in rows}.values())
+
+
+def erase(
+    conn: Connection,
+    subject: Subject,
+    request_id: str,
+    representative: str = "oldest",
+) -> ErasureResult:
+    """Remove every copy of `subject` and leave its tombstones, inside the caller's transaction."""
+    lock_for_erasure(conn)
+    index.lock_clusters(conn)  # always in this order (erasure, then clusters): no lock cycle with the rungs
+    key = tombstone_key(conn)
+    _checked_key(conn, load_catalogue(conn))
+    kid = core.key_id(key)
+    now = utcnow()
+    found = _find(conn, subject)
+
+    removed: dict[str, int] = {}
+    removed.update(_sweep_other_tables(conn, found))
+    near, clusters_recomputed = _remove_near_duplicates(conn, found.record_ids, representative)
+    removed.update(near)
+    removed["record_hashes"] = _delete_in(conn, record_hashes, record_hashes.c.record_id, found.record_ids)
+    history_ids = found.history_ids
+    removed["record_history"] = _delete_in(conn, record_history, record_history.c.history_id, history_ids)
+    removed["records"] = _delete_in(conn, records, records.c.record_id, found.record_ids)
+    removed["canonical_records"] = sum(
+        conn.execute(
+            delete(canonical_records).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part))
+        ).rowcount
+        for batch_id, lines in _group_lines(found.staged).items()
+        for part in _chunks(lines)
+    )
+    removed["dedup_decisions"] = _remove_decisions(conn, found)
+    fields = {subject.scope: {subject.value}} if subject.kind is SubjectKind.FIELD else {}
+    keys = found.keys | ({subject.value} if subject.kind is SubjectKind.NATURAL_KEY else set())
+    urls = found.urls | ({subject.value} if subject.kind is SubjectKind.CANONICAL_URL else set())
+    matcher = RawLineMatcher(urls, keys, fields, {v: {d.hex() for d in ds} for v, ds in found.digests.items()})
+    removed["quarantine"] = _remove_quarantine(conn, matcher)
+
+    erasure_id = conn.execute(
+        erasure_requests.insert()
+        .values(request_id=request_id, subject_kind=subject.kind.value, subject_scope=subject.scope, key_id=kid,
+                removed={}, requested_at=now)
+        .returning(erasure_requests.c.erasure_id)
+    ).scalar_one()
+    tombstones = _tombstones(key, subject, found)
+    known = existing_fingerprints(conn, [fp for fp, _, _ in tombstones])
+    added = [row for row in tombstones if row[0] not in known]
+    if added:
+        conn.execute(
+            upsert_ignore(conn, erasure_tombstones),
+            [{"fingerprint": fp, "kind": kind, "scope": scope, "key_id": kid, "erasure_id": erasure_id, "created_at": now}
+             for fp, kind, scope in added],
+        )
+    scopes = {(kind, scope) for _, kind, scope in tombstones}
+    conn.execute(upsert_ignore(conn, erasure_scopes), [{"kind": k, "scope": s, "key_id": kid} for k, s in sorted(scopes)])
+    summary = {**removed, "tombstones_added": len(added), "clusters_recomputed": clusters_recomputed}
+    conn.execute(update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed=summary))
+    return ErasureResult(erasure_id, removed, len(added), clusters_recomputed, dict(found.digests))
+
+
+def record_seen_set_removals(conn: Connection, erasure_id: int, removed: int) -> None:
+    """Add the seen-set count to an erasure's audit row (the seen-set is cleared after the transaction commits)."""
+    row = conn.execute(select(erasure_requests.c.removed).where(erasure_requests.c.erasure_id == erasure_id)).scalar_one()
+    conn.execute(
+        update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed={**row, "seen_set": removed})
+    )
