@@ -4,13 +4,14 @@ The library API, for crawlers and notebooks (no Dagster needed):
 
 - ``canonical_url(url) -> str``: the `url/1` canonical form of a URL;
 - ``content_hash(record, version="content/2") -> (hex digest, version)``;
-- ``cluster_near_duplicates(texts, threshold=..., method="minhash") -> list[int]``.
+- ``cluster_near_duplicates(texts, threshold=..., method="minhash") -> list[int]``;
+- ``first_time_seen(url) -> bool``: fetch-time URL dedup for crawlers (Redis, `url/1`, TTL).
 """
 
 from dedup_pipeline.core.hashing import content_hash
 from dedup_pipeline.core.url import canonical_url
 
-__all__ = ["canonical_url", "content_hash", "cluster_near_duplicates"]
+__all__ = ["canonical_url", "content_hash", "cluster_near_duplicates", "first_time_seen"]
 
 
 def __getattr__(name: str):
@@ -19,4 +20,8 @@ def __getattr__(name: str):
         from dedup_pipeline.core.neardup import cluster_near_duplicates
 
         return cluster_near_duplicates
+    if name == "first_time_seen":
+        from dedup_pipeline.crawler import first_time_seen
+
+        return first_time_seen
     raise AttributeError(f"module 'dedup_pipeline' has no attribute {name!r}")

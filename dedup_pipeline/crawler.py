@@ -1,0 +1,111 @@
+"""Fetch-time URL dedup for crawlers: the seeds' `first_time_seen`, on the pipeline's own `url/1` rules.
+
+A crawler calls this before fetching, so the cheapest duplicate (the page never
+fetched) is removed first. It uses the same canonicaliser as the pipeline, so
+crawler and warehouse agree on URL identity, and a Redis key per canonical URL
+with a TTL (SET NX EX: atomic check-and-set, shared by every worker, never an
+unbounded store). Keys hold a SHA-256 of the canonical URL, not the URL.
+
+It fails open: when Redis is down, every URL counts as first seen (fetch it;
+the pipeline's exact rung removes the duplicate later) and a warning is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from functools import lru_cache
+from typing import Iterable
+
+from dedup_pipeline.core.url import URL_VERSION, canonical_url
+from dedup_pipeline.store.seen_set import DEFAULT_TTL_SECONDS, REDIS_URL_ENV, SEEN_TTL_ENV
+
+log = logging.getLogger(__name__)
+
+
+class UrlSeenSet:
+    """Canonical URLs seen by a crawl fleet, in Redis with a TTL."""
+
+    def __init__(self, redis_url: str | None = None, ttl_seconds: int | None = None, prefix: str = "dedup:url", client=None):
+        import redis
+
+        url = redis_url or os.environ.get(REDIS_URL_ENV) or "redis://127.0.0.1:6379/0"
+        self.client = client or redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
+        self.ttl_seconds = ttl_seconds or int(os.environ.get(SEEN_TTL_ENV, DEFAULT_TTL_SECONDS))
+        self.prefix = prefix
+        self._errors = (redis.exceptions.RedisError, OSError)
+
+    def key(self, url: str) -> str:
+        digest = hashlib.sha256(canonical_url(url).encode("utf-8", "surrogatepass")).hexdigest()
+        return f"{self.prefix}:{URL_VERSION}:{digest}"
+
+    def first_time_seen_many(self, urls: Iterable[str]) -> list[bool]:
+        """For each URL, True only on its first sighting within the TTL; one round trip for all of them.
+
+        A URL repeated within `urls` is first seen once (its first occurrence).
+        """
+        keys = [self.key(url) for url in urls]
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.set(key, b"1", nx=True, ex=self.ttl_seconds)
+            return [bool(added) for added in pipe.execute()]
+        except self._errors as exc:
+            log.warning("URL seen-set unavailable (%s): treating %d URL(s) as first seen", type(exc).__name__, len(keys))
+            return [True] * len(keys)
+
+    def first_time_seen(self, url: str) -> bool:
+        """Atomic check-and-set: True only on the first sighting of this canonical URL within the TTL."""
+        return self.first_time_seen_many([url])[0]
+
+    def forget(self, urls: Iterable[str]) -> int:
+        """Drop URLs (an erasure request, or a forced re-crawl)."""
+        keys = [self.key(url) for url in urls]
+        return int(self.client.delete(*keys)) if keys else 0
+
+
+@lru_cache(maxsize=4)
+def _default(redis_url: str | None, ttl_seconds: int | None) -> UrlSeenSet:
+    return UrlSeenSet(redis_url, ttl_seconds)
+
+
+def first_time_seen(url: str, *, redis_url: str | None = None, ttl_seconds: int | None = None) -> bool:
+    """True only the first time any worker asks about this URL (in its `url/1` form) within the TTL.
+
+    Uses $DEDUP_REDIS_URL (else Redis on 127.0.0.1) and $DEDUP_SEEN_TTL_SECONDS (else 30 days).
+    """
+    return _default(redis_url, ttl_seconds).first_time_seen(url)
+
+
+class RedisUrlDupeFilter:
+    """A Scrapy dupefilter on the shared URL seen-set (set DUPEFILTER_CLASS to this class's path).
+
+    Scrapy settings: DEDUP_REDIS_URL, DEDUP_SEEN_TTL_SECONDS. Requests with
+    `dont_filter=True` never reach a dupefilter, as in Scrapy's own.
+    """
+
+    def __init__(self, seen: UrlSeenSet, debug: bool = False):
+        self.seen, self.debug = seen, debug
+
+    @classmethod
+    def from_settings(cls, settings) -> "RedisUrlDupeFilter":
+        ttl = settings.get("DEDUP_SEEN_TTL_SECONDS")
+        return cls(UrlSeenSet(settings.get("DEDUP_REDIS_URL"), int(ttl) if ttl else None), settings.getbool("DUPEFILTER_DEBUG"))
+
+    @classmethod
+    def from_crawler(cls, crawler) -> "RedisUrlDupeFilter":
+        return cls.from_settings(crawler.settings)
+
+    def request_seen(self, request) -> bool:
+        return not self.seen.first_time_seen(request.url)
+
+    def open(self) -> None:
+        pass
+
+    def close(self, reason: str) -> None:
+        pass
+
+    def log(self, request, spider) -> None:
+        if self.debug:
+            log.debug("filtered duplicate request %s", request.url)
