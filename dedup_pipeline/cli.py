@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dedup_pipeline.erasure_cli import add_commands as add_privacy_commands
 from dedup_pipeline.runner import LadderSummary, ensure_dagster_home
 
 _COLUMNS = [("batch", "batch"), ("records_in", "in"), ("quarantined", "quarantined"),
@@ -52,6 +53,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return _run(Path(folder), args.json)
 
 
+def cmd_decisions(args: argparse.Namespace) -> int:
+    from dedup_pipeline.decision_log import iter_events
+    from dedup_pipeline.store.warehouse import Warehouse
+
+    with Warehouse().create_schema().engine.connect() as conn:
+        for event in iter_events(conn, args.batch, args.run):
+            print(json.dumps(event, ensure_ascii=False))
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from dedup_pipeline.metrics import prometheus_text, write_textfile
+    from dedup_pipeline.store.warehouse import Warehouse
+
+    with Warehouse().create_schema().engine.connect() as conn:
+        if args.textfile:
+            write_textfile(conn, args.textfile)
+        else:
+            print(prometheus_text(conn), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dedup-pipeline", description="Keep a warehouse of scraped records free of duplicates.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -62,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="write a realistic sample crawl to a temporary folder and run it")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     demo.set_defaults(func=cmd_demo)
+    add_privacy_commands(commands)  # erase, prune-retention, grant-roles
+    decisions = commands.add_parser("decisions", help="print the decision log as JSON Lines (dedup_decision events)")
+    decisions.add_argument("--batch", help="only this batch")
+    decisions.add_argument("--run", help="only this Dagster run id")
+    decisions.set_defaults(func=cmd_decisions)
+    metrics = commands.add_parser("metrics", help="print the dedup counters in the Prometheus text format")
+    metrics.add_argument("--textfile", help="write them to this file (node_exporter textfile collector) instead")
+    metrics.set_defaults(func=cmd_metrics)
     return parser
 
 

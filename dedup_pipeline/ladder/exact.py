@@ -8,15 +8,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterator
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from dedup_pipeline import decision_log
 from dedup_pipeline.core.policy import Decision, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.metrics import SKIPPED
 from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state
 from dedup_pipeline.store.erasure import erased_positions
-from dedup_pipeline.store.schema import canonical_records, crawl_batches, quarantine
+from dedup_pipeline.store.schema import canonical_records, crawl_batches, exact_rung_runs, quarantine
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable
 from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, as_utc, utcnow
 
@@ -60,6 +62,10 @@ class ExactReport:
             "seen_set_cold_misses": self.seen_set_cold_misses, "seen_set_fallbacks": self.seen_set_fallbacks,
         }
         meta.update({decision.value: self.decisions[decision.value] for decision in Decision if decision != Decision.QUARANTINED})
+        # The same figures under the seeds' metric names (dedup_pipeline.metrics exports their totals).
+        meta["scraper_records_seen"] = self.records_in + self.quarantined
+        for decision, label in SKIPPED.items():
+            meta[f'scraper_duplicates_skipped{{type="{label}"}}'] = self.decisions[decision]
         return meta
 
 
@@ -118,12 +124,20 @@ def deduplicate_batch(
             report.decisions.update(_ChunkWriter(warehouse, seen_set, batch_id, run_id, version, batch_time, settings, report).write(chunk))
         reader.rollback()
     seen_set.flush()
+    _record_run(warehouse, batch_id, run_id, report)
     if report.seen_set_fallbacks:
         log.warning(
             "seen-set %s was unavailable for %d chunk(s) of batch %s; they ran on the warehouse alone",
             seen_set.kind, report.seen_set_fallbacks, batch_id,
         )
     return report
+
+
+def _record_run(warehouse: Warehouse, batch_id: str, run_id: str, report: ExactReport) -> None:
+    stats = {key: value for key, value in report.as_metadata().items() if isinstance(value, (int, float, str))}
+    with warehouse.engine.begin() as conn:
+        conn.execute(delete(exact_rung_runs).where(exact_rung_runs.c.batch_id == batch_id, exact_rung_runs.c.run_id == run_id))
+        conn.execute(insert(exact_rung_runs).values(batch_id=batch_id, run_id=run_id, finished_at=utcnow(), stats=stats))
 
 
 @dataclass
@@ -168,6 +182,7 @@ class _ChunkWriter:
                 self.report.seen_set_hits += confirmed
                 self.report.seen_set_false_positives += sum(hits) - confirmed
             self._remember(plan)
+            decision_log.emit(plan.decisions, self.version, self.batch_id, self.run_id, self.seen_set.kind)
             return counts
         raise RuntimeError(f"chunk of batch {self.batch_id} kept conflicting after {MAX_CHUNK_ATTEMPTS} attempts")
 
