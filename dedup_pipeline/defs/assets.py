@@ -31,7 +31,9 @@ def raw_crawl_batches(
     Registers the file (size, SHA-256, line count) and sends every line that is
     not a JSON object to the `quarantine` table with its reason and line number.
     Read `lines` (records in the file), `parsed` (lines that go on to be
-    canonicalised) and `quarantined` (lines stopped here).
+    canonicalised) and `quarantined` (lines stopped here). The Plots tab
+    charts each figure over the batches; a spike in `quarantined` means a
+    crawler started writing broken lines.
     """
     batch = find_batch(landing.path(), context.partition_key)
     report = ingest_raw_batch(warehouse.get(), batch)
@@ -55,6 +57,12 @@ def canonical_records(
     version. Records without a usable URL or natural key, or that the active
     hash version cannot hash, go to quarantine. `unhashable[content/N]` counts
     records a non-active version could not hash (the rehash job reports them).
+
+    Figures: `records_in` (= `parsed` of the raw rung) -> `canonical`, plus
+    `quarantined` here. Checks: `great_expectations_suite` (key columns not
+    null, URL and digest formats, known versions, no row lost; it BLOCKS the
+    warehouse write when it fails) and `quarantine_rate_under_bound` (warns
+    when too many lines of the batch were quarantined; the reasons are listed).
     """
     report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings())
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.canonical})
@@ -80,6 +88,17 @@ def deduplicated_records(
     `dedup_decisions` log (keys and digests only). `collapse_rate` is exact
     duplicates / records in; `survivors` go on to the near-duplicate rung.
     Re-materialising a partition changes nothing.
+
+    Figures: `records_in` -> `survivors` (new + changed), one count per
+    decision, `collapse_rate`. A replayed batch shows every record as an
+    exact duplicate (collapse rate 1.0): that is the replay, not the crawl;
+    the checks read the batch's first decisions from the decision log.
+    Checks: `collapse_rate_in_band` (against a fixed band and the trailing
+    median of earlier batches: error when it collapses toward zero, the sign
+    of a volatile field leaking into the hash; warning when it jumps far
+    above), `warehouse_integrity` (unique keys and digests, 32-byte digests,
+    known versions; BLOCKS the near-duplicate rung) and
+    `great_expectations_suite` (formats and uniqueness of the rows written).
     """
     report = deduplicate_batch(
         warehouse.get(), context.partition_key, context.run.run_id, ladder.settings(), seen_set.get()
@@ -109,6 +128,15 @@ def near_duplicate_clusters(
     matter) and linked: `near_duplicate_links` holds each pair with its
     similarity, `near_duplicate_clusters` each clustered record with its
     cluster id (the smallest record id in the cluster, stable across runs).
+
+    Figures: `sketched` (records of the batch indexed), `candidate_pairs`
+    (LSH bucket matches) -> `pairs` (verified links), `near_duplicates`
+    (records of the batch linked), `clusters_touched`, `largest_cluster`;
+    `largest_clusters` previews the biggest clusters this batch touched (ids,
+    sizes, similarity range; look the ids up in `near_duplicate_clusters`).
+    `funnel` pictures the whole ladder for the batch: lines in the file ->
+    parsed -> canonical -> new or changed -> no near duplicate, and the
+    `funnel/...` numbers are the same stages, plotted over time.
     """
     report = cluster_batch(warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size)
     figures = ladder_figures(warehouse.get(), context.partition_key, report.clusters)

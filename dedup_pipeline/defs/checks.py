@@ -1,0 +1,157 @@
+"""Asset checks, one per partition (crawl batch). Each is a few lines over `dedup_pipeline.quality`.
+
+Which checks block (`blocking=True`: a failure fails the run and stops every
+downstream asset) and which only report:
+
+- `canonical_records` / `great_expectations_suite`: **blocks**. A broken
+  canonicalisation (a malformed URL or digest, an unknown version, lost rows)
+  must not reach the warehouse: records written with a broken key are
+  duplicates nobody can find again.
+- `deduplicated_records` / `warehouse_integrity`: **blocks**. A warehouse that
+  breaks its own invariants must not feed the near-duplicate index.
+- `canonical_records` / `quarantine_rate_under_bound`: warns. Quarantined lines
+  are kept aside with their reasons; the good records of the batch are fine.
+- `deduplicated_records` / `collapse_rate_in_band`: reports (ERROR when the rate
+  collapses, WARN when it jumps) without blocking: the rows are already stored
+  correctly under the UNIQUE index, the rate judges the crawl or the hash rule,
+  and the near-duplicate rung still links what a leaked volatile field split.
+- `deduplicated_records` / `great_expectations_suite`: reports (ERROR) without
+  blocking: it re-reads rows already committed; the invariants that matter for
+  the next rung are the integrity check's.
+"""
+
+import dagster as dg
+
+from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records
+from dedup_pipeline.defs.check_settings import ChecksResource
+from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.defs.resources import LadderResource, WarehouseResource
+from dedup_pipeline.quality import expectations, frames
+from dedup_pipeline.quality.collapse import judge_collapse
+from dedup_pipeline.quality.history import batch_rates
+from dedup_pipeline.quality.integrity import check_batch_integrity
+from dedup_pipeline.quality.quarantine import quarantine_report
+from dedup_pipeline.store.warehouse import active_hash_version
+
+GE_CHECK = "great_expectations_suite"
+INTEGRITY_CHECK = "warehouse_integrity"
+QUARANTINE_CHECK = "quarantine_rate_under_bound"
+_ERROR, _WARN = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
+
+
+@dg.asset_check(
+    asset=deduplicated_records, name=COLLAPSE_CHECK, partitions_def=crawl_batches_partitions,
+    description="Collapse rate (exact duplicates / records in) against a fixed band and the trailing median of "
+    "earlier batches: error when it collapses toward zero (a volatile field leaked into the hash), warning "
+    "when it jumps far above. History comes from the warehouse decision log (first decision per line).",
+)
+def collapse_rate_in_band(
+    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, checks: ChecksResource
+) -> dg.AssetCheckResult:
+    rules = checks.collapse_rules(ladder.min_collapse_rate, ladder.max_collapse_rate, ladder.min_records_for_check)
+    with warehouse.get().engine.connect() as conn:
+        current, history = batch_rates(conn, context.partition_key, rules.window)
+    verdict = judge_collapse(current, history, rules)
+    metadata = {
+        "collapse_rate": verdict.rate, "lower_bound": verdict.lower_bound, "upper_bound": verdict.upper_bound,
+        "records_in": verdict.records_in, "history_batches": len(verdict.history),
+        "band_low": rules.band_low, "band_high": rules.band_high, "note": verdict.note,
+    }
+    if verdict.trailing_median is not None:
+        metadata.update(trailing_median=verdict.trailing_median, trailing_mad=verdict.trailing_mad)
+    return dg.AssetCheckResult(
+        passed=verdict.passed, severity=_ERROR if verdict.error else _WARN, metadata=metadata,
+        description=f"collapse rate {verdict.rate:.3f} in [{verdict.lower_bound:.3f}, {verdict.upper_bound:.3f}]: "
+        + verdict.note,
+    )
+
+
+@dg.asset_check(
+    asset=deduplicated_records, name=INTEGRITY_CHECK, partitions_def=crawl_batches_partitions, blocking=True,
+    description="The rows this batch wrote keep the warehouse invariants: unique (hash_version, content_hash), "
+    "one current row per natural key, 32-byte digests, every hash version known to HASH_RULES. Blocks "
+    "near_duplicate_clusters when it fails.",
+)
+def warehouse_integrity(context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    with warehouse.get().engine.connect() as conn:
+        report = check_batch_integrity(conn, context.partition_key)
+    return dg.AssetCheckResult(
+        passed=report.passed, severity=_ERROR, metadata=report.as_metadata(),
+        description="; ".join(report.problems) or f"{report.rows_checked} rows keep every invariant",
+    )
+
+
+@dg.asset_check(
+    asset=canonical_records, name=QUARANTINE_CHECK, partitions_def=crawl_batches_partitions,
+    description="Share of the batch's lines sent to quarantine (raw and canonical rungs) stays under "
+    "`max_quarantine_rate` of the `checks` resource. Warns only: quarantined lines are kept with their reasons.",
+)
+def quarantine_rate_under_bound(
+    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, checks: ChecksResource
+) -> dg.AssetCheckResult:
+    with warehouse.get().engine.connect() as conn:
+        report = quarantine_report(conn, context.partition_key)
+    too_small = report.lines < checks.min_lines_for_quarantine_check
+    passed = too_small or report.rate <= checks.max_quarantine_rate
+    reasons = "\n".join(["| rung | reason | lines |", "|---|---|---:|"]
+                        + [f"| {rung} | {reason} | {n} |" for rung, reason, n in report.top_reasons])
+    metadata = {
+        "quarantine_rate": report.rate, "quarantined": report.quarantined, "lines": report.lines,
+        "bound": checks.max_quarantine_rate, "top_reasons": dg.MetadataValue.md(reasons),
+        **{f"quarantined/{rung}": n for rung, n in sorted(report.by_rung.items())},
+    }
+    note = "batch too small to judge" if too_small and report.rate > checks.max_quarantine_rate else (
+        "under the bound" if passed else "over the bound")
+    return dg.AssetCheckResult(
+        passed=passed, severity=_WARN, metadata=metadata,
+        description=f"{report.quarantined} of {report.lines} lines quarantined ({report.rate:.1%}, bound "
+        f"{checks.max_quarantine_rate:.1%}): {note}",
+    )
+
+
+def _suite_result(report: expectations.SuiteReport, severity: dg.AssetCheckSeverity) -> dg.AssetCheckResult:
+    metadata: dict = {
+        "suite": report.suite, "rows": report.rows, "evaluated": len(report.outcomes), "failed": len(report.failed),
+        "results": dg.MetadataValue.md(report.markdown()),
+    }
+    for outcome in report.outcomes:
+        if outcome.unexpected is not None:
+            metadata[f"unexpected {outcome.label}"] = int(outcome.unexpected)
+    failed = ", ".join(o.label for o in report.failed)
+    return dg.AssetCheckResult(
+        passed=report.success, severity=severity, metadata=metadata,
+        description=f"Great Expectations suite {report.suite!r} over {report.rows} rows: "
+        + (f"failed {failed}" if failed else f"all {len(report.outcomes)} expectations met"),
+    )
+
+
+@dg.asset_check(
+    asset=canonical_records, name=GE_CHECK, partitions_def=crawl_batches_partitions, blocking=True,
+    description="Great Expectations suite on the batch's canonical records: key columns not null, canonical URL "
+    "and digest formats, known URL and hash versions, one row per line, no row lost. Blocks the warehouse write "
+    "(deduplicated_records) when it fails.",
+)
+def canonical_records_suite(context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    with warehouse.get().engine.connect() as conn:
+        frame = frames.canonical_frame(conn, context.partition_key, active_hash_version(conn))
+        expected = frames.expected_canonical_rows(conn, context.partition_key)
+    report = expectations.validate(frame, "canonical_records", expectations.canonical_suite(expected))
+    return _suite_result(report, _ERROR)
+
+
+@dg.asset_check(
+    asset=deduplicated_records, name=GE_CHECK, partitions_def=crawl_batches_partitions,
+    description="Great Expectations suite on the warehouse rows this batch wrote: key columns not null, formats, "
+    "known versions, one row per natural key and per (hash_version, content_hash). Reports without blocking.",
+)
+def deduplicated_records_suite(context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    with warehouse.get().engine.connect() as conn:
+        frame = frames.records_frame(conn, context.partition_key)
+    report = expectations.validate(frame, "deduplicated_records", expectations.deduplicated_suite())
+    return _suite_result(report, _ERROR)
+
+
+ladder_checks = [
+    canonical_records_suite, quarantine_rate_under_bound,
+    collapse_rate_in_band, warehouse_integrity, deduplicated_records_suite,
+]

@@ -1,0 +1,73 @@
+"""Per-batch collapse rates from the warehouse's decision log (`dedup_decisions`).
+
+Why the warehouse and not Dagster's materialisation events: the decision log is
+durable (it survives a wiped or replaced Dagster instance, and PostgreSQL holds
+it for every worker), it is the audit trail the figures must agree with, and it
+knows what the *first* decision on each line was. A re-materialised batch finds
+everything already stored and logs all its lines again as exact duplicates, so
+the latest materialisation's `collapse_rate` (1.0 on a replay) is not the
+batch's real rate; the earliest decision per (batch, line) is, even when the
+first run crashed half way and a retry finished the batch.
+
+Set-based: one query for the trailing batches, one aggregate over their decisions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from sqlalchemy import Connection, and_, func, or_, select
+
+from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.quality.collapse import BatchRate
+from dedup_pipeline.store.schema import crawl_batches, dedup_decisions
+
+
+def first_decision_counts(conn: Connection, batch_ids: Sequence[str]) -> dict[str, Counter]:
+    """Per batch, the count of each decision, taking only the earliest decision on each line."""
+    if not batch_ids:
+        return {}
+    d = dedup_decisions
+    first = (
+        select(func.min(d.c.decision_id).label("decision_id"))
+        .where(d.c.batch_id.in_(list(batch_ids)))
+        .group_by(d.c.batch_id, d.c.line_no)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(d.c.batch_id, d.c.decision, func.count())
+        .join(first, first.c.decision_id == d.c.decision_id)
+        .group_by(d.c.batch_id, d.c.decision)
+    )
+    counts: dict[str, Counter] = {}
+    for batch_id, decision, n in rows:
+        counts.setdefault(batch_id, Counter())[decision] = n
+    return counts
+
+
+def rate_of(batch_id: str, counts: Counter | None) -> BatchRate:
+    counts = counts or Counter()
+    return BatchRate(batch_id, sum(counts.values()), counts[Decision.EXACT_DUPLICATE.value])
+
+
+def trailing_batches(conn: Connection, batch_id: str, window: int) -> list[str]:
+    """Up to `window` batches landed before `batch_id` (landing time, then key), most recent first."""
+    landed = conn.execute(select(crawl_batches.c.landed_at).where(crawl_batches.c.batch_id == batch_id)).scalar()
+    if landed is None:
+        return []
+    b = crawl_batches.c
+    earlier = or_(b.landed_at < landed, and_(b.landed_at == landed, b.batch_id < batch_id))
+    return list(
+        conn.execute(
+            select(b.batch_id).where(earlier).order_by(b.landed_at.desc(), b.batch_id.desc()).limit(window)
+        ).scalars()
+    )
+
+
+def batch_rates(conn: Connection, batch_id: str, window: int) -> tuple[BatchRate, list[BatchRate]]:
+    """The batch's own rate and the rates of the batches before it (most recent first, only decided ones)."""
+    earlier = trailing_batches(conn, batch_id, window)
+    counts = first_decision_counts(conn, [batch_id, *earlier])
+    history = [rate_of(b, counts[b]) for b in earlier if b in counts]
+    return rate_of(batch_id, counts.get(batch_id)), history

@@ -1,0 +1,114 @@
+"""Warehouse integrity for the rows a batch wrote, compared against the whole warehouse.
+
+The invariants (rule 2 of the design: the database is the authority):
+- one row per content: `(hash_version, content_hash)` is unique in `records`;
+- one current row per natural key;
+- every stored digest is well-formed (32 bytes of SHA-256), in `records`,
+  `record_hashes` and the decision log;
+- every hash version named anywhere is known to the rule registry
+  (`HASH_RULES`), including the warehouse's active version.
+
+The constraints enforce most of this; the check proves it still holds (after a
+migration, a restore, a hand edit or a schema drift). Each query is scoped to
+the batch's rows through an index (`ix_records_last_batch`, `ix_decisions_batch`)
+and compares them against the whole table through the unique indexes, so the
+cost follows the batch size, not the warehouse size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from sqlalchemy import Connection, and_, func, or_, select
+
+from dedup_pipeline.core.hashing import HASH_RULES
+from dedup_pipeline.store.schema import dedup_decisions, record_hashes, records
+from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, read_setting
+
+DIGEST_BYTES = 32
+
+
+@dataclass
+class IntegrityReport:
+    batch_id: str
+    rows_checked: int = 0
+    duplicate_content: int = 0
+    duplicate_keys: int = 0
+    malformed_hashes: int = 0
+    unknown_versions: int = 0
+    active_version: str | None = None
+    active_version_known: bool = True
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def as_metadata(self) -> dict:
+        meta = asdict(self)
+        meta["problems"] = "; ".join(self.problems) or "none"
+        meta["active_version"] = self.active_version or "unset"
+        return meta
+
+
+def _count(conn: Connection, statement) -> int:
+    return int(conn.execute(statement).scalar_one() or 0)
+
+
+def check_batch_integrity(conn: Connection, batch_id: str, known_versions: Iterable[str] = HASH_RULES) -> IntegrityReport:
+    """Count every violation among the rows `batch_id` last wrote (and its decision-log lines)."""
+    known = sorted(known_versions)
+    report = IntegrityReport(batch_id)
+    mine = records.c.last_batch_id == batch_id
+    report.rows_checked = _count(conn, select(func.count()).select_from(records).where(mine))
+
+    r, other = records.alias("r"), records.alias("other")
+    same_content = and_(
+        other.c.hash_version == r.c.hash_version, other.c.content_hash == r.c.content_hash,
+        other.c.record_id != r.c.record_id,
+    )
+    report.duplicate_content = _count(
+        conn, select(func.count(r.c.record_id.distinct())).select_from(r.join(other, same_content))
+        .where(r.c.last_batch_id == batch_id)
+    )
+    same_key = and_(other.c.natural_key == r.c.natural_key, other.c.record_id != r.c.record_id)
+    report.duplicate_keys = _count(
+        conn, select(func.count(r.c.record_id.distinct())).select_from(r.join(other, same_key))
+        .where(r.c.last_batch_id == batch_id)
+    )
+
+    def bad_digest(column):
+        return or_(column.is_(None), func.length(column) != DIGEST_BYTES)
+
+    hashes_of_mine = record_hashes.join(records, record_hashes.c.record_id == records.c.record_id)
+    decisions = dedup_decisions.c
+    report.malformed_hashes = (
+        _count(conn, select(func.count()).select_from(records).where(mine, bad_digest(records.c.content_hash)))
+        + _count(conn, select(func.count()).select_from(hashes_of_mine).where(
+            mine, record_hashes.c.error.is_(None), bad_digest(record_hashes.c.content_hash)))
+        + _count(conn, select(func.count()).select_from(dedup_decisions).where(
+            decisions.batch_id == batch_id, decisions.content_hash.is_not(None),
+            func.length(decisions.content_hash) != DIGEST_BYTES))
+    )
+    report.unknown_versions = (
+        _count(conn, select(func.count()).select_from(records).where(mine, records.c.hash_version.not_in(known)))
+        + _count(conn, select(func.count()).select_from(hashes_of_mine).where(
+            mine, record_hashes.c.hash_version.not_in(known)))
+        + _count(conn, select(func.count()).select_from(dedup_decisions).where(
+            decisions.batch_id == batch_id, decisions.hash_version.is_not(None), decisions.hash_version.not_in(known)))
+    )
+    report.active_version = read_setting(conn, ACTIVE_HASH_VERSION)
+    report.active_version_known = report.active_version in known
+
+    if report.duplicate_content:
+        report.problems.append(f"{report.duplicate_content} rows share (hash_version, content_hash) with another row")
+    if report.duplicate_keys:
+        report.problems.append(f"{report.duplicate_keys} rows share their natural key with another row")
+    if report.malformed_hashes:
+        report.problems.append(f"{report.malformed_hashes} digests are not {DIGEST_BYTES} bytes")
+    if report.unknown_versions:
+        report.problems.append(f"{report.unknown_versions} rows name a hash version unknown to HASH_RULES {known}")
+    if not report.active_version_known:
+        report.problems.append(f"the active hash version {report.active_version!r} is unknown to HASH_RULES {known}")
+    return report

@@ -1,0 +1,156 @@
+"""The asset checks in Dagster, in process: what they report, what blocks, and the failure alert."""
+
+from __future__ import annotations
+
+import logging
+
+import dagster as dg
+import pytest
+from sqlalchemy import func, insert, select
+
+from dedup_pipeline.definitions import defs
+from dedup_pipeline.defs.alerts import ladder_failure_alert
+from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, ladder_assets, raw_crawl_batches
+from dedup_pipeline.defs.check_settings import ChecksResource
+from dedup_pipeline.defs.checks import GE_CHECK, INTEGRITY_CHECK, QUARANTINE_CHECK, collapse_rate_in_band, ladder_checks
+from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource
+from dedup_pipeline.demo import write_demo_crawl
+from dedup_pipeline.landing import list_batches
+from dedup_pipeline.store.schema import dedup_decisions, records
+from dedup_pipeline.store.warehouse import Warehouse, utcnow
+from dedup_pipeline_tests.defs.test_checks_quality import sliding_batches
+from dedup_pipeline_tests.helpers import listing, write_batch
+
+
+def resources(url, folder, **ladder):
+    return {
+        "warehouse": WarehouseResource(database_url=url), "landing": LandingResource(folder=str(folder), settle_seconds=0),
+        "ladder": LadderResource(**ladder), "near_dup": NearDupResource(), "seen_set": SeenSetResource(kind="none"),
+        "checks": ChecksResource(),
+    }
+
+
+def run(instance, url, folder, key, selection=None, **ladder):
+    return dg.materialize(
+        [*ladder_assets, *ladder_checks], partition_key=key, instance=instance, selection=selection,
+        resources=resources(url, folder, **ladder), raise_on_error=False,
+    )
+
+
+def evaluations(result) -> dict:
+    return {(e.asset_key.to_user_string(), e.check_name): e for e in result.get_asset_check_evaluations()}
+
+
+def values(metadata) -> dict:
+    return {k: v.value for k, v in metadata.items()}
+
+
+def test_every_check_passes_on_the_demo_crawl_and_the_ui_gets_its_figures(tmp_path):
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    write_demo_crawl(folder)
+    keys = [b.key for b in list_batches(folder)]
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, keys)
+    for key in keys:
+        result = run(instance, url, folder, key)
+        assert result.success
+        checks = evaluations(result)
+        assert set(checks) == {("canonical_records", GE_CHECK), ("canonical_records", QUARANTINE_CHECK),
+                               ("deduplicated_records", COLLAPSE_CHECK), ("deduplicated_records", INTEGRITY_CHECK),
+                               ("deduplicated_records", GE_CHECK)}
+        assert all(e.passed for e in checks.values()), {k: e.description for k, e in checks.items() if not e.passed}
+        assert all(e.partition == key for e in checks.values())
+
+    suite = values(checks[("canonical_records", GE_CHECK)].metadata)
+    assert suite["failed"] == 0 and suite["evaluated"] == 11 and suite["unexpected MatchRegex(canonical_url)"] == 0
+    assert "`BeInSet(hash_version)` | passed" in suite["results"]
+    near = values(result.asset_materializations_for_node("near_duplicate_clusters")[0].metadata)
+    assert near["funnel"].startswith("![ladder funnel of batch 2026-11-02-syndication](data:image/png;base64,iVBOR")
+    assert (near["funnel/lines"], near["funnel/exact_survivors"], near["funnel/near_distinct"]) == (8, 8, 0)
+    clusters = near["largest_clusters"]
+    assert isinstance(clusters, dg.TableMetadataValue)
+    rows = [record.data for record in clusters.records]
+    assert len(rows) == near["clusters_touched"] == 8 and all(row["records"] == 2 for row in rows)
+
+
+def test_a_broken_canonicalisation_is_blocked_before_the_warehouse(tmp_path, monkeypatch):
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    write_batch(folder, "b1", [listing(n) for n in range(30)], landed=1e9)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b1"])
+    # A canonicaliser release that stamps rows with a URL version no rule knows.
+    monkeypatch.setattr("dedup_pipeline.ladder.canonical.URL_VERSION", "url/0")
+    result = run(instance, url, folder, "b1")
+
+    assert not result.success
+    suite = evaluations(result)[("canonical_records", GE_CHECK)]
+    assert not suite.passed and suite.severity == dg.AssetCheckSeverity.ERROR
+    assert "`BeInSet(url_version)` | FAILED | 30 | url/0" in suite.metadata["results"].value
+    assert not result.asset_materializations_for_node("deduplicated_records")
+    with Warehouse(url).engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 0
+
+
+def test_an_integrity_failure_blocks_near_duplicates_and_raises_a_clear_alert(tmp_path, monkeypatch, caplog):
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    write_batch(folder, "b1", [listing(n) for n in range(30)], landed=1e9)
+    monkeypatch.setenv("DEDUP_DATABASE_URL", url)
+    monkeypatch.setenv("DEDUP_LANDING_DIR", str(folder))
+    warehouse = Warehouse(url).create_schema()
+    with warehouse.engine.begin() as conn:  # a buggy writer logged a truncated digest for this batch
+        conn.execute(insert(dedup_decisions).values(
+            batch_id="b1", line_no=0, run_id="rogue", natural_key="k", hash_version="content/1",
+            content_hash=b"\x01" * 31, decision="new", decided_at=utcnow()))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b1"])
+    result = defs.resolve_job_def("dedup_ladder").execute_in_process(partition_key="b1", instance=instance, raise_on_error=False)
+
+    assert not result.success
+    integrity = evaluations(result)[("deduplicated_records", INTEGRITY_CHECK)]
+    assert not integrity.passed and integrity.metadata["malformed_hashes"].value == 1
+    assert result.asset_materializations_for_node("deduplicated_records")
+    assert not result.asset_materializations_for_node("near_duplicate_clusters")
+
+    context = dg.build_run_status_sensor_context(
+        sensor_name=ladder_failure_alert.name, dagster_instance=instance, dagster_run=result.dagster_run,
+        dagster_event=result.get_run_failure_event(),
+    ).for_run_failure()
+    with caplog.at_level(logging.ERROR, logger="dedup_pipeline.alerts"):
+        ladder_failure_alert(context)
+    [alert] = [r.getMessage() for r in caplog.records if r.name == "dedup_pipeline.alerts"]
+    assert alert.startswith("ALERT dedup run failed: job=dedup_ladder partition=b1 step=deduplicated_records_warehouse_integrity")
+    assert "error=DagsterAssetCheckFailedError" in alert and f"run_id={result.run_id}" in alert
+
+
+def test_a_noisy_batch_warns_on_its_quarantine_rate(tmp_path):
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    write_batch(folder, "noisy", [listing(n) for n in range(30)] + ["{broken"] * 8 + [{"title": "no url"}] * 2, landed=1e9)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["noisy"])
+    selection = dg.AssetSelection.assets(raw_crawl_batches, canonical_records).without_checks() | dg.AssetSelection.checks(
+        dg.AssetCheckKey(canonical_records.key, QUARANTINE_CHECK))
+    result = run(instance, url, folder, "noisy", selection=selection)
+    assert result.success
+    check = evaluations(result)[("canonical_records", QUARANTINE_CHECK)]
+    meta = values(check.metadata)
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert (meta["quarantined"], meta["lines"], meta["quarantined/raw"], meta["quarantined/canonical"]) == (10, 40, 8, 2)
+    assert meta["quarantine_rate"] == pytest.approx(0.25) and "| raw | malformed JSON" in meta["top_reasons"]
+
+
+def test_the_collapse_check_errors_when_a_volatile_field_leaks_into_the_hash(tmp_path):
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    keys = sliding_batches(folder, 5, leak_in=4)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, keys)
+    selection = dg.AssetSelection.assets(raw_crawl_batches, canonical_records, deduplicated_records).without_checks() | (
+        dg.AssetSelection.checks(collapse_rate_in_band))
+    results = [run(instance, url, folder, key, selection=selection) for key in keys]
+    assert all(r.success for r in results)  # the collapse check reports, it does not block
+    checks = [evaluations(r)[("deduplicated_records", COLLAPSE_CHECK)] for r in results]
+    assert [c.passed for c in checks] == [False, True, True, True, False]  # the first batch has nothing to collapse
+    leak = values(checks[-1].metadata)
+    assert checks[-1].severity == dg.AssetCheckSeverity.ERROR and "collapsed toward zero" in leak["note"]
+    assert leak["history_batches"] == 4 and leak["trailing_median"] == pytest.approx(1 / 3)
+    assert leak["collapse_rate"] == 0.0 and leak["lower_bound"] == pytest.approx(1 / 12)
