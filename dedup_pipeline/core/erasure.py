@@ -102,6 +102,25 @@ class Subject:
     def path(self) -> tuple[str, ...]:
         return tuple(self.scope.split(".")) if self.kind is SubjectKind.FIELD else ()
 
+    @property
+    def identifiers(self) -> tuple[str, ...]:
+        """The values that name this subject: a URL (as a URL or a URL natural key) under both schemes."""
+        if self.kind in (SubjectKind.CANONICAL_URL, SubjectKind.NATURAL_KEY):
+            return scheme_variants(self.value)
+        return (self.value,)
+
+
+def scheme_variants(url: str) -> tuple[str, ...]:
+    """A canonical URL and its twin under the other scheme.
+
+    `url/1` keeps http and https apart (dedup never merges them), but for
+    erasure they are one page: erasing one erases and tombstones both.
+    """
+    for scheme, other in (("https://", "http://"), ("http://", "https://")):
+        if url.startswith(scheme):
+            return (url, other + url[len(scheme):])
+    return (url,)
+
 
 def normalise_natural_key(value: str) -> str:
     """A natural key as the warehouse stores it: URL keys take their `url/1` form."""

@@ -206,6 +206,7 @@ class ErasureResult:
     tombstones_added: int
     clusters_recomputed: int
     digests: dict[str, set[bytes]] = field(repr=False, default_factory=dict)
+    urls: set[str] = field(repr=False, default_factory=set)  # for the crawlers' URL seen-set
 
 
 @dataclass
@@ -251,18 +252,18 @@ def _digest_condition(version_column, digest_column, digests: dict[str, set[byte
 
 def _subject_conditions(subject: Subject):
     """(records, record_history, canonical_records) conditions that name the subject directly."""
-    value = subject.value
+    value, names = subject.value, list(subject.identifiers)
     if subject.kind is SubjectKind.NATURAL_KEY:
         return (
-            records.c.natural_key == value,
-            record_history.c.natural_key == value,
-            canonical_records.c.natural_key == value,
+            records.c.natural_key.in_(names),
+            record_history.c.natural_key.in_(names),
+            canonical_records.c.natural_key.in_(names),
         )
     if subject.kind is SubjectKind.CANONICAL_URL:
         return (
-            or_(records.c.canonical_url == value, records.c.natural_key == value),
-            or_(_json_text(record_history.c.payload, ("url",)) == value, record_history.c.natural_key == value),
-            or_(canonical_records.c.canonical_url == value, canonical_records.c.natural_key == value),
+            or_(records.c.canonical_url.in_(names), records.c.natural_key.in_(names)),
+            or_(_json_text(record_history.c.payload, ("url",)).in_(names), record_history.c.natural_key.in_(names)),
+            or_(canonical_records.c.canonical_url.in_(names), canonical_records.c.natural_key.in_(names)),
         )
     if subject.kind is SubjectKind.FIELD:
         path = subject.path
@@ -438,12 +439,19 @@ def _remove_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
     return removed
 
 
+def swept_tables() -> list:
+    """Tables of the schema, beyond the ones handled by name, that name records by id, natural key or digest."""
+    return [
+        table for table in metadata.sorted_tables
+        if table.name not in _HANDLED
+        and ({"record_id", "natural_key"} & set(table.c.keys()) or {"hash_version", "content_hash"} <= set(table.c.keys()))
+    ]
+
+
 def _sweep_other_tables(conn: Connection, found: _Found) -> dict[str, int]:
     """Tables added by other features that name records by id, natural key or digest lose those rows too."""
     counts = {}
-    for table in metadata.sorted_tables:
-        if table.name in _HANDLED:
-            continue
+    for table in swept_tables():
         columns = table.c
         conditions = []
         if "record_id" in columns:
@@ -464,13 +472,13 @@ def _tombstones(key: bytes, subject: Subject, found: _Found) -> list[tuple[bytes
     rows = [(core.subject_fingerprint(key, subject), subject.kind.value, subject.scope)]
     keys, urls = set(), set()
     if subject.kind in (SubjectKind.NATURAL_KEY, SubjectKind.CANONICAL_URL):
-        # "This listing": its key and its URL both name it, whatever the natural-key configuration.
+        # "This listing": its key and its URL (under either scheme) name it, whatever the natural-key configuration.
         keys |= found.direct_keys
-        urls |= found.direct_urls
-        if subject.kind is SubjectKind.CANONICAL_URL:
-            keys.add(subject.value)
-        elif subject.value.startswith(("http://", "https://")):
-            urls.add(subject.value)
+        urls |= {variant for url in found.direct_urls for variant in core.scheme_variants(url)}
+        names = set(subject.identifiers)
+        keys |= names
+        if subject.kind is SubjectKind.CANONICAL_URL or subject.value.startswith(("http://", "https://")):
+            urls |= names
     rows += [(core.natural_key_fingerprint(key, k), SubjectKind.NATURAL_KEY.value, "") for k in sorted(keys)]
     rows += [(core.url_fingerprint(key, u), SubjectKind.CANONICAL_URL.value, URL_VERSION) for u in sorted(urls)]
     rows += [
@@ -513,8 +521,8 @@ def erase(
     )
     removed["dedup_decisions"] = _remove_decisions(conn, found)
     fields = {subject.scope: {subject.value}} if subject.kind is SubjectKind.FIELD else {}
-    keys = found.keys | ({subject.value} if subject.kind is SubjectKind.NATURAL_KEY else set())
-    urls = found.urls | ({subject.value} if subject.kind is SubjectKind.CANONICAL_URL else set())
+    keys = found.keys | (set(subject.identifiers) if subject.kind is SubjectKind.NATURAL_KEY else set())
+    urls = found.urls | (set(subject.identifiers) if subject.kind is SubjectKind.CANONICAL_URL else set())
     matcher = RawLineMatcher(urls, keys, fields, {v: {d.hex() for d in ds} for v, ds in found.digests.items()})
     removed["quarantine"] = _remove_quarantine(conn, matcher)
 
@@ -537,12 +545,13 @@ def erase(
     conn.execute(upsert_ignore(conn, erasure_scopes), [{"kind": k, "scope": s, "key_id": kid} for k, s in sorted(scopes)])
     summary = {**removed, "tombstones_added": len(added), "clusters_recomputed": clusters_recomputed}
     conn.execute(update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed=summary))
-    return ErasureResult(erasure_id, removed, len(added), clusters_recomputed, dict(found.digests))
+    erased_urls = {variant for url in urls for variant in core.scheme_variants(url)}
+    return ErasureResult(erasure_id, removed, len(added), clusters_recomputed, dict(found.digests), erased_urls)
 
 
-def record_seen_set_removals(conn: Connection, erasure_id: int, removed: int) -> None:
-    """Add the seen-set count to an erasure's audit row (the seen-set is cleared after the transaction commits)."""
+def record_seen_set_removals(conn: Connection, erasure_id: int, removed: dict[str, int]) -> None:
+    """Add seen-set counts to an erasure's audit row (seen-sets are cleared after the transaction commits)."""
     row = conn.execute(select(erasure_requests.c.removed).where(erasure_requests.c.erasure_id == erasure_id)).scalar_one()
     conn.execute(
-        update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed={**row, "seen_set": removed})
+        update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed={**row, **removed})
     )

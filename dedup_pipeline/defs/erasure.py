@@ -1,0 +1,135 @@
+"""Erasure and retention in the Dagster UI: the `erase_subject` and `prune_retention` jobs, and a daily schedule."""
+
+import os
+from datetime import timedelta
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field
+
+from dedup_pipeline.core.erasure import Subject, SubjectKind
+from dedup_pipeline.defs.resources import NearDupResource, SeenSetResource, WarehouseResource
+from dedup_pipeline.defs.sensors import automation_status
+from dedup_pipeline.ladder.erasure import erase_subject as run_erasure, url_seen_set_from_env
+from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention as run_retention
+from dedup_pipeline.store.warehouse import utcnow
+
+ERASE_JOB = "erase_subject"
+ERASURE_RUN_RETENTION_ENV = "DEDUP_ERASURE_RUN_RETENTION_HOURS"
+DEFAULT_ERASURE_RUN_HOURS = 24
+RETENTION_CRON = "41 3 * * *"
+_FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+
+
+class EraseSubjectConfig(dg.Config):
+    """Who to erase. The value is needed once, to find the rows; only keyed fingerprints of it are kept."""
+
+    kind: str = Field(description=f"How the subject is named: one of {[k.value for k in SubjectKind]}.")
+    value: str = Field(description="The natural key, URL (any variant), field value, or 64-hex content digest.")
+    field: Optional[str] = Field(default=None, description="kind 'field': the field path, e.g. seller_id or author.email.")
+    version: Optional[str] = Field(
+        default=None, description="kind 'content_digest': the digest's hash version; empty means the active version."
+    )
+    request_id: str = Field(default="", description="Your reference for the request (a ticket id; never personal data).")
+
+
+@dg.op(name="erase_data_subject")
+def erase_data_subject(
+    context: dg.OpExecutionContext,
+    config: EraseSubjectConfig,
+    warehouse: WarehouseResource,
+    near_dup: NearDupResource,
+    seen_set: SeenSetResource,
+) -> dg.Output:
+    """Removes every copy of the subject in one transaction and leaves tombstones that no re-crawl gets past.
+
+    Metadata holds counts per table (never values). The run's config holds the
+    subject's value: `prune_retention` deletes finished erasure runs after
+    DEDUP_ERASURE_RUN_RETENTION_HOURS (24 h); the warehouse's
+    `erasure_requests` table keeps the audit (request id, kind, counts).
+    """
+    wh = warehouse.get()
+    version = config.version or (wh.active_hash_version() if config.kind == SubjectKind.CONTENT_DIGEST.value else None)
+    subject = Subject.parse(config.kind, config.value, field=config.field, version=version)
+    report = run_erasure(
+        wh, subject, config.request_id, seen_set.get(), near_dup.representative, url_seen_set_from_env()
+    )
+    context.log.info(f"erasure {report.erasure_id}: {report.removed.get('records', 0)} current record(s) removed")
+    for error in report.seen_set_errors:
+        context.log.warning(f"erasure {report.erasure_id}: {error}")
+    return dg.Output(report.removed, metadata=report.as_metadata())
+
+
+@dg.job(
+    name=ERASE_JOB,
+    tags={"dedup/kind": "erasure"},
+    description="Erase a data subject (run config: kind, value, field, version, request_id). Launch from the launchpad.",
+)
+def erase_subject_job():
+    erase_data_subject()
+
+
+class RetentionConfig(dg.Config):
+    """Empty fields take the environment's value, else the documented default."""
+
+    decision_days: Optional[int] = Field(default=None, description="Decision-log rows (DEDUP_DECISION_RETENTION_DAYS, 90). 0 keeps forever.")
+    history_days: Optional[int] = Field(default=None, description="Superseded content (DEDUP_HISTORY_RETENTION_DAYS, 365).")
+    staging_days: Optional[int] = Field(default=None, description="Staged canonical rows of old batches (DEDUP_STAGING_RETENTION_DAYS, 30).")
+    quarantine_days: Optional[int] = Field(default=None, description="Quarantined raw lines (DEDUP_QUARANTINE_RETENTION_DAYS, 30).")
+    erasure_run_hours: Optional[int] = Field(
+        default=None, description="Finished erase_subject runs, whose config names the subject (DEDUP_ERASURE_RUN_RETENTION_HOURS, 24)."
+    )
+
+
+def _erasure_run_hours(config: RetentionConfig) -> int:
+    if config.erasure_run_hours is not None:
+        return config.erasure_run_hours
+    raw = os.environ.get(ERASURE_RUN_RETENTION_ENV, "").strip()
+    return int(raw) if raw else DEFAULT_ERASURE_RUN_HOURS
+
+
+def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int) -> int:
+    """Delete finished erasure runs (their config holds the subject's value) older than `hours`; 0 keeps them."""
+    if hours <= 0:
+        return 0
+    cutoff = utcnow() - timedelta(hours=hours)
+    runs = instance.get_run_records(dg.RunsFilter(job_name=ERASE_JOB, statuses=_FINISHED, created_before=cutoff))
+    for record in runs:
+        instance.delete_run(record.dagster_run.run_id)
+    return len(runs)
+
+
+@dg.op(name="prune_expired_rows")
+def prune_expired_rows(context: dg.OpExecutionContext, config: RetentionConfig, warehouse: WarehouseResource) -> dg.Output:
+    """Deletes decision-log rows, history, staged canonical rows and quarantined lines past their retention.
+
+    Also clears the key and digest of `erased` decision rows, and deletes
+    finished `erase_subject` runs from the Dagster instance. Counts only.
+    """
+    settings = RetentionSettings.from_env(
+        decision_days=config.decision_days, history_days=config.history_days,
+        staging_days=config.staging_days, quarantine_days=config.quarantine_days,
+    )
+    report = run_retention(warehouse.get(), settings)
+    meta = report.as_metadata()
+    meta["erasure_runs_deleted"] = delete_old_erasure_runs(context.instance, _erasure_run_hours(config))
+    meta.update({f"retention_days[{name}]": getattr(settings, name) for name in
+                 ("decision_days", "history_days", "staging_days", "quarantine_days")})
+    return dg.Output(report.pruned, metadata=meta)
+
+
+@dg.job(name="prune_retention", description="Delete identifiers and copies past their retention (see README, Privacy and erasure).")
+def prune_retention_job():
+    prune_expired_rows()
+
+
+prune_retention_daily = dg.ScheduleDefinition(
+    name="prune_retention_daily",
+    job=prune_retention_job,
+    cron_schedule=RETENTION_CRON,
+    default_status=dg.DefaultScheduleStatus(automation_status().value),
+    description="Daily retention: decision log, history, staged rows, quarantine, finished erasure runs.",
+)
+
+erasure_jobs = [erase_subject_job, prune_retention_job]
+erasure_schedules = [prune_retention_daily]

@@ -1,0 +1,123 @@
+"""The privacy subcommands of `dedup-pipeline`: erase, prune-retention, grant-roles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dedup_pipeline.core.clustering import RULES
+from dedup_pipeline.core.erasure import SubjectError, SubjectKind
+
+
+def _read_value(value: str) -> str:
+    """'-' reads the value from standard input, which keeps it out of shell history and the process list."""
+    return sys.stdin.readline().rstrip("\n") if value == "-" else value
+
+
+def _print_counts(title: str, counts: dict, extra: dict) -> None:
+    width = max([len(name) for name in counts] + [5])
+    print(title)
+    for name, n in sorted(counts.items()):
+        print(f"  {name.ljust(width)}  {n:>8}")
+    for name, value in extra.items():
+        print(f"{name}: {value}")
+
+
+def cmd_erase(args: argparse.Namespace) -> int:
+    from dedup_pipeline.core.erasure import Subject
+    from dedup_pipeline.ladder.erasure import erase_subject, url_seen_set_from_env
+    from dedup_pipeline.store.erasure import TombstoneKeyError
+    from dedup_pipeline.store.seen_set import seen_set_from_env
+    from dedup_pipeline.store.warehouse import Warehouse
+
+    warehouse = Warehouse().create_schema()
+    try:
+        version = args.version or (warehouse.active_hash_version() if args.kind == SubjectKind.CONTENT_DIGEST.value else None)
+        subject = Subject.parse(args.kind, _read_value(args.value), field=args.field, version=version)
+        report = erase_subject(
+            warehouse, subject, args.request_id, seen_set_from_env(args.seen_set), args.representative,
+            url_seen_set_from_env(),
+        )
+    except (SubjectError, TombstoneKeyError) as exc:
+        print(f"dedup-pipeline erase: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        warehouse.dispose()
+    summary = {"erasure_id": report.erasure_id, "request_id": report.request_id, "kind": report.subject_kind,
+               "tombstones_added": report.tombstones_added, "clusters_recomputed": report.clusters_recomputed,
+               "seen_set": report.seen_set}
+    if report.seen_set_errors:
+        summary["seen_set_errors"] = report.seen_set_errors
+    if args.json:
+        print(json.dumps({**summary, "removed": report.removed}))
+    else:
+        _print_counts(f"erasure {report.erasure_id}: rows removed per table", report.removed,
+                      {k: v for k, v in summary.items() if k != "erasure_id"})
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
+    from dedup_pipeline.store.warehouse import Warehouse
+
+    settings = RetentionSettings.from_env(
+        decision_days=args.decision_days, history_days=args.history_days,
+        staging_days=args.staging_days, quarantine_days=args.quarantine_days,
+    )
+    warehouse = Warehouse().create_schema()
+    try:
+        report = prune_retention(warehouse, settings)
+    finally:
+        warehouse.dispose()
+    if args.json:
+        print(json.dumps({"pruned": report.pruned, "redacted_erased_decisions": report.redacted_erased_decisions}))
+    else:
+        _print_counts("rows pruned per table", report.pruned, {"erased decisions redacted": report.redacted_erased_decisions})
+    return 0
+
+
+def cmd_grant_roles(args: argparse.Namespace) -> int:
+    from dedup_pipeline.store.roles import RoleNames, grant_roles
+    from dedup_pipeline.store.warehouse import Warehouse
+
+    warehouse = Warehouse().create_schema()
+    try:
+        names = grant_roles(warehouse.engine, RoleNames(args.writer, args.analyst, args.eraser))
+    except (RuntimeError, ValueError) as exc:
+        print(f"dedup-pipeline grant-roles: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        warehouse.dispose()
+    print("granted: " + ", ".join(names))
+    return 0
+
+
+def add_commands(commands) -> None:
+    """Register the subcommands on the main parser's subparsers."""
+    erase = commands.add_parser(
+        "erase", help="erase a data subject: every copy in the warehouse, plus tombstones so no re-crawl brings it back"
+    )
+    erase.add_argument("--kind", required=True, choices=[k.value for k in SubjectKind], help="how the subject is named")
+    erase.add_argument("--value", required=True, help="the key, URL, field value or digest; '-' reads it from stdin")
+    erase.add_argument("--field", help="kind field: the field path, e.g. seller_id or author.email")
+    erase.add_argument("--version", help="kind content_digest: the hash version (default: the active one)")
+    erase.add_argument("--request-id", default="", help="your reference for the request (never personal data)")
+    erase.add_argument("--representative", default="oldest", choices=RULES, help="cluster representative rule in use")
+    erase.add_argument("--seen-set", default="auto", choices=["auto", "redis", "bloom", "none"],
+                       help="seen-set to clear (auto: Redis if $DEDUP_REDIS_URL is set)")
+    erase.add_argument("--json", action="store_true", help="print one JSON object")
+    erase.set_defaults(func=cmd_erase)
+
+    prune = commands.add_parser("prune-retention", help="delete decision-log rows, history, staged rows and quarantine past retention")
+    for name, variable in (("decision-days", "DEDUP_DECISION_RETENTION_DAYS"), ("history-days", "DEDUP_HISTORY_RETENTION_DAYS"),
+                           ("staging-days", "DEDUP_STAGING_RETENTION_DAYS"), ("quarantine-days", "DEDUP_QUARANTINE_RETENTION_DAYS")):
+        prune.add_argument(f"--{name}", type=int, help=f"days to keep (default ${variable}; 0 keeps forever)")
+    prune.add_argument("--json", action="store_true", help="print one JSON object")
+    prune.set_defaults(func=cmd_prune)
+
+    grant = commands.add_parser("grant-roles", help="PostgreSQL: create the writer, analyst and eraser roles and apply their grants")
+    grant.add_argument("--writer", default="dedup_writer")
+    grant.add_argument("--analyst", default="dedup_analyst")
+    grant.add_argument("--eraser", default="dedup_eraser")
+    grant.set_defaults(func=cmd_grant_roles)

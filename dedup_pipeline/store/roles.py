@@ -1,0 +1,81 @@
+"""Applies `roles.sql`: least-privilege roles on a PostgreSQL warehouse (`dedup-pipeline grant-roles`).
+
+The SQL names roles, the database and columns; those are identifiers, not
+values, so they are validated and quoted here (no value is ever formatted
+into SQL). Tables that a later feature adds and that erasure sweeps (they
+name records by id, natural key or digest) get the erasure operator's
+SELECT, DELETE grant generated from the schema, so erasure keeps working.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from sqlalchemy import Engine, text
+
+from dedup_pipeline.store.erasure import swept_tables
+from dedup_pipeline.store.schema import records
+
+_ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
+#: The one column of `records` analysts may not read: a hash over personal fields.
+ANALYST_HIDDEN_COLUMNS = frozenset({"content_hash"})
+
+
+@dataclass(frozen=True)
+class RoleNames:
+    writer: str = "dedup_writer"
+    analyst: str = "dedup_analyst"
+    eraser: str = "dedup_eraser"
+
+    def __post_init__(self) -> None:
+        for name in (self.writer, self.analyst, self.eraser):
+            if not _ROLE_NAME.fullmatch(name):
+                raise ValueError(f"role names are lower-case identifiers ([a-z_][a-z0-9_]*), got {name!r}")
+        if len({self.writer, self.analyst, self.eraser}) != 3:
+            raise ValueError("the three roles need three different names")
+
+
+def roles_sql(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
+    """The statements `grant_roles` runs, identifiers quoted for this database."""
+    quote = engine.dialect.identifier_preparer.quote
+    columns = [c.name for c in records.columns if c.name not in ANALYST_HIDDEN_COLUMNS]
+    identifiers = {
+        "writer": quote(names.writer), "analyst": quote(names.analyst), "eraser": quote(names.eraser),
+        "database": quote(engine.url.database), "analyst_record_columns": ", ".join(quote(c) for c in columns),
+    }
+    script = resources.files("dedup_pipeline.store").joinpath("roles.sql").read_text()
+    statements = [_PLACEHOLDER.sub(lambda m: identifiers[m.group(1)], s) for s in _split(script)]
+    statements += [f"GRANT SELECT, DELETE ON {quote(table.name)} TO {quote(names.eraser)}" for table in swept_tables()]
+    return statements
+
+
+def _split(script: str) -> list[str]:
+    """Statements of the script: ';' ends one, except inside a $$ ... $$ body."""
+    body = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("--"))
+    statements, current, in_dollar = [], [], False
+    for piece in re.split(r"(\$\$|;)", body):
+        if piece == "$$":
+            in_dollar = not in_dollar
+        if piece == ";" and not in_dollar:
+            statement = "".join(current).strip()
+            if statement:
+                statements.append(statement)
+            current = []
+        else:
+            current.append(piece)
+    if "".join(current).strip():
+        raise ValueError("roles.sql ends without ';'")
+    return statements
+
+
+def grant_roles(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
+    """Create the roles if missing and (re)apply their grants, in one transaction. Returns the role names."""
+    if engine.dialect.name != "postgresql":
+        raise RuntimeError("roles exist on PostgreSQL only; the embedded SQLite warehouse is a local file")
+    with engine.begin() as conn:
+        for statement in roles_sql(engine, names):
+            conn.execute(text(statement))
+    return [names.writer, names.analyst, names.eraser]

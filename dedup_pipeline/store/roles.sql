@@ -1,0 +1,44 @@
+-- Least-privilege roles for the dedup warehouse on PostgreSQL.
+--
+-- Applied by `dedup-pipeline grant-roles` (dedup_pipeline/store/roles.py) as the schema owner, after
+-- the schema exists; idempotent, so run it again after every upgrade that adds tables. The {placeholders}
+-- are role, database and column names, quoted as identifiers by the loader; this file
+-- holds no value and no credential. The three roles are NOLOGIN groups: give each service or person
+-- their own LOGIN role, with a password or certificate from your secret store, and GRANT it one group.
+
+DO $$ BEGIN CREATE ROLE ${writer} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+DO $$ BEGIN CREATE ROLE ${analyst} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+DO $$ BEGIN CREATE ROLE ${eraser} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+
+-- Start from nothing: no table is readable by PUBLIC, and earlier grants to the three roles are reset.
+REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA public FROM ${writer}, ${analyst}, ${eraser};
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM ${writer}, ${analyst}, ${eraser};
+GRANT USAGE ON SCHEMA public TO ${writer}, ${analyst}, ${eraser};
+
+-- Pipeline writer: reads and writes every pipeline table (the ladder, retention, the rehash jobs).
+-- It reads tombstones (ingestion checks them) but can neither add nor remove one, and cannot read
+-- the erasure audit.
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO ${writer};
+REVOKE INSERT, UPDATE, DELETE ON erasure_tombstones, erasure_scopes FROM ${writer};
+REVOKE ALL ON erasure_requests FROM ${writer};
+GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO ${writer};
+-- The exact rung stages chunks in temporary tables.
+GRANT TEMPORARY ON DATABASE ${database} TO ${writer};
+
+-- Analyst: the deduplicated records (every column but the content digest, a hash over personal
+-- fields), near-duplicate links and clusters, batch registrations and settings. Not: hash tables
+-- (record_hashes, minhash_signatures, lsh_buckets), history, staged rows, the decision log,
+-- quarantine, tombstones or the erasure audit.
+GRANT SELECT (${analyst_record_columns}) ON records TO ${analyst};
+GRANT SELECT ON near_duplicate_links, near_duplicate_clusters, crawl_batches, dedup_settings TO ${analyst};
+
+-- Erasure operator: finds and deletes a subject's rows, recomputes the clusters they were in, adds
+-- tombstones and writes the audit. It cannot insert or change records, nor remove a tombstone.
+GRANT SELECT, DELETE ON records, record_hashes, record_history, canonical_records, dedup_decisions, quarantine,
+    minhash_signatures, lsh_buckets, near_duplicate_links, near_duplicate_clusters TO ${eraser};
+GRANT INSERT ON near_duplicate_clusters TO ${eraser};
+GRANT SELECT ON dedup_settings, crawl_batches TO ${eraser};
+GRANT SELECT, INSERT ON erasure_tombstones, erasure_scopes TO ${eraser};
+GRANT SELECT, INSERT, UPDATE ON erasure_requests TO ${eraser};
+GRANT USAGE ON SEQUENCE erasure_requests_erasure_id_seq TO ${eraser};

@@ -1,0 +1,179 @@
+"""After an erasure, no way of running the ladder again brings the subject back (real PostgreSQL).
+
+Re-materialising an old partition, replaying a staged batch, a backfill of
+every partition, a switch of the active hash version, and an erasure racing a
+concurrent ingestion.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+
+import pytest
+from sqlalchemy import func, select, update
+
+from dedup_pipeline.core.erasure import Subject
+from dedup_pipeline.core.neardup import NearDupParams
+from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.erasure import erase_subject
+from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.landing import find_batch
+from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
+from dedup_pipeline.store.schema import (
+    canonical_records, dedup_decisions, minhash_signatures, record_history, records, settings,
+)
+from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION
+from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
+
+pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)]
+
+DAY = 86400.0
+T0 = 1_700_000_000
+SETTINGS = LadderSettings(chunk_size=5)
+SUBJECT = Subject.parse("field", "s-X", field="seller_id")
+
+
+@pytest.fixture(autouse=True)
+def tombstone_key(monkeypatch):
+    monkeypatch.setenv(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
+
+
+def run_ladder(warehouse, folder, key, settings=SETTINGS, rungs=("raw", "canonical", "exact", "near")):
+    exact = None
+    if "raw" in rungs:
+        ingest_raw_batch(warehouse, find_batch(folder, key))
+    if "canonical" in rungs:
+        canonicalise_batch(warehouse, key, settings)
+    if "exact" in rungs:
+        exact = deduplicate_batch(warehouse, key, f"run-{key}", settings)
+    if "near" in rungs:
+        cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
+    return exact
+
+
+def subject_rows(warehouse) -> dict:
+    """Every place the subject's seller id could be, counted."""
+    with warehouse.engine.connect() as conn:
+        seller = lambda table: table.c.payload["seller_id"].as_string() == "s-X"  # noqa: E731
+        return {
+            "records": conn.execute(select(func.count()).select_from(records).where(seller(records))).scalar_one(),
+            "history": conn.execute(select(func.count()).select_from(record_history).where(seller(record_history))).scalar_one(),
+            "staged": conn.execute(select(func.count()).select_from(canonical_records).where(seller(canonical_records))).scalar_one(),
+            "sketches": conn.execute(
+                select(func.count()).select_from(minhash_signatures.join(records)).where(seller(records))
+            ).scalar_one(),
+        }
+
+
+NOTHING = {"records": 0, "history": 0, "staged": 0, "sketches": 0}
+
+
+@pytest.fixture
+def three_days(tmp_path):
+    folder = tmp_path / "landing"
+    write_batch(folder, "day1", [listing(n) for n in range(10)] + [listing(20, seller_id="s-X"), listing(21, seller_id="s-X")],
+                landed=T0)
+    write_batch(folder, "day2", [listing(20, seller_id="s-X", price="5.00"), listing(3, crawl_id="b")], landed=T0 + DAY)
+    write_batch(folder, "day3", [listing(21, seller_id="s-X", url="https://SHOP.example.com/p/21?utm_source=feed",
+                                         crawl_id="c", proxy_ip="10.9.9.9"), listing(30)], landed=T0 + 2 * DAY)
+    return folder
+
+
+def test_rematerialising_an_old_partition_after_erasure(warehouse, three_days):
+    for key in ("day1", "day2"):
+        run_ladder(warehouse, three_days, key)
+    assert subject_rows(warehouse)["records"] == 2 and subject_rows(warehouse)["history"] == 1
+    report = erase_subject(warehouse, SUBJECT, "T-1")
+    assert report.removed["records"] == 2 and subject_rows(warehouse) == NOTHING
+    after_erasure = snapshot(warehouse.engine)
+
+    exact = run_ladder(warehouse, three_days, "day1")  # the whole partition again, from the landing file
+    assert exact.decisions["erased"] == 2 and exact.decisions["exact_duplicate"] == 10
+    assert subject_rows(warehouse) == NOTHING  # not even a staged copy
+    assert snapshot(warehouse.engine) == after_erasure
+
+
+def test_replaying_a_batch_staged_before_the_erasure(warehouse, three_days):
+    run_ladder(warehouse, three_days, "day1")
+    run_ladder(warehouse, three_days, "day2", rungs=("raw", "canonical"))  # staged, not yet deduplicated
+    erase_subject(warehouse, SUBJECT, "T-2")
+    assert subject_rows(warehouse) == NOTHING  # the staged line went too
+    exact = run_ladder(warehouse, three_days, "day2", rungs=("exact", "near"))  # the replay
+    assert exact.decisions["erased"] == 0 and exact.records_in == 1  # nothing of the subject left to replay
+    exact = run_ladder(warehouse, three_days, "day2")  # and staged again from the file
+    assert exact.decisions["erased"] == 1 and subject_rows(warehouse) == NOTHING
+
+
+def test_a_backfill_of_every_partition_after_erasure(warehouse, three_days):
+    for key in ("day1", "day2", "day3"):
+        run_ladder(warehouse, three_days, key)
+    erase_subject(warehouse, SUBJECT, "T-3")
+    after_erasure = snapshot(warehouse.engine)
+    erased = 0
+    for key in ("day1", "day2", "day3"):  # as `dagster job backfill` would, in order
+        erased += run_ladder(warehouse, three_days, key).decisions["erased"]
+    assert erased == 4 and subject_rows(warehouse) == NOTHING
+    assert snapshot(warehouse.engine) == after_erasure
+
+
+def test_tombstones_hold_after_a_switch_to_a_new_hash_version(warehouse, three_days, tmp_path):
+    run_ladder(warehouse, three_days, "day1")
+    erase_subject(warehouse, Subject.parse("canonical_url", "https://shop.example.com/p/20"), "T-4")
+    # The rehash migration's end state: content/2 active, and the ladder no longer computing content/1.
+    with warehouse.engine.begin() as conn:
+        conn.execute(update(settings).where(settings.c.name == ACTIVE_HASH_VERSION).values(value="content/2"))
+    v2_only = LadderSettings(chunk_size=5, hash_versions=("content/2",))
+    folder = tmp_path / "later"
+    write_batch(folder, "day4", [
+        listing(20, seller_id="s-X", url="https://shop.example.com/p/20?gclid=1", crawl_id="d"),   # by URL variant
+        listing(20, seller_id="s-X", url="https://elsewhere.example.com/listing/20"),              # by its content/2 digest
+        listing(21, seller_id="s-X", crawl_id="d"),                                                 # not erased: stays
+    ], landed=T0 + 3 * DAY)
+    exact = run_ladder(warehouse, folder, "day4", v2_only)
+    assert exact.hash_version == "content/2"
+    assert exact.decisions["erased"] == 2 and exact.decisions["exact_duplicate"] == 1
+    with warehouse.engine.connect() as conn:
+        keys = set(conn.execute(select(records.c.natural_key)).scalars())
+    assert "https://shop.example.com/p/20" not in keys and "https://elsewhere.example.com/listing/20" not in keys
+    assert "https://shop.example.com/p/21" in keys
+
+
+def test_an_erasure_racing_a_concurrent_ingestion_leaves_nothing(warehouse, tmp_path):
+    folder = tmp_path / "landing"
+    lines = [listing(n, seller_id="s-X" if n % 10 == 0 else f"s-{n % 7}") for n in range(3000)]
+    write_batch(folder, "big", lines, landed=T0)
+    ingest_raw_batch(warehouse, find_batch(folder, "big"))
+    canonicalise_batch(warehouse, "big", LadderSettings(chunk_size=50))
+    failures = []
+
+    def ingest():
+        try:
+            deduplicate_batch(warehouse, "big", "run-big", LadderSettings(chunk_size=50))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    worker = threading.Thread(target=ingest)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # erase while the worker is part-way through the batch
+        with warehouse.engine.connect() as conn:
+            if conn.execute(select(func.count()).select_from(records)).scalar_one() >= 200:
+                break
+        time.sleep(0.01)
+    racing = worker.is_alive()
+    report = erase_subject(warehouse, SUBJECT, "T-5")
+    worker.join(120)
+    assert racing and not worker.is_alive() and not failures
+    assert report.removed["records"] > 0  # it erased what the worker had stored so far...
+    with warehouse.engine.connect() as conn:
+        suppressed = conn.execute(
+            select(func.count()).select_from(dedup_decisions).where(dedup_decisions.c.decision == "erased")
+        ).scalar_one()
+        assert suppressed > 0  # ...and the worker's later chunks met the tombstone
+        assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 2700
+    assert subject_rows(warehouse)["records"] == 0

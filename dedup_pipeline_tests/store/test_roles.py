@@ -1,0 +1,160 @@
+"""Least privilege on the real PostgreSQL: connect as each role and prove what it can and cannot do.
+
+Each test gets its own database and its own role names (roles are global to
+the server, and other test sessions may run at the same time). Login roles
+are made here with random passwords; nothing is stored.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+
+import pytest
+from psycopg import sql
+from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ProgrammingError
+
+from dedup_pipeline.core.erasure import Subject
+from dedup_pipeline.ladder.erasure import erase_subject
+from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
+from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
+from dedup_pipeline.store.roles import RoleNames, grant_roles, roles_sql
+from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline_tests.conftest import PG_ADMIN_URL
+from dedup_pipeline_tests.helpers import listing, write_batch
+from dedup_pipeline_tests.store.test_erasure import T0, run_ladder
+
+pytestmark = pytest.mark.postgres
+
+PERSONAL_TABLES = [
+    "record_hashes", "record_history", "dedup_decisions", "quarantine", "canonical_records", "minhash_signatures",
+    "lsh_buckets", "erasure_tombstones", "erasure_scopes", "erasure_requests",
+]
+
+
+class Database:
+    def __init__(self, admin, name: str, names: RoleNames):
+        self.admin, self.name, self.names = admin, name, names
+        self.url = make_url(PG_ADMIN_URL).set(database=name)
+        self.logins: dict[str, URL] = {}
+        self.engines = []
+
+    def login(self, group: str) -> Warehouse:
+        """A warehouse connected as a new LOGIN role that is a member of `group` only."""
+        role, password = f"{group}_login", secrets.token_urlsafe(18)
+        with self.admin.connect() as conn:
+            conn.connection.driver_connection.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                    sql.Identifier(role), sql.Literal(password), sql.Identifier(group)
+                )
+            )
+        self.logins[group] = role
+        warehouse = Warehouse(self.url.set(username=role, password=password).render_as_string(hide_password=False))
+        self.engines.append(warehouse)
+        return warehouse
+
+
+@pytest.fixture
+def database(tmp_path, monkeypatch):
+    monkeypatch.setenv(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    tag = uuid.uuid4().hex[:10]
+    name = f"dedup_roles_{tag}"
+    names = RoleNames(f"t{tag}_writer", f"t{tag}_analyst", f"t{tag}_eraser")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    db = Database(admin, name, names)
+    owner = Warehouse(db.url.render_as_string(hide_password=False)).create_schema()
+    grant_roles(owner.engine, names)
+    grant_roles(owner.engine, names)  # idempotent: a second run (after an upgrade) changes nothing
+    db.owner = owner
+    try:
+        yield db
+    finally:
+        for warehouse in db.engines + [owner]:
+            warehouse.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            for role in [*db.logins.values(), names.writer, names.analyst, names.eraser]:
+                conn.connection.driver_connection.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+        admin.dispose()
+
+
+def denied(warehouse: Warehouse, statement: str) -> bool:
+    try:
+        with warehouse.engine.begin() as conn:
+            conn.execute(text(statement))
+    except ProgrammingError as exc:
+        if "permission denied" in str(exc):
+            return True
+        raise
+    return False
+
+
+def crawl(warehouse, tmp_path, key="a", landed=T0, n=6):
+    folder = tmp_path / "landing"
+    write_batch(folder, key, [listing(i, seller_id="s-X" if i == 1 else "s-1") for i in range(n)] + ["not json"], landed=landed)
+    return run_ladder(warehouse, folder, key)
+
+
+def test_group_roles_cannot_log_in_and_the_sql_holds_no_credential(database):
+    with database.admin.connect() as conn:
+        rows = conn.execute(
+            text("SELECT rolname, rolcanlogin, rolpassword IS NULL FROM pg_authid WHERE rolname = ANY(:names)"),
+            {"names": [database.names.writer, database.names.analyst, database.names.eraser]},
+        ).all()
+    assert sorted(rows) == sorted((name, False, True) for name in (database.names.writer, database.names.analyst, database.names.eraser))
+    assert not any("PASSWORD" in statement.upper() for statement in roles_sql(database.owner.engine, database.names))
+
+
+def test_writer_runs_the_ladder_and_retention_but_cannot_touch_tombstones(database, tmp_path):
+    writer = database.login(database.names.writer)
+    writer.create_schema()  # every run does this; on an existing schema it needs no DDL right
+    report = crawl(writer, tmp_path)
+    assert report.decisions["new"] == 6
+    prune_retention(writer, RetentionSettings())
+    assert denied(writer, "INSERT INTO erasure_tombstones (fingerprint, kind, scope, key_id, erasure_id, created_at) "
+                          "VALUES ('\\x00', 'field', 'x', 'k', 1, now())")
+    assert denied(writer, "DELETE FROM erasure_tombstones")
+    assert denied(writer, "UPDATE erasure_scopes SET key_id = 'x'")
+    assert denied(writer, "SELECT * FROM erasure_requests")
+    assert denied(writer, "TRUNCATE records")
+    # It can read tombstones: an erasure by the operator holds against the writer's next crawl.
+    eraser = database.login(database.names.eraser)
+    erase_subject(eraser, Subject.parse("field", "s-X", field="seller_id"), "T-1")
+    again = crawl(writer, tmp_path, key="b", landed=T0 + 86400)
+    assert again.decisions["erased"] == 1 and again.decisions["exact_duplicate"] == 5
+
+
+def test_analyst_reads_records_and_clusters_but_no_hash_log_or_tombstone(database, tmp_path):
+    crawl(database.owner, tmp_path)
+    erase_subject(database.owner, Subject.parse("field", "s-X", field="seller_id"), "T-2")
+    analyst = database.login(database.names.analyst)
+    with analyst.engine.connect() as conn:
+        rows = conn.execute(text("SELECT natural_key, payload ->> 'seller_id' FROM records ORDER BY natural_key")).all()
+        assert len(rows) == 5 and {seller for _, seller in rows} == {"s-1"}
+        for table in ("near_duplicate_links", "near_duplicate_clusters", "crawl_batches"):
+            conn.execute(select(func.count()).select_from(text(table))).scalar_one()
+    assert denied(analyst, "SELECT content_hash FROM records")  # a hash over personal fields
+    assert denied(analyst, "SELECT * FROM records")
+    for table in PERSONAL_TABLES:
+        assert denied(analyst, f"SELECT count(*) FROM {table}"), table
+    assert denied(analyst, "UPDATE records SET natural_key = 'x'")
+    assert denied(analyst, "DELETE FROM near_duplicate_links")
+
+
+def test_eraser_erases_but_cannot_add_records_or_remove_tombstones(database, tmp_path):
+    crawl(database.owner, tmp_path)
+    eraser = database.login(database.names.eraser)
+    report = erase_subject(eraser, Subject.parse("field", "s-X", field="seller_id"), "T-3")
+    assert report.removed["records"] == 1 and report.removed["record_hashes"] == 2 and report.tombstones_added == 3
+    assert denied(eraser, "INSERT INTO records (natural_key, canonical_url, url_version, hash_version, content_hash, payload,"
+                          " first_seen_at, last_crawled_at, first_batch_id, last_batch_id, last_landed_at, last_line_no)"
+                          " VALUES ('k', 'u', 'url/1', 'content/1', '\\x00', '{}', now(), now(), 'b', 'b', now(), 1)")
+    assert denied(eraser, "UPDATE records SET payload = '{}'")
+    assert denied(eraser, "DELETE FROM erasure_tombstones")
+    assert denied(eraser, "TRUNCATE erasure_tombstones")
+    with database.owner.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM erasure_tombstones")).scalar_one() == 3
