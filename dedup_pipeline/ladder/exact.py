@@ -6,7 +6,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from sqlalchemy import Connection, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -111,20 +111,47 @@ def deduplicate_batch(
     row per key and per content. Re-running a batch finds everything stored
     and changes nothing.
     """
-    seen_set = seen_set or NoSeenSet()
     with warehouse.engine.connect() as reader:
         version = active_hash_version(reader)
         batch_time = _batch_time(reader, batch_id)
-        report = ExactReport(batch_id, version, seen_set.kind)
-        report.quarantined = reader.execute(
+        quarantined = reader.execute(
             select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)
         ).scalar_one()
-        for chunk in iter_canonical_chunks(reader, batch_id, settings.chunk_size):
-            report.records_in += len(chunk)
-            report.decisions.update(_ChunkWriter(warehouse, seen_set, batch_id, run_id, version, batch_time, settings, report).write(chunk))
+        report = deduplicate_records(
+            warehouse, batch_id, run_id, iter_canonical_chunks(reader, batch_id, settings.chunk_size), settings,
+            seen_set, batch_time, version,
+        )
         reader.rollback()
-    seen_set.flush()
+    report.quarantined = quarantined
     _record_run(warehouse, batch_id, run_id, report)
+    return report
+
+
+def deduplicate_records(
+    warehouse: Warehouse,
+    batch_id: str,
+    run_id: str,
+    chunks: Iterable[list[CanonicalRecord]],
+    settings: LadderSettings,
+    seen_set: SeenSet | None,
+    batch_time: datetime,
+    version: str | None = None,
+) -> ExactReport:
+    """The exact rung over canonical records in file order, a chunk per transaction.
+
+    `deduplicate_batch` feeds it a staged batch; a caller that canonicalises
+    in memory (a crawler writing straight to the warehouse, the benchmarks)
+    feeds it chunks directly. `batch_time` orders this batch against others.
+    """
+    seen_set = seen_set or NoSeenSet()
+    if version is None:
+        version = warehouse.active_hash_version()
+    report = ExactReport(batch_id, version, seen_set.kind)
+    writer = _ChunkWriter(warehouse, seen_set, batch_id, run_id, version, batch_time, settings, report)
+    for chunk in chunks:
+        report.records_in += len(chunk)
+        report.decisions.update(writer.write(chunk))
+    seen_set.flush()
     if report.seen_set_fallbacks:
         log.warning(
             "seen-set %s was unavailable for %d chunk(s) of batch %s; they ran on the warehouse alone",

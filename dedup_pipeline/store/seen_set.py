@@ -62,6 +62,12 @@ class NoSeenSet(SeenSet):
     """Every record is checked against the database."""
 
 
+_SET_NX_EX = """
+for _, key in ipairs(KEYS) do redis.call('SET', key, '1', 'NX', 'EX', ARGV[1]) end
+return #KEYS
+"""
+
+
 class RedisSeenSet(SeenSet):
     """Digests as Redis keys with a TTL, shared by every worker."""
 
@@ -79,6 +85,7 @@ class RedisSeenSet(SeenSet):
         self.ttl_seconds = ttl_seconds
         self.retry_after = retry_after
         self._down_until = 0.0
+        self._set_nx_ex = self.client.register_script(_SET_NX_EX)
 
     def key(self, version: str, digest: bytes) -> str:
         return f"{self.prefix}:{version}:{digest.hex()}"
@@ -101,16 +108,11 @@ class RedisSeenSet(SeenSet):
         return [value is not None for value in values]
 
     def remember(self, version: str, digests: Sequence[bytes]) -> None:
+        """SET NX EX for every digest of a chunk in one Lua call (one round trip, one command)."""
         if not digests:
             return
-
-        def write():
-            pipe = self.client.pipeline(transaction=False)
-            for digest in digests:
-                pipe.set(self.key(version, digest), b"1", nx=True, ex=self.ttl_seconds)
-            pipe.execute()
-
-        self._call(write)
+        keys = [self.key(version, d) for d in digests]
+        self._call(lambda: self._set_nx_ex(keys=keys, args=[self.ttl_seconds]))
 
     def forget(self, version: str, digests: Sequence[bytes]) -> int:
         if not digests:
