@@ -55,7 +55,7 @@ def collapse_rate_in_band(
     metadata = {
         "collapse_rate": verdict.rate, "lower_bound": verdict.lower_bound, "upper_bound": verdict.upper_bound,
         "records_in": verdict.records_in, "history_batches": len(verdict.history),
-        "band_low": rules.band_low, "band_high": rules.band_high, "note": verdict.note,
+        "fixed_band": f"[{rules.band_low:g}, {rules.band_high:g}]", "note": verdict.note,
     }
     if verdict.trailing_median is not None:
         metadata.update(trailing_median=verdict.trailing_median, trailing_mad=verdict.trailing_mad)

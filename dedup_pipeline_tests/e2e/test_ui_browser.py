@@ -1,0 +1,225 @@
+"""The Dagster UI in a real browser: `dagster dev` on a temporary instance, driven by headless Chromium.
+
+What a user sees after a crawl has run: the four assets in the asset graph,
+the collapse-rate check and its plot on the Checks tab of
+`deduplicated_records`, the ladder funnel picture, and the rehash job's
+Partitions page with its "Launch backfill…" button. Screenshots go to
+`test-artifacts/ui/` (git-ignored); the README's pictures in docs/screenshots/
+are copies of them.
+
+Debian's `chromium` package is driven through Playwright (Playwright's own
+browser download does not work here); `.ci/run` installs it, so CI never
+skips. The test skips, saying so, only when /usr/bin/chromium is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from dedup_pipeline.demo import write_demo_crawl
+from dedup_pipeline_tests.helpers import listing, write_batch
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path(os.environ.get("DEDUP_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts" / "ui"
+BIN = Path(sys.executable).parent
+LOCATION = {"repositoryLocationName": "dedup_pipeline", "repositoryName": "__repository__"}
+ASSETS = ["raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters"]
+RECRAWL = "2026-11-03-shop"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(what: str, probe, timeout: float, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Server:
+    """`dagster dev` in its own process group on a free port, over a temporary instance."""
+
+    def __init__(self, env: dict, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen(
+            [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
+            cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"dagster dev exited with {self.proc.returncode}; see {self.log.name}")
+        try:
+            with urllib.request.urlopen(self.url + "/server_info", timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def graphql(self, query: str, variables: dict) -> dict:
+        request = urllib.request.Request(
+            self.url + "/graphql", data=json.dumps({"query": query, "variables": variables}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            body = json.loads(response.read())
+        assert not body.get("errors"), body
+        return body["data"]
+
+    def stop(self) -> None:
+        # The whole group (webserver, daemon, code servers). `dagster dev` does not always exit on SIGTERM or
+        # SIGINT (it ignores SIGTERM when started in the background), so the group is killed after a grace period.
+        for sig, grace in ((signal.SIGINT, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=grace)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.log.close()
+
+
+def launch_partition(server: Server, key: str) -> str:
+    """Register the partition and launch the ladder for it through the run queue (the daemon), as the UI does."""
+    added = server.graphql(
+        """mutation($r: RepositorySelector!, $p: String!, $k: String!) {
+             addDynamicPartition(repositorySelector: $r, partitionsDefName: $p, partitionKey: $k) {
+               __typename ... on PythonError { message } } }""",
+        {"r": LOCATION, "p": "crawl_batches", "k": key},
+    )["addDynamicPartition"]
+    assert added["__typename"] == "AddDynamicPartitionSuccess", added
+    launched = server.graphql(
+        """mutation($e: ExecutionParams!) { launchRun(executionParams: $e) {
+             __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+             ... on RunConfigValidationInvalid { errors { message } } } }""",
+        {"e": {
+            "selector": {**LOCATION, "jobName": "dedup_ladder"},
+            # One process for the whole run keeps the test fast; the UI's default (a process per step) runs the same code.
+            "runConfigData": {"execution": {"config": {"in_process": {}}}},
+            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": key}]},
+        }},
+    )["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+def run_status(server: Server, run_id: str) -> str | None:
+    status = server.graphql("query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", {"id": run_id})
+    value = status["runOrError"]["status"]
+    return value if value in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    """The server, after the demo crawl (command line) and a re-crawl launched through the run queue."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium package (`.ci/run` does) to run the browser test")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tmp_path = tmp_path_factory.mktemp("ui")
+    home, landing = tmp_path / "dagster_home", tmp_path / "landing"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
+    write_demo_crawl(landing)
+    env = {k: v for k, v in os.environ.items() if k != "DEDUP_AUTOMATION"}
+    env.update(DAGSTER_HOME=str(home), DEDUP_DATABASE_URL=f"sqlite:///{tmp_path / 'warehouse.sqlite'}",
+               DEDUP_LANDING_DIR=str(landing), PYTHONWARNINGS="ignore")
+    server = Server(env, ARTIFACTS / "dagster-dev.log")
+    try:
+        # While the server boots: the demo crawl through the command line, on the same instance and warehouse.
+        cli = subprocess.run([str(BIN / "dedup-pipeline"), "run", "--json"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert cli.returncode == 0, cli.stderr[-3000:]
+        assert json.loads(cli.stdout.strip().splitlines()[-1])["warehouse_records"] == 85
+        wait_until("the dagster webserver", server.up, timeout=240, every=2)
+        # A re-crawl of 150 products, 30 of them fetched twice: big enough for the collapse check to judge.
+        write_batch(landing, RECRAWL, [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)],
+                    landed=time.time() - 60)
+        run_id = launch_partition(server, RECRAWL)
+        assert wait_until(f"run {run_id}", lambda: run_status(server, run_id), timeout=600, every=2) == "SUCCESS"
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def browser_page(name: str):
+    """A headless Chromium page; on failure a screenshot `<name>-failure.png` shows what the browser saw."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.set_default_timeout(60_000)
+        try:
+            yield page
+        except Exception:
+            page.screenshot(path=ARTIFACTS / f"{name}-failure.png")
+            raise
+        finally:
+            browser.close()
+
+
+def test_ui_shows_the_ladder_its_checks_plots_and_funnel(ui):
+    from playwright.sync_api import expect
+
+    server = ui
+    with browser_page("ladder") as page:
+        page.goto(server.url + "/locations/dedup_pipeline/asset-groups/dedup_ladder")
+        for name in ASSETS:
+            expect(page.get_by_text(name, exact=True).first).to_be_visible()
+        expect(page.get_by_text("3 / 3 Passed").first).to_be_visible()  # the checks of deduplicated_records
+        page.screenshot(path=ARTIFACTS / "asset-graph.png")
+
+        page.goto(server.url + "/assets/deduplicated_records?view=checks")
+        expect(page.get_by_text("collapse_rate_in_band", exact=True).first).to_be_visible()
+        expect(page.get_by_text("collapse rate 0.167 in [0.010, 0.950]: in band")).to_be_visible()
+        expect(page.get_by_text(RECRAWL, exact=True).first).to_be_visible()
+        plot = page.locator("xpath=//span[text()='collapse_rate']/parent::div/following-sibling::div//canvas")
+        expect(plot).to_be_visible()
+        page.get_by_text("Plots", exact=True).scroll_into_view_if_needed()
+        page.wait_for_timeout(1500)  # let the chart finish its animation before the picture
+        page.screenshot(path=ARTIFACTS / "collapse-check.png")
+
+        page.goto(server.url + "/assets/near_duplicate_clusters")
+        page.get_by_text("[Show Markdown]").first.click()
+        funnel = page.locator("img[src^='data:image/png;base64,']")
+        expect(funnel).to_be_visible()
+        assert funnel.evaluate("img => img.naturalWidth") > 100
+        page.screenshot(path=ARTIFACTS / "funnel.png")
+
+
+def test_rehash_job_partitions_page_offers_a_backfill(ui):
+    from playwright.sync_api import expect
+
+    with browser_page("rehash") as page:
+        page.goto(ui.url + "/locations/dedup_pipeline/jobs/rehash_content_v2/partitions")
+        expect(page.get_by_text("Launch backfill…").first).to_be_visible()
+        page.screenshot(path=ARTIFACTS / "rehash-backfill.png")
