@@ -14,8 +14,10 @@ Rules of ``url/1`` (changing any of them means bumping :data:`URL_VERSION`):
 * the host is lowercased; a non-ASCII host is converted to punycode with
   IDNA 2008 / UTS #46 non-transitional processing (what browsers do, so
   ``faß.de`` and ``fass.de`` stay distinct); IPv6 literals keep their
-  brackets and are lowercased; a trailing dot is kept; userinfo is kept
-  exactly as written;
+  brackets and are lowercased (not compressed); a trailing dot is kept;
+  userinfo is kept exactly as written.  Other hosts must be RFC 3986
+  registered names (letters, digits, ``-._~!$&'()*+,;=``); percent-encoded
+  hosts are refused rather than guessed at;
 * the default port (80 for http, 443 for https) and an empty port are
   dropped; other ports are written without leading zeros;
 * an empty path becomes ``/``; dot segments are removed (RFC 3986 5.2.4);
@@ -30,7 +32,11 @@ Rules of ``url/1`` (changing any of them means bumping :data:`URL_VERSION`):
   rest sorted by (name, value); an empty query loses its ``?``;
 * the fragment is dropped.
 
-The functions are pure (no I/O) and idempotent.
+:func:`canonicalize_url_strict` raises :class:`UrlError` with the reason
+(never the URL) when a rule cannot be applied: another scheme, no "//" or
+no host, a bad port, an invalid host, a lone surrogate.
+:func:`canonical_url` never raises and then returns the stripped input.
+Both are pure (no I/O) and idempotent.
 """
 
 from __future__ import annotations
@@ -53,9 +59,11 @@ URL_VERSION = "url/1"
 
 #: Query parameter names (compared case-insensitively) that only carry
 #: click/campaign attribution, never the identity of the content.  Each is
-#: set by an ad or analytics platform on links it rewrites.  Deliberately
-#: absent because some sites use them to select content: ``ref`` (GitHub and
-#: GitLab use ``?ref=<branch>``), ``source``, ``campaign``, ``cid``, ``si``,
+#: set by an ad or analytics platform on links it rewrites, plus ``ref``,
+#: which the project's spec (and the seeds) strip as a referral tag although a
+#: few sites select content with it (GitHub's ``?ref=<branch>``): use a natural
+#: key other than the URL for such sites.  Deliberately absent because some
+#: sites use them to select content: ``source``, ``campaign``, ``cid``, ``si``,
 #: ``spm``, ``tag`` and Matomo's ``pk_*``/``mtm_*`` family.
 TRACKING_PARAMS: frozenset[str] = frozenset(
     {
@@ -78,6 +86,8 @@ TRACKING_PARAMS: frozenset[str] = frozenset(
         # Yandex
         "yclid",
         "ysclid",
+        # Referral tag (url/1 spec)
+        "ref",
         # X/Twitter, TikTok, LinkedIn, Pinterest
         "twclid",
         "ttclid",
@@ -126,31 +136,36 @@ _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 _SUB_DELIMS = re.escape("!$&'()*+,;=")
 _PATH_CHARS = r"A-Za-z0-9\-._~" + _SUB_DELIMS + ":@/"
 _QUERY_CHARS = _PATH_CHARS + r"?"
-# An escape already in normal form: uppercase hex, of a byte that is not
-# unreserved (so not of 2D 2E 30-39 41-5A 5F 61-7A 7E).
-_NORMAL_ESCAPE = r"%(?:[0189A-F][0-9A-F]|2[0-9A-CF]|3[A-F]|[46]0|5[B-E]|7[B-DF])"
+# The tail of an escape already in normal form: uppercase hex digits, of a
+# byte that is not unreserved (so not 2D 2E 30-39 41-5A 5F 61-7A 7E).
+_NORMAL_ESCAPE_TAIL = r"(?:[0189A-F][0-9A-F]|2[0-9A-CF]|3[A-F]|[46]0|5[B-E]|7[B-DF])"
 
-# The common case in one match: lowercase http(s), a plain ASCII host,
-# maybe a port, and a path and query that need no escape work.  Groups:
-# scheme, host, port (None if no ":"), path ("" if none), query (None if no
-# "?").  What follows "#" is the fragment, ignored.
-_COMMON_URL = re.compile(
-    r"(https?)://([A-Za-z0-9.\-]+)(?::([0-9]*))?"
-    rf"((?:/[{_PATH_CHARS}]*(?:{_NORMAL_ESCAPE}[{_PATH_CHARS}]*)*)?)"
-    rf"(?:\?([{_QUERY_CHARS}]*(?:{_NORMAL_ESCAPE}[{_QUERY_CHARS}]*)*))?"
-    r"(?:#|\Z)"
+# Splits a URL with an http(s) scheme and a plain ASCII host (letters,
+# digits, "-", "."; optional port) in one match; other URLs do not match.
+# Groups: scheme, host, port (None if no ":"), path, path_rest, query,
+# query_rest.  path (None if no "/") and query (None if no "?") stop at the
+# first character that needs escape work; the *_rest groups hold the
+# remainder, "" when the component is already normal.  What follows "#" is
+# the fragment, ignored.  Possessive quantifiers: no backtracking.
+_SPLIT_COMMON = re.compile(
+    r"([Hh][Tt][Tt][Pp][Ss]?)://([A-Za-z0-9.\-]++)(?::([0-9]*+))?+"
+    rf"(?:(/[{_PATH_CHARS}]*+(?:%{_NORMAL_ESCAPE_TAIL}[{_PATH_CHARS}]*+)*+)([^?#]*+))?+"
+    r"(?![^?#])"
+    rf"(?:\?([{_QUERY_CHARS}]*+(?:%{_NORMAL_ESCAPE_TAIL}[{_QUERY_CHARS}]*+)*+)([^#]*+))?+"
 ).match
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*").fullmatch
 _REG_NAME = re.compile(r"[a-z0-9\-._~" + _SUB_DELIMS + r"]+").fullmatch
 _IPV6_CHARS = re.compile(r"[0-9a-f:.]+").fullmatch
-# An escape, a "%" that does not start one, or a run of characters to encode.
-_PATH_FIX = re.compile(f"%[0-9A-Fa-f]{{2}}|%|[^{_PATH_CHARS}%]+").sub
-_QUERY_FIX = re.compile(f"%[0-9A-Fa-f]{{2}}|%|[^{_QUERY_CHARS}%]+").sub
+# A "%" that is not already a normal escape: a lowercase or unreserved
+# escape, or a stray "%".  Then runs of characters that must be encoded.
+_FIX_ESCAPES = re.compile(rf"%(?!{_NORMAL_ESCAPE_TAIL})(?:[0-9A-Fa-f]{{2}})?").sub
+_ENCODE_IN_PATH = re.compile(f"[^{_PATH_CHARS}%]+").sub
+_ENCODE_IN_QUERY = re.compile(f"[^{_QUERY_CHARS}%]+").sub
 
 _DROP_TAB_CR_LF = str.maketrans("", "", "\t\r\n")
 _DEFAULT_PORT = {"http": "80", "https": "443"}
-_MAX_IDN_LENGTH = 1024  # far above DNS's 63 per label; bounds the IDNA work
+_MAX_IDN_LENGTH = 1024  # Unicode host chars; far above DNS's 253, bounds the IDNA work
 
 # Schemes named in error messages; any other "scheme" might be the start of
 # a typo'd "user:password" and is not echoed.
@@ -196,28 +211,34 @@ def canonicalize_url_strict(url: str) -> str:
     """Return the ``url/1`` canonical form of *url* or raise :class:`UrlError`.
 
     See the module docstring for the rules.  Most URLs are split and checked
-    by one regex match (:data:`_COMMON_URL`) and only need their host
+    by one regex match (:data:`_SPLIT_COMMON`) and only need their host
     lowercased and their query filtered and sorted; the others go through
     the general code, component by component.
     """
     s = url.strip()
     if "\t" in s or "\n" in s or "\r" in s:
         s = s.translate(_DROP_TAB_CR_LF)
-    m = _COMMON_URL(s)
+    m = _SPLIT_COMMON(s)
     if m is None:
         scheme, authority, path, query = _canonical_parts(s)
     else:
-        scheme, host, port, path, query = m.groups()
+        scheme, host, port, path, path_rest, query, query_rest = m.groups()
+        if scheme != "https" and scheme != "http":
+            scheme = scheme.lower()
         authority = host.lower()
         if port is not None:
             port = _canonical_port(port, scheme)
             if port:
                 authority = f"{authority}:{port}"
-        if not path:
+        if path_rest:  # the clean start of the path needs no second look
+            path = _canonical_path(path_rest, path)
+        elif not path:
             path = "/"
         elif "/." in path:
             path = _remove_dot_segments(path)
-        if query:
+        if query_rest:
+            query = _canonical_query(query_rest, query)
+        elif query:
             query = _filter_and_sort(query)
     if query:
         return f"{scheme}://{authority}{path}?{query}"
@@ -232,8 +253,6 @@ def _canonical_parts(s: str) -> tuple[str, str, str, str]:
 
     *s* is already stripped and free of tab/CR/LF.
     """
-    if not s.isascii():
-        _reject_lone_surrogates(s)
     scheme, start = _scheme_and_authority_start(s)
     end = s.find("#", start)
     if end < 0:
@@ -253,7 +272,11 @@ def _canonical_parts(s: str) -> tuple[str, str, str, str]:
 
 
 def _reject_lone_surrogates(s: str) -> None:
-    """Raise UrlError if *s* is not valid Unicode text (cannot be UTF-8)."""
+    """Raise UrlError if *s* holds a lone surrogate (cannot be UTF-8).
+
+    Checked where text is kept or encoded (userinfo, path, query); the host
+    goes through IDNA, which rejects them, and the fragment is dropped.
+    """
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
@@ -279,6 +302,8 @@ def _scheme_and_authority_start(s: str) -> tuple[str, int]:
 def _canonical_authority(authority: str, scheme: str) -> str:
     """Return ``[userinfo@]host[:port]`` in canonical form."""
     userinfo, at, hostport = authority.rpartition("@")
+    if not userinfo.isascii():
+        _reject_lone_surrogates(userinfo)
     if hostport.startswith("["):
         end = hostport.find("]") + 1
         if end == 0:
@@ -300,6 +325,8 @@ def _canonical_authority(authority: str, scheme: str) -> str:
 def _canonical_host(host: str) -> str:
     """Lowercase a registered name, converting Unicode labels to punycode."""
     if not host.isascii():
+        if len(host) > _MAX_IDN_LENGTH:
+            raise UrlError("host too long")
         host = ".".join([_idna_label(label) for label in host.split(".")])
     lowered = host.lower()
     if _REG_NAME(lowered):
@@ -320,8 +347,6 @@ def _idna_label(label: str) -> str:
     """
     if label.isascii():
         return label
-    if len(label) > _MAX_IDN_LENGTH:
-        raise UrlError("host too long")
     try:
         return idna.encode(label, uts46=True).decode("ascii")
     except (idna.IDNAError, UnicodeError):
@@ -352,24 +377,31 @@ def _canonical_port(port: str, scheme: str) -> str:
     return "" if digits == _DEFAULT_PORT[scheme] else digits
 
 
-def _canonical_path(path: str) -> str:
+def _canonical_path(path: str, normal_start: str | None = None) -> str:
     """Normalise escapes, encode what must be, remove dot segments.
 
-    *path* is empty or starts with "/" (it follows the authority).
+    The canonical path is *normal_start* (already normal, or None) followed
+    by *path*; it is "" or starts with "/" (it follows the authority).
     """
+    path = _ENCODE_IN_PATH(_encode_run, _FIX_ESCAPES(_fix_escape, path))
+    if normal_start:
+        path = normal_start + path
     if not path:
         return "/"
-    path = _PATH_FIX(_fix_escapes, path)
     if "/." in path:
         path = _remove_dot_segments(path)
     return path
 
 
-def _canonical_query(query: str) -> str:
-    """Normalise the query, drop empty and tracking pieces, sort the rest."""
-    if not query:
-        return ""
-    return _filter_and_sort(_QUERY_FIX(_fix_escapes, query))
+def _canonical_query(query: str, normal_start: str | None = None) -> str:
+    """Normalise the query, drop empty and tracking pieces, sort the rest.
+
+    The query is *normal_start* (already normal, or None) followed by *query*.
+    """
+    query = _ENCODE_IN_QUERY(_encode_run, _FIX_ESCAPES(_fix_escape, query))
+    if normal_start:
+        query = normal_start + query
+    return _filter_and_sort(query) if query else ""
 
 
 # --- shared steps ------------------------------------------------------------
@@ -379,24 +411,29 @@ def _filter_and_sort(query: str) -> str:
     """Drop empty and tracking pieces of a normalised query, sort the rest."""
     kept = []
     for piece in query.split("&"):
-        parts = piece.partition("=")
         # Escapes of unreserved characters are already decoded, so a name
         # that still holds a "%" cannot be a tracking name: testing the
         # normalised name is the same as testing the percent-decoded one.
-        name = parts[0].lower()
+        name = piece.partition("=")[0].lower()
         if name not in TRACKING_PARAMS and not name.startswith(TRACKING_PREFIXES) and piece:
-            kept.append(parts)
-    # (name, "=" or "", value) tuples sort by name, then a bare "a" before
-    # "a=...", then by value: the (name, value) order, made total.
+            # A normalised query holds no NUL, so "\0" in place of the first
+            # "=" sorts below any name character: plain string order is then
+            # the (name, value) order, a bare "a" before "a=...".
+            kept.append(piece.replace("=", "\0", 1))
     kept.sort()
-    return "&".join(["".join(parts) for parts in kept])
+    return "&".join(kept).replace("\0", "=")
 
 
-def _fix_escapes(match: re.Match[str]) -> str:
-    """Normalise one escape, or percent-encode a run of disallowed chars."""
+def _fix_escape(match: re.Match[str]) -> str:
+    """Normalise one escape ("%7e" -> "~", "%c3" -> "%C3"); a stray "%" -> "%25"."""
+    return _ESCAPE_TO_NORMAL.get(match.group(), "%25")
+
+
+def _encode_run(match: re.Match[str]) -> str:
+    """Percent-encode a run of characters as UTF-8."""
     text = match.group()
-    if text[0] == "%":
-        return _ESCAPE_TO_NORMAL.get(text, "%25")
+    if not text.isascii():
+        _reject_lone_surrogates(text)
     return "".join([_BYTE_TO_ESCAPE[b] for b in text.encode("utf-8")])
 
 
