@@ -8,6 +8,7 @@ from dedup_pipeline.defs.check_settings import ChecksResource
 from dedup_pipeline.defs.checks import ladder_checks
 from dedup_pipeline.defs.erasure import erasure_jobs, erasure_schedules
 from dedup_pipeline.defs.jobs import dedup_ladder_job
+from dedup_pipeline.defs.rehash import rehash_definitions
 from dedup_pipeline.defs.resources import default_resources
 from dedup_pipeline.defs.schedules import ladder_catch_up
 from dedup_pipeline.defs.sensors import landing_sensor
@@ -20,3 +21,6 @@ defs = dg.Definitions(
     sensors=[landing_sensor, ladder_failure_alert],
     resources={**default_resources(), "checks": ChecksResource()},
 )
+
+# The rehash migration: sharded backfill, comparison, switch and retire (dedup_pipeline/defs/rehash.py).
+defs = dg.Definitions.merge(defs, rehash_definitions())

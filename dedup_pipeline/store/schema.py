@@ -158,6 +158,46 @@ near_duplicate_clusters = Table(
     Column("is_representative", Boolean, nullable=False),
 )
 
+# ---------------------------------------------------------------- rehash migration (dedup_pipeline/ladder/rehash.py)
+
+rehash_comparisons = Table(
+    "rehash_comparisons", metadata,
+    Column("comparison_id", Id, primary_key=True, autoincrement=True),
+    Column("source_version", String(32), nullable=False),
+    Column("target_version", String(32), nullable=False),
+    _now_column("compared_at", nullable=False),
+    Column("passed", Boolean, nullable=False),
+    Column("figures", Payload, nullable=False),
+    Index("ix_rehash_comparisons_pair", "source_version", "target_version", "comparison_id"),
+)
+
+# Audit of every switch and retire of the active hash version, forced or not, with its reason.
+hash_version_events = Table(
+    "hash_version_events", metadata,
+    Column("event_id", Id, primary_key=True, autoincrement=True),
+    Column("action", String(16), nullable=False),
+    Column("from_version", String(32), nullable=False),
+    Column("to_version", String(32), nullable=False),
+    _now_column("occurred_at", nullable=False),
+    _now_column("overlap_until"),
+    Column("forced", Boolean, nullable=False),
+    Column("reason", Text),
+    Column("run_id", String(64)),
+    Column("details", Payload, nullable=False),
+)
+
+# Rows a retire moved to record_history because their content merged into another row under the new version.
+rehash_merged_records = Table(
+    "rehash_merged_records", metadata,
+    Column("event_id", Id, primary_key=True),
+    Column("record_id", Id, primary_key=True),
+    Column("natural_key", Text, nullable=False),
+    Column("merged_into_record_id", Id, nullable=False),
+    Column("hash_version", String(32), nullable=False),
+    Column("content_hash", Digest, nullable=False),
+    Column("reason", Text, nullable=False),
+)
+
 # ---------------------------------------------------------------- erasure (dedup_pipeline/store/erasure.py)
 
 # One row per erasure request: who asked (an operator's reference, never the subject) and what was removed (counts).

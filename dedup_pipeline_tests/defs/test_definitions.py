@@ -23,7 +23,10 @@ from dedup_pipeline_tests.helpers import listing, write_batch
 def test_definitions_load():
     dg.Definitions.validate_loadable(defs)
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters"}
+    assert keys == {
+        "raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters",
+        "content_v2_hashes", "rehash_comparison_content_v2",  # the rehash migration (defs/rehash.py)
+    }
     assert defs.resolve_job_def("dedup_ladder") is not None
 
 

@@ -1,0 +1,307 @@
+"""The rehash migration in Dagster: a sharded backfill per version pair, its comparison, and the switch and retire jobs.
+
+`rehash_migration(source, target)` builds everything one migration needs;
+`content/2` today is one line, `content/3` later another. The Dagster layer
+stays thin: every body is a call into `dedup_pipeline.ladder.rehash`.
+
+Every run of these jobs carries the `dedup/migration` tag, which the
+instance's tag concurrency limit (dagster.yaml, limit 1) runs one at a time,
+so a backfill of sixteen shards never floods the warehouse.
+"""
+
+import time
+from dataclasses import dataclass
+
+import dagster as dg
+from pydantic import Field
+
+from dedup_pipeline.core.hashing import hash_rule
+from dedup_pipeline.defs.resources import WarehouseResource
+from dedup_pipeline.ladder.rehash import (
+    DEFAULT_CHUNK_SIZE, Comparison, MigrationRefused, ShardReport, backfill_shard, compare_versions,
+    retire_hash_version, switch_hash_version,
+)
+from dedup_pipeline.store.rehash import SHARDS
+
+MIGRATION_TAG = "dedup/migration"
+GROUP = "rehash_migration"
+COMPARISON_CHECK = "collapse_change_in_band"
+#: Sixteen shards: the first hex digit of a row's stored digest.
+shard_partitions = dg.StaticPartitionsDefinition(list(SHARDS))
+
+
+class RehashResource(dg.ConfigurableResource):
+    """How the rehash migration runs and what the comparison expects (editable in the launchpad)."""
+
+    chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, description="Rows read, hashed and written per page (one transaction).")
+    max_chunks_per_run: int = Field(
+        default=0, description="Stop a shard run after this many pages (0: no limit); the next run resumes it."
+    )
+    min_collapse_change: float = Field(
+        default=-0.01, description="The comparison check fails when the collapse-rate change (new minus old) is below this."
+    )
+    max_collapse_change: float = Field(
+        default=0.05,
+        description="The comparison check fails above this: a 'small' rule change that merges many records is a red flag.",
+    )
+    examples: int = Field(default=10, description="Merge, split and unhashable examples shown (keys and digests only).")
+
+
+def version_slug(version: str) -> str:
+    """`content/2` -> `content_v2`, for job and asset names."""
+    return version.replace("/", "_v")
+
+
+def _pairs_table(header: tuple[str, str], pairs) -> dg.MetadataValue:
+    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
+    lines += [f"| `{a}` | {b} |" for a, b in pairs]
+    return dg.MetadataValue.md("\n".join(lines) if len(lines) > 2 else "none")
+
+
+def _shard_metadata(report: ShardReport) -> dict:
+    return {
+        **report.as_metadata(),
+        "unhashable_examples": _pairs_table(("natural key", "reason"), report.unhashable_examples),
+    }
+
+
+def _comparison_metadata(result: Comparison) -> dict:
+    f = result.figures
+    merges = [(e["target_digest"][:16], f"{e['rows']} rows: " + ", ".join(f"`{k}`" for k in e["keys"])) for e in f["merge_examples"]]
+    splits = [(e["source_digest"][:16], f"{e['target_digests']} new digests: " + ", ".join(f"`{k}`" for k in e["keys"])) for e in f["split_examples"]]
+    scalars = {k: v for k, v in f.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+    return {
+        **scalars,
+        "passed": result.passed, "comparison_id": result.comparison_id,
+        "merge_examples": _pairs_table(("new digest", "rows that merge"), merges),
+        "split_examples": _pairs_table(("old digest", "lines that split"), splits),
+        "unhashable_examples": _pairs_table(("natural key", "reason"), f["unhashable_examples"]),
+        "examples": dg.MetadataValue.json({k: f[k] for k in ("merge_examples", "split_examples", "unhashable_examples")}),
+    }
+
+
+@dataclass(frozen=True)
+class RehashMigration:
+    """Everything one migration from `source` to `target` puts in the code location."""
+
+    source: str
+    target: str
+    hashes: dg.AssetsDefinition
+    comparison: dg.AssetsDefinition
+    backfill_job: object  # the job define_asset_job returns (resolved by Definitions)
+    compare_job: object
+    sensor: dg.SensorDefinition
+
+
+def rehash_migration(source: str, target: str) -> RehashMigration:
+    """The sharded backfill asset and job, the comparison asset, its check, job and sensor for one version pair."""
+    hash_rule(source), hash_rule(target)
+    name = version_slug(target)
+    tags = {MIGRATION_TAG: target}
+
+    @dg.asset(
+        name=f"{name}_hashes",
+        partitions_def=shard_partitions,
+        group_name=GROUP,
+        kinds={"python", "sql"},
+        pool="warehouse",
+        description=(
+            f"`{target}` digests beside the stored ones, one partition per shard (first hex digit of the row's "
+            f"stored digest). Each run hashes the shard's rows that lack a `{target}` digest, in keyset-paginated "
+            f"pages (one SELECT, one multi-row INSERT ... ON CONFLICT DO NOTHING per page), so a killed shard "
+            f"resumes where it stopped and a second backfill writes nothing. Rows the `{target}` rule cannot hash "
+            f"get the reason instead of a digest and are listed (keys and reasons). Read `rows_hashed`, "
+            f"`shard_rows_left` and `warehouse_rows_left`."
+        ),
+    )
+    def hashes(context: dg.AssetExecutionContext, warehouse: WarehouseResource, rehash: RehashResource) -> dg.MaterializeResult:
+        last = [time.monotonic()]
+
+        def log_progress(report: ShardReport) -> None:
+            if time.monotonic() - last[0] >= 5:
+                last[0] = time.monotonic()
+                context.log.info(
+                    f"shard {report.shard}: {report.hashed + report.unhashable} rows hashed in {report.chunks} pages "
+                    f"({report.rows_per_second:.0f} rows/s)"
+                )
+
+        report = backfill_shard(
+            warehouse.get(), target, context.partition_key, rehash.chunk_size, rehash.max_chunks_per_run or None,
+            on_chunk=log_progress, examples=rehash.examples,
+        )
+        context.log.info(
+            f"shard {report.shard}: {report.hashed} hashed, {report.unhashable} unhashable this run; "
+            f"{report.shard_progress.left} left in the shard, {report.warehouse_progress.left} in the warehouse"
+        )
+        return dg.MaterializeResult(metadata=_shard_metadata(report))
+
+    @dg.asset(
+        name=f"rehash_comparison_{name}",
+        deps=[hashes],
+        group_name=GROUP,
+        kinds={"python", "sql"},
+        check_specs=[
+            dg.AssetCheckSpec(
+                COMPARISON_CHECK, asset=f"rehash_comparison_{name}",
+                description="The collapse-rate change from the old rule to the new one is inside the configured band.",
+            )
+        ],
+        description=(
+            f"`{source}` against `{target}` over every stored row hashed under both: distinct contents and "
+            f"collapse rate under each, the change, groups that merge under `{target}` (several rows, one new "
+            f"digest) and, over the staged lines of `canonical_records`, groups that split. Keys and digests only. "
+            f"Stored in `rehash_comparisons`; `switch_hash_version` refuses while the latest one failed."
+        ),
+    )
+    def comparison(warehouse: WarehouseResource, rehash: RehashResource) -> dg.MaterializeResult:
+        result = compare_versions(
+            warehouse.get(), source, target, rehash.min_collapse_change, rehash.max_collapse_change, rehash.examples
+        )
+        f = result.figures
+        check = dg.AssetCheckResult(
+            check_name=COMPARISON_CHECK,
+            passed=result.passed,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=(
+                f"collapse rate {f['collapse_rate_source']:.4f} under {source}, {f['collapse_rate_target']:.4f} "
+                f"under {target}: change {f['collapse_rate_change']:+.4f}, band [{f['band_low']}, {f['band_high']}]"
+            ),
+            metadata={
+                "collapse_rate_change": f["collapse_rate_change"], "band_low": f["band_low"], "band_high": f["band_high"],
+                "rows_merged_away": f["rows_merged_away"], "split_groups": f["split_groups"], "rows_left": f["rows_left"],
+                "comparison_id": result.comparison_id,
+            },
+        )
+        return dg.MaterializeResult(metadata=_comparison_metadata(result), check_results=[check])
+
+    backfill_job = dg.define_asset_job(
+        f"rehash_{name}",
+        selection=[hashes],
+        tags=tags,
+        description=(
+            f"Backfill `{target}` digests for every stored row, one shard per partition. Launch it as a backfill "
+            f"(Partitions -> Launch backfill..., or `dagster job backfill -j rehash_{name} --all`); the comparison "
+            f"runs once every shard is done."
+        ),
+    )
+    compare_job = dg.define_asset_job(
+        f"compare_{name}", selection=[comparison], tags=tags,
+        description=f"Compare `{source}` and `{target}` over the migrated rows and check the collapse-rate change.",
+    )
+
+    @dg.sensor(
+        name=f"compare_after_rehash_{name}",
+        job=compare_job,
+        minimum_interval_seconds=15,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and no migration run is queued or running.",
+    )
+    def sensor(context: dg.SensorEvaluationContext):
+        return comparison_request(context, hashes.key, target, name)
+
+    return RehashMigration(source, target, hashes, comparison, backfill_job, compare_job, sensor)
+
+
+_ACTIVE_RUN_STATUSES = [
+    dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+]
+
+
+def comparison_request(context: dg.SensorEvaluationContext, hashes_key: dg.AssetKey, target: str, name: str):
+    """A comparison run after the latest shard materialisation, once all shards exist and no migration run is active."""
+    instance = context.instance
+    missing = set(SHARDS) - instance.get_materialized_partitions(hashes_key)
+    if missing:
+        return dg.SkipReason(f"{len(missing)} shards not materialised yet")
+    if instance.get_runs_count(dg.RunsFilter(tags={MIGRATION_TAG: target}, statuses=_ACTIVE_RUN_STATUSES)):
+        return dg.SkipReason("a migration run is queued or running")
+    latest = instance.fetch_materializations(hashes_key, limit=1).records[0].storage_id
+    if context.cursor and int(context.cursor) >= latest:
+        return dg.SkipReason("already compared after the latest shard")
+    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"{name}-after-{latest}")], cursor=str(latest))
+
+
+# ---------------------------------------------------------------- switch and retire
+
+class SwitchConfig(dg.Config):
+    target: str = Field(description="The hash version to make active, e.g. content/2.")
+    force: bool = Field(default=False, description="Switch although rows lack the target or the comparison failed.")
+    reason: str = Field(default="", description="Why (required with force); stored in hash_version_events.")
+    overlap_hours: float = Field(
+        default=24.0, description="Overlap window (one crawl cycle): retiring the old version is refused before it ends."
+    )
+
+
+class RetireConfig(dg.Config):
+    version: str = Field(description="The old hash version whose digests are dropped, e.g. content/1.")
+    force: bool = Field(default=False, description="Retire before the overlap window is over.")
+    reason: str = Field(default="", description="Why (required with force); stored in hash_version_events.")
+
+
+def _refused(context: dg.OpExecutionContext, exc: MigrationRefused) -> dg.Failure:
+    context.log.error(str(exc))
+    return dg.Failure(description=str(exc), metadata={"problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in exc.problems))})
+
+
+@dg.op(description="Make the target hash version active (refused while rows lack it or the comparison failed, unless forced).")
+def switch_active_hash_version(context: dg.OpExecutionContext, config: SwitchConfig, warehouse: WarehouseResource) -> dg.Output:
+    try:
+        report = switch_hash_version(
+            warehouse.get(), config.target, force=config.force, reason=config.reason, run_id=context.run_id,
+            overlap_hours=config.overlap_hours,
+        )
+    except MigrationRefused as exc:
+        raise _refused(context, exc) from None
+    if report.forced:
+        context.log.warning(f"FORCED switch {report.from_version} -> {report.to_version}: {report.reason} ({'; '.join(report.problems)})")
+    context.log.info(
+        f"active hash version is now {report.to_version}: {report.promoted} rows rewritten, {report.kept_merged} merged "
+        f"and {report.kept_unhashable} unhashable rows keep {report.from_version} until it is retired "
+        f"(not before {report.overlap_until.isoformat()})"
+    )
+    return dg.Output(None, metadata=report.as_metadata())
+
+
+@dg.op(description="Drop an old hash version's digests after the overlap window; merged rows go to record_history.")
+def retire_old_hash_version(context: dg.OpExecutionContext, config: RetireConfig, warehouse: WarehouseResource) -> dg.Output:
+    try:
+        report = retire_hash_version(
+            warehouse.get(), config.version, force=config.force, reason=config.reason, run_id=context.run_id
+        )
+    except MigrationRefused as exc:
+        raise _refused(context, exc) from None
+    if report.forced:
+        context.log.warning(f"FORCED retire of {report.version}: {report.reason} ({'; '.join(report.problems)})")
+    return dg.Output(None, metadata=report.as_metadata())
+
+
+@dg.job(
+    name="switch_hash_version", tags={MIGRATION_TAG: "switch"},
+    description="Switch the active hash version (run config: target, force, reason, overlap_hours).",
+)
+def switch_job():
+    switch_active_hash_version()
+
+
+@dg.job(
+    name="retire_hash_version", tags={MIGRATION_TAG: "retire"},
+    description="Retire an old hash version after the overlap window (run config: version, force, reason).",
+)
+def retire_job():
+    retire_old_hash_version()
+
+
+# ---------------------------------------------------------------- the registered migrations
+
+#: Migrations offered in the UI. The next rule change is one more line: rehash_migration("content/2", "content/3").
+MIGRATIONS = [rehash_migration("content/1", "content/2")]
+
+
+def rehash_definitions(migrations: list[RehashMigration] = MIGRATIONS) -> dg.Definitions:
+    """The migrations' assets, jobs and sensors, the switch and retire jobs, and the `rehash` resource."""
+    return dg.Definitions(
+        assets=[asset for m in migrations for asset in (m.hashes, m.comparison)],
+        jobs=[job for m in migrations for job in (m.backfill_job, m.compare_job)] + [switch_job, retire_job],
+        sensors=[m.sensor for m in migrations],
+        resources={"rehash": RehashResource()},
+    )

@@ -1,0 +1,127 @@
+"""Read-only queries that compare two hash versions: distinct contents, merges and splits.
+
+Each query compares digests of one version with digests of the same version
+only (grouping by the target digest, counting distinct source digests); the
+two versions meet only as two columns of the same row. Examples carry
+natural keys and digests, never field values.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlalchemy import Connection, and_, distinct, func, select
+
+from dedup_pipeline.store.schema import canonical_records, record_hashes, records
+
+
+def _rate(distinct_count: int, total: int) -> float:
+    """Collapse rate: the share of rows that are duplicates of another one (0 when there are none)."""
+    return 1.0 - distinct_count / total if total else 0.0
+
+
+def _pairs(source: str, target: str):
+    """Warehouse rows with a digest under both versions: (record_id, natural_key, source digest, target digest)."""
+    s, t = record_hashes.alias("s"), record_hashes.alias("t")
+    return (
+        select(records.c.record_id, records.c.natural_key, s.c.content_hash.label("sd"), t.c.content_hash.label("td"))
+        .select_from(
+            records.join(s, and_(s.c.record_id == records.c.record_id, s.c.hash_version == source)).join(
+                t, and_(t.c.record_id == records.c.record_id, t.c.hash_version == target)
+            )
+        )
+        .where(s.c.content_hash.is_not(None), t.c.content_hash.is_not(None))
+        .subquery("pairs")
+    )
+
+
+def warehouse_figures(conn: Connection, source: str, target: str, examples: int = 10, keys_per_group: int = 5) -> dict:
+    """Over stored rows hashed under both versions: distinct contents, collapse rates, groups that merge."""
+    pairs = _pairs(source, target)
+    rows, distinct_source, distinct_target = conn.execute(
+        select(func.count(), func.count(distinct(pairs.c.sd)), func.count(distinct(pairs.c.td)))
+    ).one()
+    groups = (
+        select(pairs.c.td, func.count().label("n"), func.count(distinct(pairs.c.sd)).label("sources"))
+        .group_by(pairs.c.td)
+        .having(func.count(distinct(pairs.c.sd)) > 1)
+        .subquery("merges")
+    )
+    merge_groups, rows_in_merges = conn.execute(select(func.count(), func.coalesce(func.sum(groups.c.n), 0))).one()
+    top = conn.execute(
+        select(groups.c.td, groups.c.n).order_by(groups.c.n.desc(), groups.c.td).limit(examples)
+    ).all()
+    members = defaultdict(list)
+    if top:
+        for td, key, sd in conn.execute(
+            select(pairs.c.td, pairs.c.natural_key, pairs.c.sd)
+            .where(pairs.c.td.in_([td for td, _ in top]))
+            .order_by(pairs.c.td, pairs.c.record_id)
+        ):
+            members[td].append((key, sd))
+    merge_examples = [
+        {
+            "target_digest": td.hex(), "rows": n,
+            "keys": [key for key, _ in members[td][:keys_per_group]],
+            "source_digests": [sd.hex() for _, sd in members[td][:keys_per_group]],
+        }
+        for td, n in top
+    ]
+    rate_source, rate_target = _rate(distinct_source, rows), _rate(distinct_target, rows)
+    return {
+        "rows_compared": rows, "distinct_source": distinct_source, "distinct_target": distinct_target,
+        "collapse_rate_source": rate_source, "collapse_rate_target": rate_target,
+        "collapse_rate_change": rate_target - rate_source,
+        "merge_groups": merge_groups, "rows_in_merge_groups": int(rows_in_merges),
+        "rows_merged_away": int(rows_in_merges) - merge_groups, "merge_examples": merge_examples,
+    }
+
+
+def staged_figures(conn: Connection, source: str, target: str, examples: int = 10, keys_per_group: int = 5) -> dict:
+    """Over staged lines (`canonical_records`) hashed under both versions: collapse rates and groups that split.
+
+    A warehouse row has one digest per version, so a split (one old content,
+    several new ones) only shows among the staged lines, which keep every
+    version's digest of every crawled line.
+    """
+    c = canonical_records.c
+    sd, td = c.hashes[source].as_string(), c.hashes[target].as_string()
+    staged = (
+        select(c.batch_id, c.line_no, c.natural_key, sd.label("sd"), td.label("td"))
+        .where(sd.is_not(None), td.is_not(None))
+        .subquery("staged")
+    )
+    lines, distinct_source, distinct_target = conn.execute(
+        select(func.count(), func.count(distinct(staged.c.sd)), func.count(distinct(staged.c.td)))
+    ).one()
+    groups = (
+        select(staged.c.sd, func.count(distinct(staged.c.td)).label("n"))
+        .group_by(staged.c.sd)
+        .having(func.count(distinct(staged.c.td)) > 1)
+        .subquery("splits")
+    )
+    split_groups = conn.execute(select(func.count()).select_from(groups)).scalar_one()
+    top = conn.execute(select(groups.c.sd, groups.c.n).order_by(groups.c.n.desc(), groups.c.sd).limit(examples)).all()
+    members = defaultdict(dict)
+    if top:
+        for s_digest, key, t_digest in conn.execute(
+            select(staged.c.sd, staged.c.natural_key, staged.c.td)
+            .where(staged.c.sd.in_([s for s, _ in top]))
+            .order_by(staged.c.sd, staged.c.batch_id, staged.c.line_no)
+        ):
+            members[s_digest].setdefault(t_digest, key)
+    split_examples = [
+        {
+            "source_digest": s_digest, "target_digests": n,
+            "keys": list(dict.fromkeys(members[s_digest].values()))[:keys_per_group],
+            "digests": list(members[s_digest])[:keys_per_group],
+        }
+        for s_digest, n in top
+    ]
+    rate_source, rate_target = _rate(distinct_source, lines), _rate(distinct_target, lines)
+    return {
+        "staged_lines": lines, "staged_distinct_source": distinct_source, "staged_distinct_target": distinct_target,
+        "staged_collapse_rate_source": rate_source, "staged_collapse_rate_target": rate_target,
+        "staged_collapse_rate_change": rate_target - rate_source,
+        "split_groups": split_groups, "split_examples": split_examples,
+    }

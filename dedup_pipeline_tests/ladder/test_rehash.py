@@ -1,0 +1,183 @@
+"""The rehash migration's logic on SQLite and on the real PostgreSQL: backfill, resume, compare, switch, retire."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from dedup_pipeline.ladder.rehash import (
+    MigrationRefused, backfill, backfill_shard, compare_versions, retire_hash_version, switch_hash_version,
+)
+from dedup_pipeline.store import rehash as store
+from dedup_pipeline.store.warehouse import utcnow
+from dedup_pipeline.store.schema import hash_version_events, record_hashes, record_history, records, rehash_merged_records
+from dedup_pipeline_tests.helpers import write_batch
+from dedup_pipeline_tests.rehash_helpers import (
+    assert_unique_per_version, expected, load_legacy_rows, migration_listing, run_ladder,
+)
+
+DAY = 86400.0
+BASE = time.time() - 10 * DAY  # after the legacy rows (2026-01-01), before now
+SOURCE, TARGET = "content/1", "content/2"
+
+
+def hashes_of(warehouse, version):
+    with warehouse.engine.connect() as conn:
+        return sorted(
+            (rid, digest.hex() if digest else None, error)
+            for rid, digest, error in conn.execute(
+                select(record_hashes.c.record_id, record_hashes.c.content_hash, record_hashes.c.error)
+                .where(record_hashes.c.hash_version == version)
+            )
+        )
+
+
+def stored_versions(warehouse):
+    with warehouse.engine.connect() as conn:
+        return dict(conn.execute(select(records.c.hash_version, func.count()).group_by(records.c.hash_version)).all())
+
+
+def test_a_shard_stopped_halfway_resumes_and_hashes_every_row_once(warehouse):
+    raws = [migration_listing(n) for n in range(600)]
+    load_legacy_rows(warehouse, raws)
+    with warehouse.engine.connect() as conn:
+        shard_rows = store.progress(conn, TARGET, "7").rows
+    assert shard_rows > 45
+
+    first = backfill_shard(warehouse, TARGET, "7", chunk_size=20, max_chunks=2)
+    assert (first.chunks, first.hashed + first.unhashable, first.complete) == (2, 40, False)
+    assert first.shard_progress.left == shard_rows - 40
+
+    rest = backfill_shard(warehouse, TARGET, "7", chunk_size=20)
+    assert rest.complete and rest.already_hashed == 0
+    assert first.hashed + first.unhashable + rest.hashed + rest.unhashable == shard_rows
+    assert len(hashes_of(warehouse, TARGET)) == shard_rows  # one row per record (the primary key), none missing
+
+    again = backfill_shard(warehouse, TARGET, "7", chunk_size=20)
+    assert (again.hashed, again.unhashable, again.chunks) == (0, 0, 0)
+
+
+def test_shards_partition_the_digest_space():
+    bounds = [store.shard_range(s) for s in store.SHARDS]
+    assert bounds[0][0] == b"\x00" and bounds[-1][1] is None
+    assert all(high == bounds[i + 1][0] for i, (_, high) in enumerate(bounds[:-1]))
+    with pytest.raises(ValueError):
+        store.shard_range("g")
+
+
+def test_the_whole_migration(warehouse, tmp_path):
+    raws = [migration_listing(n) for n in range(1500)]
+    load_legacy_rows(warehouse, raws)
+    want = expected(raws)
+    assert want["merge_groups"] > 10 and want["unhashable"] > 10
+
+    with pytest.raises(MigrationRefused, match=f"1500 of 1500 rows have no {TARGET} digest"):
+        switch_hash_version(warehouse, TARGET)
+
+    # Backfill every shard, then again: the second run changes nothing.
+    reports = backfill(warehouse, TARGET, chunk_size=97)
+    assert all(r.complete for r in reports)
+    assert sum(r.hashed for r in reports) == want["hashable"]
+    assert sum(r.unhashable for r in reports) == want["unhashable"]
+    assert reports[-1].warehouse_progress.left == 0
+    before = hashes_of(warehouse, TARGET)
+    assert {error for _, _, error in before if error} == {
+        "price: not a decimal number", "content/2: missing identity field 'seller_id'",
+    }
+    assert sum(r.hashed + r.unhashable for r in backfill(warehouse, TARGET)) == 0
+    assert hashes_of(warehouse, TARGET) == before
+
+    # A batch lands mid-migration: it computes both versions; one URL is listed twice with prices that
+    # content/1 (4 decimals) cannot tell apart and content/2 (exact minor units) can: a split.
+    twice = {**migration_listing(5000), "url": "https://shop.example.com/p/split"}
+    write_batch(tmp_path, "mid", [
+        {**twice, "price": "9.99999"}, {**twice, "price": "10.00001"}, migration_listing(2),
+        migration_listing(6000),
+    ], landed=BASE)
+    mid = run_ladder(warehouse, tmp_path, "mid")
+    assert (mid.decisions["exact_duplicate"], mid.decisions["new"]) == (2, 2)
+
+    # Compare: a band that does not allow the merges fails, and the switch refuses it.
+    strict = compare_versions(warehouse, SOURCE, TARGET, -0.01, 0.0)
+    assert not strict.passed
+    with pytest.raises(MigrationRefused, match="latest comparison .* failed"):
+        switch_hash_version(warehouse, TARGET)
+    result = compare_versions(warehouse, SOURCE, TARGET, -0.01, 0.05)
+    f = result.figures
+    assert result.passed and f["rows_left"] == 0 and f["rows_unhashable"] == want["unhashable"]
+    assert f["rows_compared"] == want["hashable"] + 2  # the batch's two new rows
+    assert f["distinct_source"] == f["rows_compared"]
+    assert f["distinct_target"] == want["distinct_target"] + 2
+    assert (f["merge_groups"], f["rows_merged_away"]) == (want["merge_groups"], want["rows_merged_away"])
+    assert f["collapse_rate_change"] == pytest.approx(want["rows_merged_away"] / f["rows_compared"])
+    example = f["merge_examples"][0]
+    assert example["rows"] == 2 and any(key.startswith("https://mirror.example.net/") for key in example["keys"])
+    assert f["split_groups"] == 1 and f["split_examples"][0]["keys"] == ["https://shop.example.com/p/split"]
+    assert "9.99999" not in str(f) and "kettle" not in str(f)  # keys and digests, never field values
+
+    # Switch: the first row of each content/2 group moves to content/2; merged and unhashable rows keep content/1.
+    now = utcnow()
+    switched = switch_hash_version(warehouse, TARGET, overlap_hours=24, now=now)
+    assert (switched.kept_merged, switched.kept_unhashable) == (want["rows_merged_away"], want["unhashable"])
+    assert warehouse.active_hash_version() == TARGET
+    assert stored_versions(warehouse) == {
+        TARGET: want["distinct_target"] + 2, SOURCE: want["rows_merged_away"] + want["unhashable"],
+    }
+    assert_unique_per_version(warehouse)
+    with pytest.raises(MigrationRefused, match="already the active version"):
+        switch_hash_version(warehouse, TARGET)
+
+    # Dedup after the switch decides on content/2.
+    unhashable_key = next(n for n in range(1500) if n % 97 == 3 and n % 40 != 1)
+    write_batch(tmp_path, "after", [
+        {**migration_listing(0), "url": "https://third.example.org/kettle-0"},  # same listing, new host
+        migration_listing(1),                                                  # a merged row, unchanged
+        {**migration_listing(4), "price": "99.50"},                            # changed price
+        {**migration_listing(unhashable_key), "price": "12.00"},               # now hashable: changed
+        migration_listing(7000),                                               # new
+    ], landed=BASE + DAY)
+    after = run_ladder(warehouse, tmp_path, "after")
+    assert (after.decisions["exact_duplicate"], after.decisions["changed"], after.decisions["new"]) == (2, 2, 1)
+    assert after.hash_version == TARGET
+    assert_unique_per_version(warehouse)
+
+    # Retire: refused inside the overlap window, then the merged rows go to history.
+    with pytest.raises(MigrationRefused, match="overlap window"):
+        retire_hash_version(warehouse, SOURCE, now=now + timedelta(hours=1))
+    with pytest.raises(MigrationRefused, match="active version"):
+        retire_hash_version(warehouse, TARGET, force=True, reason="no")
+    retired = retire_hash_version(warehouse, SOURCE, now=now + timedelta(hours=25))
+    assert retired.merged_moved == want["rows_merged_away"]
+    assert hashes_of(warehouse, SOURCE) == []
+    assert stored_versions(warehouse)[SOURCE] == want["unhashable"] - 1  # one became hashable in "after"
+    with warehouse.engine.connect() as conn:
+        moved = conn.execute(select(rehash_merged_records)).all()
+        assert len(moved) == want["rows_merged_away"]
+        assert all(row.reason.startswith(f"same {TARGET} content as record {row.merged_into_record_id}") for row in moved)
+        history = conn.execute(
+            select(func.count()).select_from(record_history).where(record_history.c.superseded_by_batch_id == f"retire:{SOURCE}")
+        ).scalar_one()
+        assert history == want["rows_merged_away"]
+        actions = conn.execute(select(hash_version_events.c.action, hash_version_events.c.forced).order_by(hash_version_events.c.event_id)).all()
+        assert [tuple(a) for a in actions] == [("switch", False), ("retire", False)]
+    assert_unique_per_version(warehouse)
+
+    # Dedup still works after the retire: a re-crawl of a merged-away mirror is an exact duplicate.
+    write_batch(tmp_path, "later", [migration_listing(41), migration_listing(8000)], landed=BASE + 2 * DAY)
+    later = run_ladder(warehouse, tmp_path, "later")
+    assert (later.decisions["exact_duplicate"], later.decisions["new"]) == (1, 1)
+
+
+def test_a_forced_switch_needs_a_reason_and_is_audited(warehouse):
+    load_legacy_rows(warehouse, [migration_listing(n) for n in range(50)])
+    with pytest.raises(ValueError, match="needs a reason"):
+        switch_hash_version(warehouse, TARGET, force=True)
+    report = switch_hash_version(warehouse, TARGET, force=True, reason="rule fix needed today", overlap_hours=0)
+    assert report.forced and report.promoted == 0 and "no comparison" in "; ".join(report.problems)
+    with warehouse.engine.connect() as conn:
+        event = conn.execute(select(hash_version_events)).one()
+    assert (event.action, event.forced, event.reason) == ("switch", True, "rule fix needed today")
+    assert event.details["problems"] == report.problems

@@ -1,0 +1,130 @@
+"""Builders for rehash-migration tests and the benchmark: a warehouse written before the target version existed.
+
+`migration_listing(n)` is a cheap deterministic listing with the cases a
+rule change meets: every 40th listing is a mirror copy of the one before
+under another host (distinct under `content/1`, which hashes the URL, one
+content under `content/2`, which does not), a "call for price" price and a
+missing seller id (which `content/2` cannot hash). Expected figures are
+computed from the core hash functions, never written down by hand.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import func, select, text
+
+from dedup_pipeline.core.fields import canonical_fields
+from dedup_pipeline.core.hashing import compute_hashes
+from dedup_pipeline.core.neardup import NearDupParams
+from dedup_pipeline.core.url import canonical_url
+from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.landing import find_batch
+from dedup_pipeline.store.bulk import copy_rows
+from dedup_pipeline.store.schema import record_hashes, records
+
+_WORDS = "steel kettle copper enamel whistle travel quiet compact classic modern glass induction".split()
+LEGACY_TIME = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def migration_listing(n: int) -> dict:
+    """A raw product listing; see the module docstring for the special cases."""
+    if n % 40 == 1:
+        mirror = migration_listing(n - 1)
+        mirror["url"] = f"https://mirror.example.net/item/{n - 1}"
+        mirror["crawl_id"] = "mirror"
+        return mirror
+    record = {
+        "url": f"https://shop.example.com/p/{n}?utm_source=feed",
+        "title": f"{_WORDS[n % 12].title()} {_WORDS[(n // 12) % 12]} kettle no. {n}",
+        "description": f"{_WORDS[(n // 7) % 12]} {_WORDS[(n // 5) % 12]} {_WORDS[n % 11]} model {n}",
+        "price": f"{10 + n % 900}.{n % 100:02d}",
+        "currency": "EUR",
+        "seller_id": f"seller-{n % 17}",
+        "sku": f"SKU-{n}",
+        "scraped_at": "2026-01-01T10:00:00Z",
+        "crawl_id": "legacy",
+    }
+    if n % 97 == 3:
+        record["price"] = "call for price"
+    if n % 101 == 5:
+        del record["seller_id"]
+    return record
+
+
+def expected(raws: list[dict], source: str = "content/1", target: str = "content/2") -> dict:
+    """What a migration over these raw records (one stored row each) must find, computed with the core rules."""
+    target_digests, unhashable = Counter(), 0
+    for raw in raws:
+        digests, errors = compute_hashes(canonical_fields(raw), (source, target))
+        assert source in digests, "every legacy row hashes under the source version"
+        if target in errors:
+            unhashable += 1
+        else:
+            target_digests[digests[target]] += 1
+    groups = [n for n in target_digests.values() if n > 1]
+    return {
+        "rows": len(raws), "unhashable": unhashable, "hashable": sum(target_digests.values()),
+        "distinct_target": len(target_digests), "merge_groups": len(groups), "rows_merged_away": sum(groups) - len(groups),
+    }
+
+
+def load_legacy_rows(warehouse, raws: list[dict], versions=("content/1",), batch_id: str = "legacy") -> None:
+    """Store raw records as a pipeline that only knew `versions` would have: one row each, bulk-copied.
+
+    The row is stored under the first version; `record_hashes` gets every
+    listed version. Ids continue after the existing rows.
+    """
+    with warehouse.engine.begin() as conn:
+        start = conn.execute(select(func.coalesce(func.max(records.c.record_id), 0))).scalar_one()
+        rows, hashes = [], []
+        for i, raw in enumerate(raws, start=1):
+            payload = canonical_fields(raw)
+            url = canonical_url(raw["url"])
+            payload["url"] = url
+            digests, _ = compute_hashes(payload, versions)
+            rid = start + i
+            rows.append((rid, url, url, "url/1", versions[0], bytes.fromhex(digests[versions[0]]), payload, LEGACY_TIME,
+                         LEGACY_TIME, batch_id, batch_id, LEGACY_TIME, i))
+            hashes += [(rid, v, bytes.fromhex(digests[v]), None) for v in versions]
+        copy_rows(conn, records, (
+            "record_id", "natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload",
+            "first_seen_at", "last_crawled_at", "first_batch_id", "last_batch_id", "last_landed_at", "last_line_no",
+        ), rows)
+        copy_rows(conn, record_hashes, ("record_id", "hash_version", "content_hash", "error"), hashes)
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT setval(pg_get_serial_sequence('records', 'record_id'), (SELECT max(record_id) FROM records))"))
+            conn.execute(text("ANALYZE records, record_hashes"))
+
+
+def run_ladder(warehouse, folder: Path, key: str, settings: LadderSettings = LadderSettings(chunk_size=500), near: bool = True):
+    """One batch file down the real ladder; returns the exact rung's report."""
+    ingest_raw_batch(warehouse, find_batch(folder, key))
+    canonicalise_batch(warehouse, key, settings)
+    report = deduplicate_batch(warehouse, key, f"run-{key}", settings)
+    if near:
+        cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
+    return report
+
+
+def assert_unique_per_version(warehouse) -> None:
+    """No two rows share (hash_version, content_hash), and every row has a stored digest of its own version."""
+    with warehouse.engine.connect() as conn:
+        dupes = conn.execute(
+            select(records.c.hash_version, records.c.content_hash)
+            .group_by(records.c.hash_version, records.c.content_hash)
+            .having(func.count() > 1)
+        ).all()
+        assert dupes == []
+        own = record_hashes.alias("own")
+        mismatched = conn.execute(
+            select(func.count()).select_from(records.join(own, own.c.record_id == records.c.record_id))
+            .where(own.c.hash_version == records.c.hash_version, own.c.content_hash != records.c.content_hash)
+        ).scalar_one()
+        assert mismatched == 0
