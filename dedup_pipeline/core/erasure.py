@@ -59,6 +59,9 @@ class SubjectKind(str, Enum):
     CONTENT_DIGEST = "content_digest"
 
 
+_KEY, _URL, _FIELD, _DIGEST = (kind.value for kind in SubjectKind)
+
+
 class SubjectError(ValueError):
     """An erasure subject that cannot be used. The message never repeats the value."""
 
@@ -186,17 +189,25 @@ class Catalogue:
     fields: frozenset[str] = frozenset()
     versions: frozenset[str] = frozenset()
     key_ids: frozenset[str] = frozenset()
+    generation: int = 0  # grows whenever an erasure adds tombstones
+    url_versions: frozenset[str] = frozenset()
+    natural_keys: bool = False
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[str, str, str]]) -> "Catalogue":
-        fields, versions, key_ids = set(), set(), set()
+    def from_rows(cls, rows: Iterable[tuple[str, str, str]], generation: int = 0) -> "Catalogue":
+        fields, versions, key_ids, url_versions, natural_keys = set(), set(), set(), set(), False
         for kind, scope, kid in rows:
             key_ids.add(kid)
-            if kind == SubjectKind.FIELD.value:
+            if kind == _FIELD:
                 fields.add(scope)
-            elif kind == SubjectKind.CONTENT_DIGEST.value:
+            elif kind == _DIGEST:
                 versions.add(scope)
-        return cls(frozenset(fields), frozenset(versions), frozenset(key_ids))
+            elif kind == _URL:
+                url_versions.add(scope)
+            elif kind == _KEY:
+                natural_keys = True
+        return cls(frozenset(fields), frozenset(versions), frozenset(key_ids), generation, frozenset(url_versions),
+                   natural_keys)
 
     def __bool__(self) -> bool:
         return bool(self.key_ids)
@@ -218,17 +229,19 @@ def record_fingerprints(
     computed here from the canonical payload, so a digest tombstone holds
     whatever versions the ladder is configured to compute.
     """
-    found = [natural_key_fingerprint(key, natural_key), url_fingerprint(key, canonical)]
-    for path in sorted(catalogue.fields):
+    found = [fingerprint(key, _KEY, "", natural_key)] if catalogue.natural_keys else []
+    if catalogue.url_versions:
+        found.append(fingerprint(key, _URL, URL_VERSION, canonical))
+    for path in catalogue.fields:
         text = normalise_field_value(field_value(payload, tuple(path.split("."))))
         if text is not None:
-            found.append(fingerprint(key, SubjectKind.FIELD.value, path, text))
+            found.append(fingerprint(key, _FIELD, path, text))
     missing = [v for v in catalogue.versions if v not in hashes and v in HASH_RULES]
     computed = compute_hashes(payload, missing)[0] if missing else {}
-    for version in sorted(catalogue.versions):
+    for version in catalogue.versions:
         digest = hashes.get(version) or computed.get(version)
         if digest:
-            found.append(digest_fingerprint(key, version, digest))
+            found.append(fingerprint(key, _DIGEST, version, digest))
     return found
 
 

@@ -1,7 +1,7 @@
 """Erasure and retention in the Dagster UI: the `erase_subject` and `prune_retention` jobs, and a daily schedule."""
 
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Optional
 
 import dagster as dg
@@ -88,11 +88,11 @@ def _erasure_run_hours(config: RetentionConfig) -> int:
     return int(raw) if raw else DEFAULT_ERASURE_RUN_HOURS
 
 
-def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int) -> int:
+def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int, now: datetime | None = None) -> int:
     """Delete finished erasure runs (their config holds the subject's value) older than `hours`; 0 keeps them."""
     if hours <= 0:
         return 0
-    cutoff = utcnow() - timedelta(hours=hours)
+    cutoff = (now or utcnow()) - timedelta(hours=hours)
     runs = instance.get_run_records(dg.RunsFilter(job_name=ERASE_JOB, statuses=_FINISHED, created_before=cutoff))
     for record in runs:
         instance.delete_run(record.dagster_run.run_id)

@@ -27,13 +27,17 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from sqlalchemy import Connection, String, and_, any_, bindparam, cast, delete, false, or_, select, text, tuple_, update
-from sqlalchemy.dialects.postgresql import ARRAY, BYTEA
+import numpy as np
+from sqlalchemy import (
+    Connection, Engine, String, and_, any_, bindparam, cast, delete, false, func, or_, select, text, tuple_, update,
+)
+from sqlalchemy.dialects.postgresql import BYTEA
 from sqlalchemy.engine import make_url
 
 from dedup_pipeline.core import erasure as core
@@ -136,8 +140,12 @@ def lock_for_erasure(conn: Connection) -> None:
 # ---------------------------------------------------------------- ingestion side
 
 def load_catalogue(conn: Connection) -> Catalogue:
-    rows = conn.execute(select(erasure_scopes.c.kind, erasure_scopes.c.scope, erasure_scopes.c.key_id))
-    return Catalogue.from_rows(rows)
+    """The tombstone catalogue, and the generation of the tombstone set (the newest erasure that added any)."""
+    generation = select(func.coalesce(func.max(erasure_tombstones.c.erasure_id), 0)).scalar_subquery()
+    rows = conn.execute(
+        select(erasure_scopes.c.kind, erasure_scopes.c.scope, erasure_scopes.c.key_id, generation.label("generation"))
+    ).all()
+    return Catalogue.from_rows([row[:3] for row in rows], generation=max((row[3] for row in rows), default=0))
 
 
 def _checked_key(conn: Connection, catalogue: Catalogue) -> bytes:
@@ -152,28 +160,66 @@ def _checked_key(conn: Connection, catalogue: Catalogue) -> bytes:
 
 
 def existing_fingerprints(conn: Connection, fingerprints: Sequence[bytes]) -> set[bytes]:
-    """Which of `fingerprints` are tombstones: one statement on PostgreSQL (an array parameter)."""
+    """Which of `fingerprints` are tombstones. One statement on PostgreSQL.
+
+    The fingerprints travel as ONE bytea parameter, cut into 32-byte pieces by
+    the server: adapting a list of thousands of bytea values costs the client
+    far more than the lookup costs the server.
+    """
     if not fingerprints:
         return set()
     column = erasure_tombstones.c.fingerprint
     if conn.dialect.name == "postgresql":
-        wanted = bindparam("fingerprints", list(fingerprints), type_=ARRAY(BYTEA))
-        return {bytes(fp) for fp in conn.execute(select(column).where(column == any_(wanted))).scalars()}
+        blob = bindparam("blob", b"".join(fingerprints), type_=BYTEA)
+        piece = func.substring(blob, text("i * 32 + 1"), 32)
+        wanted = select(piece).select_from(func.generate_series(0, len(fingerprints) - 1).alias("i"))
+        return {bytes(fp) for fp in conn.execute(select(column).where(column == any_(func.array(wanted.scalar_subquery())))).scalars()}
     found: set[bytes] = set()
     for part in _chunks(list(fingerprints)):
         found |= set(conn.execute(select(column).where(column.in_(part))).scalars())
     return found
 
 
+# Per engine: (tombstone generation, sorted 64-bit prefixes of every tombstone). 8 bytes per tombstone.
+_prefix_cache: "weakref.WeakKeyDictionary[Engine, tuple[int, np.ndarray]]" = weakref.WeakKeyDictionary()
+_prefix_lock = threading.Lock()
+
+
+def _tombstone_prefixes(conn: Connection, generation: int) -> np.ndarray:
+    """The first 8 bytes of every tombstone, sorted; reloaded only when an erasure added tombstones."""
+    with _prefix_lock:
+        cached = _prefix_cache.get(conn.engine)
+    if cached is not None and cached[0] == generation:
+        return cached[1]
+    column = erasure_tombstones.c.fingerprint
+    raw = b"".join(bytes(head) for head in conn.execute(select(func.substr(column, 1, 8))).scalars())
+    prefixes = np.sort(np.frombuffer(raw, dtype=">u8").astype(np.uint64))
+    with _prefix_lock:
+        _prefix_cache[conn.engine] = (generation, prefixes)
+    return prefixes
+
+
+def _maybe_tombstones(prefixes: np.ndarray, fingerprints: list[bytes]) -> list[bytes]:
+    """Fingerprints whose first 8 bytes are a tombstone's: the only ones worth asking the warehouse about."""
+    if not prefixes.size or not fingerprints:
+        return []
+    heads = np.frombuffer(b"".join(fp[:8] for fp in fingerprints), dtype=">u8").astype(np.uint64)
+    at = np.minimum(np.searchsorted(prefixes, heads), prefixes.size - 1)
+    return [fp for fp, hit in zip(fingerprints, prefixes[at] == heads) if hit]
+
+
 def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_id: str | None = None) -> set[int]:
     """Positions in `chunk` that an erasure tombstone suppresses (decision `erased`).
 
     Call it inside the chunk's transaction, before its writes. It takes the
-    erasure lock shared (PostgreSQL), reads the tiny tombstone catalogue and,
-    when any tombstone exists, asks for every fingerprint of the chunk in one
-    SELECT. With `batch_id`, the staged `canonical_records` rows of suppressed
-    lines are deleted in the same transaction, so a re-crawl of an erased
-    subject leaves no staged copy behind.
+    erasure lock shared (PostgreSQL) and reads the tiny tombstone catalogue
+    (one SELECT); with no tombstone, that is all. Otherwise it computes the
+    chunk's fingerprints, screens them in memory against the 8-byte prefixes
+    of every tombstone (loaded once per process and reloaded only after an
+    erasure added tombstones), and confirms the few that pass with one SELECT.
+    With `batch_id`, the staged `canonical_records` rows of suppressed lines
+    are deleted in the same transaction, so a re-crawl of an erased subject
+    leaves no staged copy behind.
     """
     lock_for_ingestion(conn)
     catalogue = load_catalogue(conn)
@@ -186,7 +232,8 @@ def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_i
             key, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes
         ):
             positions[fp].append(position)
-    erased = {p for fp in existing_fingerprints(conn, list(positions)) for p in positions[fp]}
+    candidates = _maybe_tombstones(_tombstone_prefixes(conn, catalogue.generation), list(positions))
+    erased = {p for fp in existing_fingerprints(conn, candidates) for p in positions[fp]}
     if erased and batch_id is not None:
         lines = sorted({chunk[p].line_no for p in erased})
         conn.execute(

@@ -80,8 +80,10 @@ def test_unusable_subjects_are_refused_without_echoing_the_value(kind, value, ex
 def test_record_fingerprints_cover_key_url_fields_and_every_tombstoned_version():
     record = canonicalise_record(listing(5, seller_id="s-9"), 1, ["content/1"], "content/1")
     assert "content/2" not in record.hashes  # the ladder was told not to compute it
-    catalogue = Catalogue(fields=frozenset({"seller_id", "author.email"}), versions=frozenset({"content/1", "content/2"}),
-                          key_ids=frozenset({key_id(KEY)}))
+    kid = key_id(KEY)
+    catalogue = Catalogue.from_rows([("field", "seller_id", kid), ("field", "author.email", kid), ("natural_key", "", kid),
+                                     ("canonical_url", "url/1", kid), ("content_digest", "content/1", kid),
+                                     ("content_digest", "content/2", kid)])
     prints = set(record_fingerprints(KEY, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes))
     v2 = content_hash(listing(5, seller_id="s-9"), "content/2")[0]
     assert digest_fingerprint(KEY, "content/2", v2) in prints  # computed from the payload
@@ -89,6 +91,10 @@ def test_record_fingerprints_cover_key_url_fields_and_every_tombstoned_version()
     assert fingerprint(KEY, "field", "seller_id", "s-9") in prints
     assert url_fingerprint(KEY, "https://shop.example.com/p/5") in prints
     assert len(prints) == 5  # author.email is absent from this record
+    # Only kinds that have tombstones are computed: with field tombstones alone, one fingerprint.
+    only_fields = Catalogue.from_rows([("field", "seller_id", kid)])
+    assert record_fingerprints(KEY, only_fields, record.natural_key, record.canonical_url, record.payload,
+                               record.hashes) == [fingerprint(KEY, "field", "seller_id", "s-9")]
     assert payload_digests(record.payload) == {"content/1": record.hashes["content/1"], "content/2": v2}
 
 

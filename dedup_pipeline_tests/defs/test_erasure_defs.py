@@ -1,0 +1,87 @@
+"""The erasure and retention jobs in the code location, the schedule, and the command line."""
+
+from __future__ import annotations
+
+import io
+import json
+import secrets
+from datetime import timedelta
+
+import dagster as dg
+import pytest
+from sqlalchemy import func, select
+
+from dedup_pipeline.cli import main
+from dedup_pipeline.definitions import defs
+from dedup_pipeline.defs.erasure import ERASE_JOB, delete_old_erasure_runs, prune_retention_daily
+from dedup_pipeline.defs.sensors import automation_status
+from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
+from dedup_pipeline.store.schema import erasure_requests, erasure_tombstones
+from dedup_pipeline.store.warehouse import Warehouse, utcnow
+
+
+@pytest.fixture
+def sqlite_env(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'w.sqlite'}"
+    monkeypatch.setenv("DEDUP_DATABASE_URL", url)
+    monkeypatch.setenv("DEDUP_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
+    monkeypatch.delenv("DEDUP_REDIS_URL", raising=False)
+    return url
+
+
+def erase_config(**config):
+    return {"ops": {"erase_data_subject": {"config": config}}}
+
+
+def test_jobs_and_schedule_are_in_the_code_location():
+    assert defs.resolve_job_def(ERASE_JOB) is not None and defs.resolve_job_def("prune_retention") is not None
+    schedule = defs.resolve_schedule_def("prune_retention_daily")
+    assert schedule.cron_schedule == "41 3 * * *" and schedule.job_name == "prune_retention"
+    # Off unless DEDUP_AUTOMATION=on, like the landing sensor.
+    assert prune_retention_daily.default_status.value == automation_status().value
+
+
+def test_erasure_job_reports_counts_and_refuses_a_bad_subject_without_echoing_it(sqlite_env):
+    instance = dg.DagsterInstance.ephemeral()
+    job = defs.resolve_job_def(ERASE_JOB)
+    ok = job.execute_in_process(instance=instance, run_config=erase_config(kind="canonical_url", value="https://x.example/p?utm_source=1", request_id="R-1"))
+    [materialization] = [e for e in ok.all_events if e.event_type_value == "STEP_OUTPUT"]
+    meta = {k: v.value for k, v in materialization.step_output_data.metadata.items()}
+    assert meta["request_id"] == "R-1" and meta["tombstones_added"] == 4 and meta["records_removed"] == 0
+    bad = job.execute_in_process(instance=instance, raise_on_error=False,
+                                 run_config=erase_config(kind="canonical_url", value="mailto:jane.secret@example.org"))
+    assert not bad.success
+    [failure] = [e for e in bad.all_events if e.is_step_failure]
+    assert "not a usable http" in failure.step_failure_data.error.to_string()
+    assert "jane.secret" not in dg.serialize_value(failure)
+    with Warehouse(sqlite_env).engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(erasure_requests)).scalar_one() == 1
+
+
+def test_retention_deletes_finished_erasure_runs_only(sqlite_env):
+    instance = dg.DagsterInstance.ephemeral()
+    erased = defs.resolve_job_def(ERASE_JOB).execute_in_process(
+        instance=instance, run_config=erase_config(kind="natural_key", value="sku-1"))
+    pruned = defs.resolve_job_def("prune_retention").execute_in_process(instance=instance)
+    assert pruned.success and instance.get_run_by_id(erased.run_id) is not None  # younger than 24 h
+    assert delete_old_erasure_runs(instance, 24, now=utcnow() + timedelta(hours=25)) == 1
+    assert instance.get_run_by_id(erased.run_id) is None
+    assert instance.get_run_by_id(pruned.run_id) is not None  # other jobs' runs are not touched
+
+
+def test_command_line_erase_prune_and_grant(sqlite_env, capsys, monkeypatch):
+    assert main(["erase", "--kind", "field", "--field", "seller_id", "--value", "s-1", "--request-id", "R-2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["request_id"] == "R-2" and out["tombstones_added"] == 1 and out["removed"]["records"] == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO("jane@example.org\n"))  # --value - keeps it out of shell history
+    assert main(["erase", "--kind", "field", "--field", "author.email", "--value", "-"]) == 0
+    assert "erasure 2: rows removed per table" in capsys.readouterr().out
+    assert main(["erase", "--kind", "content_digest", "--value", "xyz"]) == 2
+    assert "64 hex digits" in capsys.readouterr().err
+    assert main(["prune-retention", "--json", "--decision-days", "7"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["pruned"]) == {"dedup_decisions", "record_history", "canonical_records", "quarantine"}
+    assert main(["grant-roles"]) == 2
+    assert "PostgreSQL only" in capsys.readouterr().err
+    with Warehouse(sqlite_env).engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(erasure_tombstones)).scalar_one() == 2
