@@ -22,3 +22,11 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
 fi
 wait_for Redis sh -c 'redis-cli -h 127.0.0.1 -p 6379 ping | grep -q PONG'
+
+# RabbitMQ: the celery executor's broker (guest/guest, loopback only). It can take a while to boot.
+amqp_up() { timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5672'; }
+if ! amqp_up 2>/dev/null; then
+  echo "starting RabbitMQ"
+  rabbitmq-server -detached || true
+fi
+wait_for RabbitMQ amqp_up || wait_for RabbitMQ amqp_up

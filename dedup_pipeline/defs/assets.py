@@ -20,6 +20,9 @@ COLLAPSE_CHECK = "collapse_rate_in_band"
 #: Every rung writes the warehouse and is idempotent, so a step that hit a transient database error
 #: (a dropped connection, a failover, a lock timeout) is simply run again.
 WAREHOUSE_RETRY = dg.RetryPolicy(max_retries=2, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
+#: The writing rungs claim a slot of this pool, so the instance bounds concurrent warehouse writers across
+#: runs and workers (`concurrency: pools:` in dagster.yaml and deploy/dagster.yaml).
+WAREHOUSE_POOL = "warehouse"
 
 
 @dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, kinds={"python", "sql"}, retry_policy=WAREHOUSE_RETRY)
@@ -42,7 +45,7 @@ def raw_crawl_batches(
 
 @dg.asset(
     partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[raw_crawl_batches], kinds={"python", "sql"},
-    retry_policy=WAREHOUSE_RETRY,
+    retry_policy=WAREHOUSE_RETRY, pool=WAREHOUSE_POOL,
 )
 def canonical_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource
@@ -74,6 +77,7 @@ def canonical_records(
     deps=[canonical_records],
     kinds={"python", "sql"},
     retry_policy=WAREHOUSE_RETRY,
+    pool=WAREHOUSE_POOL,
 )
 def deduplicated_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, seen_set: SeenSetResource
@@ -115,7 +119,7 @@ def deduplicated_records(
 
 @dg.asset(
     partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[deduplicated_records], kinds={"python", "sql"},
-    retry_policy=WAREHOUSE_RETRY,
+    retry_policy=WAREHOUSE_RETRY, pool=WAREHOUSE_POOL,
 )
 def near_duplicate_clusters(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource
