@@ -7,6 +7,7 @@ from dedup_pipeline.defs.assets import ladder_assets
 from dedup_pipeline.defs.check_settings import ChecksResource
 from dedup_pipeline.defs.checks import ladder_checks
 from dedup_pipeline.defs.erasure import erasure_jobs, erasure_schedules
+from dedup_pipeline.defs.executors import dedup_ladder_celery_job
 from dedup_pipeline.defs.jobs import dedup_ladder_job
 from dedup_pipeline.defs.rehash import rehash_definitions
 from dedup_pipeline.defs.resources import default_resources
@@ -16,7 +17,7 @@ from dedup_pipeline.defs.sensors import landing_sensor
 defs = dg.Definitions(
     assets=ladder_assets,
     asset_checks=ladder_checks,
-    jobs=[dedup_ladder_job, *erasure_jobs],
+    jobs=[dedup_ladder_job, dedup_ladder_celery_job, *erasure_jobs],
     schedules=[ladder_catch_up, *erasure_schedules],
     sensors=[landing_sensor, ladder_failure_alert],
     resources={**default_resources(), "checks": ChecksResource()},
