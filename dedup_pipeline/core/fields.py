@@ -7,6 +7,9 @@ read as Decimal) and numeric price strings become plain decimal text
 so hashing a stored payload gives the digest its raw record had: the rehash
 job relies on that. Changing this form changes every digest, so it is a new
 `record/N` and new hash versions, never an edit in place.
+
+`dedup_pipeline.core.batch` gives the same form for a chunk of records at once,
+column-wise; this module is its specification (its tests compare the two).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def normalise_text(value: str) -> str:
     return " ".join(value.split())
 
 
-def _field_value(key: str, value: Any) -> Any:
+def field_value(key: str, value: Any) -> Any:
+    """One (non-URL) field's `record/1` form."""
     if isinstance(value, str):
         if key in NUMERIC_FIELDS:
             try:
@@ -51,9 +55,9 @@ def _field_value(key: str, value: Any) -> Any:
             raise RecordError(f"field '{key}': not a finite number")
         return plain_decimal(value)
     if isinstance(value, Mapping):
-        return {str(k): _field_value(str(k), v) for k, v in value.items() if v is not None}
+        return {str(k): field_value(str(k), v) for k, v in value.items() if v is not None}
     if isinstance(value, (list, tuple)):
-        return [_field_value(key, v) for v in value]
+        return [field_value(key, v) for v in value]
     return value  # int, bool; a float only reaches here from library callers, and rules decide about it
 
 
@@ -66,5 +70,5 @@ def canonical_fields(record: Mapping[str, Any]) -> dict[str, Any]:
         if key == "url" and isinstance(value, str):
             fields[key] = canonical_url(value)
         else:
-            fields[key] = _field_value(key, value)
+            fields[key] = field_value(key, value)
     return fields

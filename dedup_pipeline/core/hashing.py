@@ -16,6 +16,11 @@ canonical `url/1` form, so tracking-parameter variants hash the same.
 price in exact minor units, floats refused. Adding a field to a record does
 not change its `content/2` digest; the URL is not part of it, so the same
 listing served under two URLs is one content.
+
+`dedup_pipeline.core.batch` computes both rules column-wise over a chunk of
+records (the ladder's path); these per-record functions are its specification,
+and its tests check it against them. A new rule works there at once (it is
+applied record by record); a vectorised version of it is an addition there.
 """
 
 from __future__ import annotations
@@ -63,18 +68,19 @@ def _v1_value(value: Any) -> Any:
     raise RecordError(f"content/1: unsupported value type {type(value).__name__}")
 
 
+def content_v1_field(key: Any, value: Any) -> Any:
+    """One canonical field as `content/1` serialises it (numeric fields' text in the fixed form ``.4f``)."""
+    if key in NUMERIC_FIELDS and isinstance(value, str):
+        try:
+            return _fixed_number(parse_decimal(value, key))
+        except RecordError:
+            return value  # "call for price" stays text
+    return _v1_value(value)
+
+
 def content_v1_bytes(fields: Mapping[str, Any]) -> bytes:
     """The seeds' first rule over canonical fields: every field, numbers in the fixed form ``.4f``."""
-    cleaned: dict[str, Any] = {}
-    for key, value in fields.items():
-        if key in NUMERIC_FIELDS and isinstance(value, str):
-            try:
-                cleaned[key] = _fixed_number(parse_decimal(value, key))
-            except RecordError:
-                cleaned[key] = value  # "call for price" stays text
-        else:
-            cleaned[key] = _v1_value(value)
-    return _dumps(cleaned)
+    return _dumps({key: content_v1_field(key, value) for key, value in fields.items()})
 
 
 # ---------------------------------------------------------------- content/2

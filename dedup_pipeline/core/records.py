@@ -9,18 +9,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from decimal import Decimal
 from typing import Any, Mapping, Sequence
 
+from dedup_pipeline.core.batch import hash_records
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.fields import RECORD_VERSION, canonical_fields
 from dedup_pipeline.core.hashing import compute_hashes
+from dedup_pipeline.core.numbers import OUT_OF_RANGE, json_decimal
 from dedup_pipeline.core.url import URL_VERSION, UrlError, canonicalize_url_strict
 
 #: Fields whose text feeds near-duplicate detection, in order.
 TEXT_FIELDS = ("title", "description")
 #: Natural key used when the configuration names none.
 DEFAULT_NATURAL_KEY = ("canonical_url",)
+#: Longest natural key (UTF-8 bytes): a PostgreSQL B-tree entry holds at most 2704 bytes, so a longer key
+#: could never be stored under the UNIQUE index; 2048 is the sitemaps protocol's URL limit.
+MAX_NATURAL_KEY_BYTES = 2048
 
 
 def _reject_constant(name: str) -> Any:
@@ -52,11 +56,15 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
     try:
-        value = json.loads(text, parse_float=Decimal, parse_constant=_reject_constant)
+        value = json.loads(text, parse_float=json_decimal, parse_constant=_reject_constant)
+    except RecordError:
+        raise
     except json.JSONDecodeError as exc:
-        raise RecordError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
+        raise RecordError(f"malformed JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}") from None
     except RecursionError:
         raise RecordError("malformed JSON: nesting too deep") from None
+    except ValueError:  # an integer beyond Python's int <-> str digit limit
+        raise RecordError(OUT_OF_RANGE) from None
     if not isinstance(value, dict):
         raise RecordError(f"a record must be a JSON object, got {type(value).__name__}")
     if "\\u" in text or "\\U" in text:  # escapes are the only way to smuggle NUL or lone surrogates in
@@ -101,7 +109,10 @@ def natural_key_of(payload: Mapping[str, Any], canonical: str, key_fields: Seque
         if value is None or value == "":
             raise RecordError(f"missing natural-key field '{name}'")
         values.append(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
-    return values[0] if len(values) == 1 else json.dumps(values, ensure_ascii=False)
+    key = values[0] if len(values) == 1 else json.dumps(values, ensure_ascii=False)
+    if len(key) * 4 > MAX_NATURAL_KEY_BYTES and len(key.encode("utf-8")) > MAX_NATURAL_KEY_BYTES:
+        raise RecordError(f"natural key too long ({len(key.encode('utf-8'))} bytes; at most {MAX_NATURAL_KEY_BYTES})")
+    return key
 
 
 def canonicalise_record(
@@ -143,7 +154,66 @@ def canonicalise_record(
     )
 
 
+def canonicalise_records(
+    records: Sequence[Mapping[str, Any]],
+    line_nos: Sequence[int],
+    hash_versions: Sequence[str],
+    active_version: str,
+    key_fields: Sequence[str] = DEFAULT_NATURAL_KEY,
+) -> list[CanonicalRecord | RecordError]:
+    """`canonicalise_record` for a chunk of records: the same results, or the same `RecordError`, per record.
+
+    The canonical fields and hashes are computed column-wise over the chunk
+    (`dedup_pipeline.core.batch`), and each URL is canonicalised once, for the
+    record's identity and its hashes alike.
+    """
+    results: list[CanonicalRecord | RecordError | None] = [None] * len(records)
+    todo: list[int] = []
+    urls: list[str] = []
+    for i, record in enumerate(records):
+        url = record.get("url")
+        if not isinstance(url, str) or not url.strip():
+            results[i] = RecordError("missing url")
+            continue
+        try:
+            urls.append(canonicalize_url_strict(url))
+        except UrlError as exc:
+            results[i] = RecordError(f"invalid url: {exc}")
+            continue
+        todo.append(i)
+    hashed = hash_records([records[i] for i in todo], hash_versions, urls=urls)
+    columns = [(v, hashed.digests[v], hashed.errors[v]) for v in hash_versions]
+    for j, i in enumerate(todo):
+        if hashed.failures[j] is not None:
+            results[i] = hashed.failures[j]
+            continue
+        errors = {v: reasons[j] for v, _, reasons in columns if reasons[j] is not None}
+        if active_version in errors:
+            results[i] = RecordError(errors[active_version])
+            continue
+        payload = hashed.payloads[j]
+        canonical = urls[j]
+        payload["url"] = canonical
+        text = " ".join(str(t) for t in map(payload.get, TEXT_FIELDS) if isinstance(t, str) and t)
+        try:
+            natural_key = natural_key_of(payload, canonical, key_fields)
+        except RecordError as exc:
+            results[i] = exc
+            continue
+        results[i] = CanonicalRecord(
+            line_no=line_nos[i],
+            canonical_url=canonical,
+            natural_key=natural_key,
+            payload=payload,
+            hashes={v: digests[j] for v, digests, _ in columns if digests[j] is not None},
+            hash_errors=errors,
+            crawled_at=parse_timestamp(records[i].get("scraped_at")),
+            text=text,
+        )
+    return results  # type: ignore[return-value]
+
+
 __all__ = [
     "RECORD_VERSION", "URL_VERSION", "CanonicalRecord", "RecordError",
-    "canonicalise_record", "parse_line", "parse_timestamp", "natural_key_of",
+    "canonicalise_record", "canonicalise_records", "parse_line", "parse_timestamp", "natural_key_of",
 ]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import delete, select
 
 from dedup_pipeline.core.errors import RecordError
-from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord, canonicalise_record, parse_line
+from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord, canonicalise_records, parse_line
 from dedup_pipeline.landing import BatchFileError, TruncatedBatch, file_sha256, iter_lines
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
@@ -64,7 +65,10 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
     Lines the raw rung quarantined are skipped (they are already in quarantine);
     lines that parse but cannot be canonicalised (no or invalid URL, missing
     natural key, active hash version not computable) are quarantined here.
-    One transaction, so a partition is either fully replaced or untouched.
+    Lines are canonicalised and hashed a chunk (`settings.chunk_size`) at a
+    time, column-wise (`canonicalise_records`), and each chunk is copied in
+    one statement. One transaction, so a partition is either fully replaced
+    or untouched.
     """
     path, sha = registered_file(warehouse, batch_id)
     if file_sha256(path) != sha:
@@ -76,21 +80,22 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
         conn.execute(delete(canonical_records).where(canonical_records.c.batch_id == batch_id))
         clear_quarantine(conn, batch_id, RUNG)
         bad = QuarantineWriter(conn, batch_id, RUNG)
-        rows: list[tuple] = []
-        for line_no, raw, record in _parsed_lines(path):
-            report.records_in += 1
-            try:
-                canonical = canonicalise_record(record, line_no, versions, active, settings.natural_key)
-            except RecordError as exc:
-                bad.add(line_no, str(exc), raw)
-                continue
-            report.canonical += 1
-            report.hash_errors.update(canonical.hash_errors.keys())
-            rows.append(_row(batch_id, canonical))
-            if len(rows) >= settings.chunk_size:
-                copy_rows(conn, canonical_records, _COLUMNS, rows)
-                rows = []
-        copy_rows(conn, canonical_records, _COLUMNS, rows)
+        lines = _parsed_lines(path)
+        while chunk := list(islice(lines, settings.chunk_size)):
+            rows: list[tuple] = []
+            results = canonicalise_records(
+                [record for _, _, record in chunk], [line_no for line_no, _, _ in chunk],
+                versions, active, settings.natural_key,
+            )
+            for (line_no, raw, _), canonical in zip(chunk, results):
+                report.records_in += 1
+                if isinstance(canonical, RecordError):
+                    bad.add(line_no, str(canonical), raw)
+                    continue
+                report.canonical += 1
+                report.hash_errors.update(canonical.hash_errors.keys())
+                rows.append(_row(batch_id, canonical))
+            copy_rows(conn, canonical_records, _COLUMNS, rows)
         bad.flush()
         report.quarantined = bad.count
     return report
