@@ -158,6 +158,15 @@ near_duplicate_clusters = Table(
     Column("is_representative", Boolean, nullable=False),
 )
 
+# Figures of each exact-rung run that the decision log cannot give back: seen-set hits, fallbacks, replays.
+exact_rung_runs = Table(
+    "exact_rung_runs", metadata,
+    Column("batch_id", String(255), primary_key=True),
+    Column("run_id", String(64), primary_key=True),
+    _now_column("finished_at", nullable=False),
+    Column("stats", Payload, nullable=False),
+)
+
 # ---------------------------------------------------------------- rehash migration (dedup_pipeline/ladder/rehash.py)
 
 rehash_comparisons = Table(
