@@ -120,7 +120,9 @@ def iter_lines(path: Path) -> Iterator[Line]:
             pending = b""
             while True:
                 try:
-                    block = handle.read(1 << 20)
+                    # read1: one read of the stream per call, so the lines decompressed before damage
+                    # are returned, never dropped along with the partial block that hit it.
+                    block = handle.read1(1 << 20)
                 except (EOFError, OSError, zlib.error) as exc:
                     raise TruncatedBatch(line_no + 1, pending, f"compressed stream damaged: {exc}") from None
                 if not block:

@@ -43,18 +43,53 @@ def parse_decimal(value: object, field: str) -> Decimal:
         raise RecordError(f"{field}: expected a number, got {type(value).__name__}")
     if not number.is_finite():
         raise RecordError(f"{field}: not a finite number")
+    if not fits_exactly(number):
+        raise RecordError(f"{field}: number out of range")
+    return number
+
+
+#: The most digits a number's exact plain text may have: Python's own limit for int <-> str conversions,
+#: so `1e999999999` (a few bytes that would expand to a gigabyte of text) is refused, never expanded.
+MAX_NUMBER_DIGITS = 4300
+OUT_OF_RANGE = f"JSON number out of range (its exact text would exceed {MAX_NUMBER_DIGITS} digits)"
+
+
+def fits_exactly(number: Decimal) -> bool:
+    """Whether a finite Decimal's plain text (no exponent) has at most MAX_NUMBER_DIGITS digits."""
+    adjusted = number.adjusted()
+    if -1000 < adjusted < 1000 and number.as_tuple().exponent > -2000:  # the common case, cheaply
+        return True
+    _, digits, exponent = number.as_tuple()
+    plain = len(digits) + exponent if exponent >= 0 else max(len(digits), 1 - exponent)
+    return plain <= MAX_NUMBER_DIGITS
+
+
+def json_decimal(text: str) -> Decimal:
+    """`parse_float` for json.loads: the exact Decimal, refused (RecordError) when its exact text would be huge."""
+    number = Decimal(text)
+    if not fits_exactly(number):
+        raise RecordError(OUT_OF_RANGE)
     return number
 
 
 def plain_decimal(number: Decimal) -> str:
-    """Shortest exact text without exponent: Decimal('9.90') -> '9.9', Decimal('1E+3') -> '1000'."""
-    text = format(number.normalize(), "f")
+    """Shortest exact text without exponent: Decimal('9.90') -> '9.9', Decimal('1E+3') -> '1000'.
+
+    Exact whatever the number of digits (no rounding to the decimal context's
+    28 digits): two numbers that differ anywhere never get the same text.
+    """
+    if not number.is_finite() or not fits_exactly(number):
+        raise RecordError("number out of range" if number.is_finite() else "not a finite number")
+    text = format(number, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
     return "0" if text in ("-0", "0") else text
 
 
 def to_minor_units(price: Decimal, currency: str | None) -> int | Decimal:
-    """Price in the currency's minor unit: an int when exact, else the exact Decimal."""
-    minor = price.scaleb(currency_exponent(currency))
+    """Price in the currency's minor unit: an int when exact, else the exact Decimal (never rounded)."""
+    sign, digits, exponent = price.as_tuple()
+    minor = Decimal((sign, digits, exponent + currency_exponent(currency)))
     if minor == minor.to_integral_value():
         return int(minor)
-    return minor.normalize()
+    return minor
