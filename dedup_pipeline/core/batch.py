@@ -182,7 +182,7 @@ class _Run:
             keys = [k for k in shape if k not in VOLATILE_FIELDS]
             group = records if len(rows) == len(records) else [records[i] for i in rows]
             if len(keys) > 1:  # row by row, so each record is read once while it is in the cache
-                values = [list(column) for column in zip(*map(itemgetter(*keys), group))]
+                values = list(zip(*map(itemgetter(*keys), group)))
             else:
                 values = [list(map(itemgetter(*keys), group))] if keys else []
             self.group(rows, keys, values)
