@@ -396,12 +396,13 @@ def _decimal_column(key: str, values: list[Decimal]) -> _Column:
     numeric = key in NUMERIC_FIELDS
     canonical, v1, bad = [], [], set()
     for j, number in enumerate(values):
-        if not number.is_finite():
-            bad.add(j)
+        try:
+            text = plain_decimal(number)  # refuses what is not finite, or too long to write out exactly
+        except RecordError:
+            bad.add(j)  # the per-record path reports it
             canonical.append(None)
             v1.append("")
             continue
-        text = plain_decimal(number)
         canonical.append(text)
         v1.append(format(Decimal(text), ".4f") if numeric else text)
     return _Column(canonical, True, v1, bad)

@@ -191,6 +191,21 @@ def test_parsed_lines_canonicalise_like_the_per_record_path():
             assert isinstance(result, RecordError) and str(result) == str(exc)
 
 
+@pytest.mark.parametrize("prices", [
+    [Decimal("-0"), Decimal("-0.00"), Decimal("0E-7"), Decimal("-12.5"), Decimal("1.000000000000000000000000000049999"),
+     Decimal("1E+3"), Decimal("0.00005"), Decimal("-0.00004"), Decimal("12345678901234567890.123"),
+     Decimal("1E+5000"), Decimal("-1E-5000"), Decimal("NaN"), Decimal("-Infinity"), Decimal("sNaN")],
+    ["-12.5", " -0.50 ", "-0", "1E+3", "12.345", "-7", "0.001", "123456789012345678901", "-99.99", "1E+5000"],
+    [-5, 0, 7, 10**17, -(10**18), 2**64, 10**30 + 1],
+], ids=["decimals", "numeric-text", "ints"])
+@pytest.mark.parametrize("currency", ["EUR", "jpy", "KWD"])
+def test_price_columns_with_signs_zeros_and_long_digits(prices, currency):
+    records = [listing(i, price=p, currency=currency) for i, p in enumerate(prices)]
+    records += [listing(100 + i, price_minor=p, price=None, currency=currency) for i, p in enumerate(prices)]
+    records += [listing(200 + i, rating=p) for i, p in enumerate(prices)]  # a field that is not a price
+    assert batched(records) == per_record(records)
+
+
 def test_content1_batch_digests_are_the_seeds_digests():
     rng = random.Random(5)
     records = [listing(i, price=round(rng.uniform(1, 400), 2), title=f"Caf\u00e9  kettle {i} ") for i in range(600)]
