@@ -136,3 +136,15 @@ def clean_run(tmp_path: Path, folder: Path, keys: list[str], settings: LadderSet
         return snapshot(warehouse.engine)
     finally:
         warehouse.dispose()
+
+
+def set_active_version(warehouse: Warehouse, version: str) -> None:
+    """Make `version` the active hash version of a fresh warehouse (as a completed rehash switch would)."""
+    from sqlalchemy import update
+
+    from dedup_pipeline.store.schema import settings as settings_table
+    from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, utcnow
+
+    with warehouse.engine.begin() as conn:
+        conn.execute(update(settings_table).where(settings_table.c.name == ACTIVE_HASH_VERSION)
+                     .values(value=version, updated_at=utcnow()))
