@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 from dedup_pipeline.erasure_cli import add_commands as add_privacy_commands
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Dagster flags preview/beta APIs it uses itself (partitioned asset checks); the UI shows them, the CLI need not.
+    warnings.filterwarnings("ignore", message=r".*currently in (preview|beta).*")
     args = build_parser().parse_args(argv)
     return args.func(args)
 
