@@ -117,6 +117,10 @@ def cluster_records(
     for p, root in enumerate(roots.tolist()):
         members.setdefault(root, []).append(sorted_ids[p])
     return [
-        Cluster(cluster_id=sorted_ids[root], representative=sorted_ids[int(representatives[root])], members=tuple(group))
+        Cluster(
+            cluster_id=sorted_ids[root],
+            representative=sorted_ids[int(representatives[root])],
+            members=tuple(group),
+        )
         for root, group in sorted(members.items())
     ]

@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
-from xxhash import xxh64_intdigest
 
 from dedup_pipeline.core.minhash import empty_mask
 
+#: Name of the band-key rule above, for index identities.
 KEY_SCHEME = "xxh64-le32-bandseed"
 
 
@@ -68,29 +68,76 @@ def candidate_probability(similarity: float, bands: int, rows: int) -> float:
     return float(1.0 - (1.0 - similarity**rows) ** bands)
 
 
+_U = np.uint64
+_P1, _P2, _P3, _P4, _P5 = (
+    _U(0x9E3779B185EBCA87), _U(0xC2B2AE3D27D4EB4F), _U(0x165667B19E3779F9),
+    _U(0x85EBCA77C2B2AE63), _U(0x27D4EB2F165667C5),
+)
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << _U(r)) | (x >> _U(64 - r))
+
+
+def _round(acc, lane: np.ndarray) -> np.ndarray:
+    return _rotl(acc + lane * _P2, 31) * _P1
+
+
+def xxh64_words(words: np.ndarray, seed: int = 0) -> np.ndarray:
+    """XXH64 of each row's little-endian uint32 bytes, vectorised over rows.
+
+    Equals ``[xxhash.xxh64_intdigest(row.astype("<u4").tobytes(), seed) for
+    row in words]``: the XXH64 algorithm written out with numpy uint64
+    arithmetic (wrapping is the intended mod 2**64). Every row has the same
+    length, so the steps are the same for all rows and need no masking.
+    """
+    words = np.asarray(words, dtype=np.uint32)
+    n, m = words.shape
+    w = words.astype(np.uint64)
+    lanes = [w[:, i] | (w[:, i + 1] << _U(32)) for i in range(0, m - 1, 2)]  # 8-byte reads
+    s = _U(seed)
+    with np.errstate(over="ignore"):
+        if 4 * m >= 32:
+            v = [np.full(n, x, dtype=np.uint64) for x in (s + _P1 + _P2, s + _P2, s, s - _P1)]
+            stripes = (4 * m) // 32
+            for k in range(stripes):
+                v = [_round(v[i], lanes[4 * k + i]) for i in range(4)]
+            h = _rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)
+            for i in range(4):
+                h = (h ^ _round(_U(0), v[i])) * _P1 + _P4
+            rest = lanes[4 * stripes :]
+        else:
+            h = np.full(n, s + _P5, dtype=np.uint64)
+            rest = lanes
+        h = h + _U(4 * m)
+        for lane in rest:
+            h = _rotl(h ^ _round(_U(0), lane), 27) * _P1 + _P4
+        if m % 2:
+            h = _rotl(h ^ (w[:, m - 1] * _P1), 23) * _P2 + _P3
+        h ^= h >> _U(33)
+        h *= _P2
+        h ^= h >> _U(29)
+        h *= _P3
+        h ^= h >> _U(32)
+    return h
+
+
 def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """Per-band bucket keys, shape ``(n, bands)``, int64.
 
-    Raises ``ValueError`` for empty-document signatures (see
-    :func:`dedup_pipeline.core.minhash.empty_mask`): they must never be
-    banded, so callers drop them first.
+    Rows of empty documents (flagged by
+    :func:`dedup_pipeline.core.minhash.empty_mask`) get keys too, all equal
+    to each other; they must never be stored or indexed, or every empty
+    document would become a candidate of every other. :class:`LshIndex` and
+    :func:`dedup_pipeline.core.neardup.minhash_links` drop them.
     """
-    signatures = np.atleast_2d(signatures)
+    signatures = np.asarray(signatures, dtype=np.uint32).reshape(-1, np.shape(signatures)[-1])
     n, num_perm = signatures.shape
     if bands < 1 or rows < 1 or bands * rows > num_perm:
         raise ValueError(f"bands * rows = {bands} * {rows} must be in [1, num_perm={num_perm}]")
-    if n and empty_mask(signatures).any():
-        raise ValueError("empty-document signatures must not be banded; drop rows flagged by empty_mask")
-    le = np.ascontiguousarray(signatures, dtype="<u4")
-    width = 4 * rows
     keys = np.empty((n, bands), dtype=np.uint64)
     for band in range(bands):
-        data = np.ascontiguousarray(le[:, band * rows : (band + 1) * rows]).tobytes()
-        keys[:, band] = np.fromiter(
-            (xxh64_intdigest(data[i : i + width], band) for i in range(0, n * width, width)),
-            dtype=np.uint64,
-            count=n,
-        )
+        keys[:, band] = xxh64_words(signatures[:, band * rows : (band + 1) * rows], seed=band)
     return keys.view(np.int64)
 
 
@@ -134,8 +181,13 @@ def candidate_pairs(keys: np.ndarray) -> np.ndarray:
 class LshIndex:
     """In-memory LSH index over band keys: insert, query and remove many.
 
-    Ids may be any hashable values. Empty-document signatures are refused on
-    insert and match nothing on query.
+    Stored like the warehouse table, column-wise: per band, a sorted array of
+    keys and the slot (insertion number) of each, so inserting or querying a
+    batch is a few numpy calls per band rather than a Python dict operation
+    per key. New entries are merged into the sorted arrays at the next query;
+    removal marks a slot dead, and dead slots are dropped once they outnumber
+    live ones. Ids may be any hashable values. Empty-document signatures are
+    refused on insert and match nothing on query.
     """
 
     def __init__(self, bands: int, rows: int) -> None:
@@ -143,54 +195,99 @@ class LshIndex:
             raise ValueError("bands and rows must be positive")
         self.bands = bands
         self.rows = rows
-        self._tables: list[dict[int, list[Hashable]]] = [{} for _ in range(bands)]
-        self._keys: dict[Hashable, tuple[int, ...]] = {}
+        self._ids: list[Hashable] = []  # slot -> id (dead slots included)
+        self._slots: dict[Hashable, int] = {}  # id -> slot, live entries only
+        self._alive = np.zeros(0, dtype=bool)
+        self._sorted_keys = np.empty((bands, 0), dtype=np.int64)
+        self._sorted_slots = np.empty((bands, 0), dtype=np.int64)
+        self._pending: list[np.ndarray] = []  # key blocks of slots not yet merged
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._slots)
 
     def __contains__(self, item: Hashable) -> bool:
-        return item in self._keys
+        return item in self._slots
 
     def insert_many(self, ids: Sequence[Hashable], signatures: np.ndarray) -> None:
         """Index each ``ids[i]`` under the bands of ``signatures[i]``."""
+        ids = list(ids)
         if len(ids) != len(signatures):
             raise ValueError("ids and signatures differ in length")
-        if len(set(ids)) != len(ids) or any(i in self._keys for i in ids):
+        if len(set(ids)) != len(ids) or any(i in self._slots for i in ids):
             raise ValueError("ids must be unique and not yet indexed")
-        keys = band_keys(signatures, self.bands, self.rows).tolist()
-        tables = self._tables
-        for item, row in zip(ids, keys):
-            self._keys[item] = tuple(row)
-            for table, key in zip(tables, row):
-                bucket = table.get(key)
-                if bucket is None:
-                    table[key] = [item]
-                else:
-                    bucket.append(item)
+        if not ids:
+            return
+        if empty_mask(signatures).any():
+            raise ValueError("empty-document signatures cannot be indexed (see empty_mask)")
+        keys = band_keys(signatures, self.bands, self.rows)
+        first = len(self._ids)
+        self._ids.extend(ids)
+        self._slots.update(zip(ids, range(first, first + len(ids))))
+        self._alive = np.concatenate((self._alive, np.ones(len(ids), dtype=bool)))
+        self._pending.append(keys)
+
+    def _merge_pending(self) -> None:
+        if not self._pending:
+            return
+        new_keys = np.concatenate(self._pending).T
+        new_slots = np.arange(len(self._ids) - new_keys.shape[1], len(self._ids))
+        self._pending = []
+        keys = np.concatenate((self._sorted_keys, new_keys), axis=1)
+        slots = np.concatenate((self._sorted_slots, np.broadcast_to(new_slots, new_keys.shape)), axis=1)
+        # Two sorted runs per band: the stable sort (timsort) merges them in linear time.
+        order = np.argsort(keys, axis=1, kind="stable")
+        self._sorted_keys = np.take_along_axis(keys, order, axis=1)
+        self._sorted_slots = np.take_along_axis(slots, order, axis=1)
+
+    def query_slots(self, signatures: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Unique ``(query position, slot)`` pairs of live matches, sorted."""
+        self._merge_pending()
+        signatures = np.asarray(signatures, dtype=np.uint32).reshape(-1, np.shape(signatures)[-1])
+        queries = np.flatnonzero(~empty_mask(signatures)) if len(signatures) else np.empty(0, dtype=np.int64)
+        keys = band_keys(signatures[queries], self.bands, self.rows)
+        found_q, found_s = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
+        for band in range(self.bands):
+            sorted_keys = self._sorted_keys[band]
+            lo = np.searchsorted(sorted_keys, keys[:, band], side="left")
+            count = np.searchsorted(sorted_keys, keys[:, band], side="right") - lo
+            total = int(count.sum())
+            if total:
+                # Expand each query's run [lo, lo + count) of the sorted array.
+                run_start = np.repeat(lo - (np.cumsum(count) - count), count)
+                found_q.append(np.repeat(queries, count))
+                found_s.append(self._sorted_slots[band][run_start + np.arange(total)])
+        q, slot = np.concatenate(found_q), np.concatenate(found_s)
+        live = self._alive[slot]
+        width = max(len(self._ids), 1)
+        code = np.unique(q[live] * width + slot[live])
+        return code // width, code % width
 
     def query_many(self, signatures: np.ndarray) -> list[set[Hashable]]:
         """Candidate ids for each signature: ids sharing at least one band."""
-        signatures = np.atleast_2d(signatures)
-        results: list[set[Hashable]] = [set() for _ in range(len(signatures))]
-        usable = np.flatnonzero(~empty_mask(signatures)) if len(signatures) else np.empty(0, int)
-        keys = band_keys(signatures[usable], self.bands, self.rows).tolist()
-        for position, row in zip(usable.tolist(), keys):
-            found = results[position]
-            for table, key in zip(self._tables, row):
-                bucket = table.get(key)
-                if bucket is not None:
-                    found.update(bucket)
-        return results
+        n = len(np.asarray(signatures).reshape(-1, np.shape(signatures)[-1]))
+        q, slot = self.query_slots(signatures)
+        ids = [self._ids[s] for s in slot.tolist()]
+        bounds = np.searchsorted(q, np.arange(n + 1)).tolist()
+        return [set(ids[bounds[i] : bounds[i + 1]]) for i in range(n)]
 
     def remove(self, item: Hashable) -> None:
-        """Drop ``item`` from every band; ``KeyError`` if it is not indexed."""
-        for table, key in zip(self._tables, self._keys.pop(item)):
-            bucket = table[key]
-            bucket.remove(item)
-            if not bucket:
-                del table[key]
+        """Drop ``item``; ``KeyError`` if it is not indexed."""
+        self._alive[self._slots.pop(item)] = False
+        if len(self._ids) > 2 * len(self._slots) + 1024:
+            self._compact()
 
     def remove_many(self, ids: Iterable[Hashable]) -> None:
         for item in ids:
             self.remove(item)
+
+    def _compact(self) -> None:
+        """Drop dead slots and renumber the live ones."""
+        self._merge_pending()
+        renumber = np.cumsum(self._alive) - 1
+        keep = self._alive[self._sorted_slots]  # every band holds each slot once
+        live = int(self._alive.sum())
+        self._sorted_keys = self._sorted_keys[keep].reshape(self.bands, live)
+        self._sorted_slots = renumber[self._sorted_slots[keep]].reshape(self.bands, live)
+        self._ids = [i for i, alive in zip(self._ids, self._alive.tolist()) if alive]
+        self._slots = {item: slot for slot, item in enumerate(self._ids)}
+        self._alive = np.ones(len(self._ids), dtype=bool)

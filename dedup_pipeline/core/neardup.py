@@ -19,12 +19,12 @@ keys, then verifies them with the same code.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from dedup_pipeline.core.clustering import RULES, cluster_labels
-from dedup_pipeline.core.lsh import band_keys, candidate_pairs, choose_bands_rows
+from dedup_pipeline.core.lsh import KEY_SCHEME, band_keys, candidate_pairs, choose_bands_rows
 from dedup_pipeline.core.minhash import (
     HASH_NAME,
     SCHEME,
@@ -38,13 +38,27 @@ from dedup_pipeline.core.text import TextNormaliser
 #: Version of how the pieces below are combined into an index identity.
 NEARDUP_VERSION = "neardup/1"
 
-#: Jaccard threshold on word 3-gram shingles; measured on the quality data
-#: (benchmarks/neardup_quality.py).
+#: Jaccard threshold on word 3-gram shingles, measured on the quality data
+#: (benchmarks/neardup_quality.py --sweep): 0.5 keeps F1 near the best on the
+#: crawled pages (0.98) while the short-record sets still work (cora 0.82,
+#: cddb 0.68); higher thresholds lose cora, lower ones merge distinct pages.
 DEFAULT_THRESHOLD = 0.5
+
+#: Default features per method. MinHash: word 3-grams (best F1 on the crawled
+#: pages, and about 6x fewer shingles per document than character n-grams).
+#: SimHash: character 4-grams, because a 64-bit fingerprint needs many features
+#: per document to be stable (word 3-grams lost on the short-text sets).
+DEFAULT_NORMALISERS = {
+    "minhash": TextNormaliser(shingle="word", ngram=3),
+    "simhash": TextNormaliser(shingle="char", ngram=4),
+}
 
 #: Weights of false positives and false negatives when choosing bands/rows.
 #: Recall-leaning: a missed candidate is lost for good, while a false
-#: candidate only costs one verification.
+#: candidate only costs one vectorised signature comparison. At the default
+#: threshold this gives 26 bands of 3 rows: pairs at Jaccard 0.5 become
+#: candidates with probability 0.97 (0.55 with equal weights), and a
+#: warehouse stores 26 key rows per document.
 LSH_WEIGHTS = (0.05, 0.95)
 
 METHODS = ("minhash", "simhash")
@@ -58,7 +72,8 @@ class NearDupParams:
     """Every setting of near-duplicate detection; immutable and hashable.
 
     ``bands``/``rows`` default to :func:`choose_bands_rows` for ``threshold``
-    and ``num_perm``. ``threshold`` is a Jaccard threshold and applies to
+    and ``num_perm``; ``normaliser`` defaults to the method's entry in
+    :data:`DEFAULT_NORMALISERS`. ``threshold`` is a Jaccard threshold and applies to
     ``method="minhash"``; ``method="simhash"`` links documents whose
     fingerprints differ in at most ``simhash_max_distance`` bits.
     """
@@ -70,7 +85,7 @@ class NearDupParams:
     scheme: str = SCHEME
     bands: int | None = None
     rows: int | None = None
-    normaliser: TextNormaliser = TextNormaliser()
+    normaliser: TextNormaliser | None = None
     simhash_max_distance: int = 3
     verify: str = "estimate"
     representative: str = "oldest"
@@ -88,6 +103,8 @@ class NearDupParams:
             raise ValueError(f"representative must be one of {RULES}, got {self.representative!r}")
         if not 0 <= self.simhash_max_distance < BITS:
             raise ValueError("simhash_max_distance must be in [0, 63]")
+        if self.normaliser is None:
+            object.__setattr__(self, "normaliser", DEFAULT_NORMALISERS[self.method])
         if (self.bands is None) != (self.rows is None):
             raise ValueError("give both bands and rows, or neither")
         if self.bands is None:
@@ -107,7 +124,7 @@ class NearDupParams:
         if self.method == "minhash":
             sketch = (
                 f"method=minhash;scheme={self.scheme};hash={HASH_NAME};num_perm={self.num_perm};"
-                f"seed={self.seed};bands={self.bands};rows={self.rows}"
+                f"seed={self.seed};bands={self.bands};rows={self.rows};keys={KEY_SCHEME}"
             )
         else:
             sketch = f"method=simhash;hash=xxh64;bits={BITS};weights=tf;blocks={self.simhash_max_distance + 1}"
@@ -185,7 +202,8 @@ def make_params(threshold: float = DEFAULT_THRESHOLD, method: str = "minhash", *
     """:class:`NearDupParams` from keyword options.
 
     Options naming a :class:`TextNormaliser` field (``ngram``, ``shingle``,
-    ``digits``...) build the normaliser, unless ``normaliser`` is given.
+    ``digits``...) change the method's default normaliser, unless
+    ``normaliser`` is given.
     """
     param_names = {f.name for f in fields(NearDupParams)}
     text_names = {f.name for f in fields(TextNormaliser)}
@@ -196,7 +214,7 @@ def make_params(threshold: float = DEFAULT_THRESHOLD, method: str = "minhash", *
     if text_options:
         if "normaliser" in options:
             raise TypeError("give either normaliser or normaliser fields, not both")
-        options["normaliser"] = TextNormaliser(**text_options)
+        options["normaliser"] = replace(DEFAULT_NORMALISERS.get(method, TextNormaliser()), **text_options)
     return NearDupParams(method=method, threshold=threshold, **options)
 
 

@@ -15,35 +15,18 @@ The default cut, distance <= 3, is the usual one for prose (Manku et al.).
 
 from __future__ import annotations
 
-import itertools
 from typing import Sequence
 
 import numpy as np
 from xxhash import xxh64_intdigest
 
 from dedup_pipeline.core.lsh import pairs_sharing_key
+from dedup_pipeline.core.minhash import Shingle, document_chunks, hash_documents
 
 BITS = 64
 HASH_NAME = "xxh64"
 DEFAULT_MAX_DISTANCE = 3
 DEFAULT_CHUNK = 1 << 15
-
-Shingle = str | bytes
-
-
-def hash_shingles64(shingles: Sequence[Shingle]) -> np.ndarray:
-    """xxh64 (seed 0) of each shingle's UTF-8 bytes, as a uint64 array."""
-    count = len(shingles)
-    try:
-        if count and isinstance(shingles[0], str):
-            values = map(xxh64_intdigest, map(str.encode, shingles))
-        else:
-            values = map(xxh64_intdigest, shingles)
-        return np.fromiter(values, dtype=np.uint64, count=count)
-    except TypeError:  # a list mixing str and bytes
-        values = (xxh64_intdigest(s.encode() if isinstance(s, str) else s) for s in shingles)
-        return np.fromiter(values, dtype=np.uint64, count=count)
-
 
 def simhash_fingerprints(
     shingle_lists: Sequence[Sequence[Shingle]],
@@ -54,26 +37,17 @@ def simhash_fingerprints(
     Documents without shingles get 0; :func:`dedup_pipeline.core.neardup`
     keeps them out of the candidate search (check ``len(shingles) == 0``).
     """
-    n = len(shingle_lists)
-    out = np.zeros(n, dtype=np.uint64)
-    lengths = np.fromiter(map(len, shingle_lists), dtype=np.int64, count=n)
-    ends = np.cumsum(lengths)
-    start = 0
-    while start < n:
-        base = ends[start] - lengths[start]
-        stop = max(int(np.searchsorted(ends, base + chunk_size, side="right")), start + 1)
-        docs = start + np.flatnonzero(lengths[start:stop])
-        if docs.size:
-            flat = list(itertools.chain.from_iterable(shingle_lists[start:stop]))
-            hashes = hash_shingles64(flat).astype("<u8")
-            # (N, 64) matrix of bits, column j = bit j of each hash.
-            bits = np.unpackbits(hashes.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-            offsets = ends[docs] - lengths[docs] - base
-            ones = np.add.reduceat(bits, offsets, axis=0, dtype=np.int32)
-            majority = 2 * ones > lengths[docs, None]
-            packed = np.packbits(majority, axis=1, bitorder="little")
-            out[docs] = packed.view("<u8").ravel()
-        start = stop
+    out = np.zeros(len(shingle_lists), dtype=np.uint64)
+    for start, stop, docs, offsets in document_chunks(shingle_lists, chunk_size):
+        if not docs.size:
+            continue
+        hashes = hash_documents(shingle_lists[start:stop], xxh64_intdigest, np.uint64).astype("<u8")
+        # (N, 64) matrix of bits, column j = bit j of each hash.
+        bits = np.unpackbits(hashes.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
+        ones = np.add.reduceat(bits, offsets, axis=0, dtype=np.int32)
+        counts = np.diff(np.r_[offsets, len(hashes)])
+        majority = 2 * ones > counts[:, None]
+        out[docs] = np.packbits(majority, axis=1, bitorder="little").view("<u8").ravel()
     return out
 
 
@@ -83,11 +57,9 @@ def hamming_distance(a, b):
         return (int(a) ^ int(b)).bit_count()
     return np.bitwise_count(np.bitwise_xor(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64)))
 
-
 def similarity(distance):
     """``1 - distance / 64`` (a float, or a float array for an array)."""
     return 1.0 - np.asarray(distance, dtype=np.float64) / BITS
-
 
 def block_bounds(max_distance: int) -> list[tuple[int, int]]:
     """``max_distance + 1`` disjoint bit ranges ``(low, width)`` covering 64 bits."""
@@ -97,7 +69,6 @@ def block_bounds(max_distance: int) -> list[tuple[int, int]]:
     widths = [BITS // blocks + (1 if i < BITS % blocks else 0) for i in range(blocks)]
     lows = np.cumsum([0] + widths[:-1]).tolist()
     return list(zip(lows, widths))
-
 
 def simhash_candidates(
     fingerprints: np.ndarray,

@@ -43,6 +43,9 @@ _SHINGLE_KINDS = ("word", "char")
 
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _DIGIT = re.compile(r"\d")
+# The same rule for ASCII text as a translate table, about 20x faster than the
+# regex (re's \w is exactly str.isalnum() plus "_").
+_ASCII_NOT_ALNUM = str.maketrans({c: " " for c in range(128) if not chr(c).isalnum()})
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,8 @@ class TextNormaliser:
             f"shingle={self.shingle};n={self.ngram}"
         )
 
-    def normalise(self, text: str) -> str:
-        """Apply rules 1-5 and return the normalised text."""
+    def _apply_rules(self, text: str) -> str:
+        """Rules 1-4; whitespace is not collapsed yet."""
         if self.unicode_form != "none":
             text = unicodedata.normalize(self.unicode_form, text)
         if self.casefold:
@@ -89,8 +92,12 @@ class TextNormaliser:
         if self.digits == "mask":
             text = _DIGIT.sub("0", text)
         if self.strip_punctuation:
-            text = _NOT_ALNUM.sub(" ", text)
-        return " ".join(text.split())
+            text = text.translate(_ASCII_NOT_ALNUM) if text.isascii() else _NOT_ALNUM.sub(" ", text)
+        return text
+
+    def normalise(self, text: str) -> str:
+        """Apply rules 1-5 and return the normalised text."""
+        return " ".join(self._apply_rules(text).split())
 
     def shingles(self, text: str) -> list[str]:
         """Shingles of ``text`` in document order (duplicates kept)."""
@@ -111,23 +118,26 @@ class TextNormaliser:
         """``[s.encode("utf-8") for s in self.shingles(text)]``, computed faster.
 
         The hashing in :mod:`dedup_pipeline.core.minhash` works on bytes, so
-        this skips building each shingle as ``str`` first: the normalised text
-        is encoded once, and word shingles are joined from its byte tokens.
+        this skips building each shingle as ``str`` first: the text is encoded
+        once and word shingles are joined from its byte tokens.
         """
-        norm = self.normalise(text)
-        if not norm:
-            return []
-        data = norm.encode("utf-8")
+        if self.shingle == "char":
+            norm = self.normalise(text)
+            data = norm.encode("utf-8")
+            n = self.ngram
+            if len(norm) <= n:
+                return [data] if norm else []
+            if len(data) == len(norm):  # ASCII: character and byte offsets agree
+                return [data[i : i + n] for i in range(len(data) - n + 1)]
+            return [norm[i : i + n].encode("utf-8") for i in range(len(norm) - n + 1)]
+        if self.strip_punctuation:
+            # Every non-alphanumeric character is a space by now, so a bytes
+            # split on ASCII whitespace gives exactly the tokens.
+            tokens = self._apply_rules(text).encode("utf-8").split()
+        else:
+            norm = self.normalise(text)
+            tokens = norm.encode("utf-8").split(b" ") if norm else []
         n = self.ngram
-        if self.shingle == "word":
-            # After normalise() the only whitespace left is single spaces, so
-            # splitting the bytes on b" " gives exactly the encoded tokens.
-            tokens = data.split(b" ")
-            if len(tokens) <= n:
-                return [data]
-            return list(map(b" ".join, zip(*(tokens[i:] for i in range(n)))))
-        if len(norm) <= n:
-            return [data]
-        if len(data) == len(norm):  # ASCII: character and byte offsets agree
-            return [data[i : i + n] for i in range(len(data) - n + 1)]
-        return [norm[i : i + n].encode("utf-8") for i in range(len(norm) - n + 1)]
+        if len(tokens) <= n:
+            return [b" ".join(tokens)] if tokens else []
+        return list(map(b" ".join, zip(*(tokens[i:] for i in range(n)))))
