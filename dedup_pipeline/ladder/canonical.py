@@ -17,7 +17,7 @@ from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import canonical_records, crawl_batches
-from dedup_pipeline.store.warehouse import Warehouse, active_hash_version
+from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, lock_batch
 
 RUNG = "canonical"
 
@@ -75,6 +75,7 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
         raise BatchFileError(f"batch file {path} changed since it was registered: re-materialise raw_crawl_batches")
     report = CanonicalReport(batch_id)
     with warehouse.engine.begin() as conn:
+        lock_batch(conn, batch_id)  # a second run of this partition waits, then rewrites it whole
         active = active_hash_version(conn)
         versions = tuple(dict.fromkeys((active, *settings.hash_versions)))
         conn.execute(delete(canonical_records).where(canonical_records.c.batch_id == batch_id))

@@ -12,7 +12,7 @@ from dedup_pipeline.core.records import parse_line
 from dedup_pipeline.landing import BatchFile, TruncatedBatch, file_sha256, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import crawl_batches, quarantine
-from dedup_pipeline.store.warehouse import Warehouse, upsert_ignore, utcnow
+from dedup_pipeline.store.warehouse import Warehouse, lock_batch, upsert_ignore, utcnow
 
 RUNG = "raw"
 
@@ -64,6 +64,7 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
     """
     lines = parsed = 0
     with warehouse.engine.begin() as conn:
+        lock_batch(conn, batch.key)  # a second run of this partition waits, then rewrites it whole
         clear_quarantine(conn, batch.key, RUNG)
         bad = QuarantineWriter(conn, batch.key, RUNG)
         try:

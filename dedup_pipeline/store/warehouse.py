@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event, select
+from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
 
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
@@ -108,3 +109,16 @@ def upsert_ignore(conn: Connection, table):
     else:
         from sqlalchemy.dialects.sqlite import insert
     return insert(table).on_conflict_do_nothing()
+
+
+def lock_batch(conn: Connection, batch_id: str) -> None:
+    """Serialise the rungs that rewrite one batch's staged rows (raw, canonical) until the transaction ends.
+
+    Two runs of the same partition at once then rewrite it one after the
+    other instead of colliding on its primary keys. PostgreSQL: a
+    transaction-level advisory lock keyed by the batch id; SQLite writers are
+    serial already.
+    """
+    if conn.dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.sha256(f"dedup:batch:{batch_id}".encode()).digest()[:8], "big", signed=True)
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
