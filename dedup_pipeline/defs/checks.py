@@ -20,6 +20,8 @@ downstream asset) and which only report:
   the next rung are the integrity check's.
 """
 
+import warnings
+
 import dagster as dg
 
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records
@@ -37,6 +39,9 @@ GE_CHECK = "great_expectations_suite"
 INTEGRITY_CHECK = "warehouse_integrity"
 QUARANTINE_CHECK = "quarantine_rate_under_bound"
 _ERROR, _WARN = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
+# A check on a partitioned asset needs `partitions_def=` (otherwise it loads every partition); Dagster 1.13 marks
+# the parameter as preview and warns at every import, in every step process. We rely on it knowingly.
+warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec is currently in preview")
 
 
 @dg.asset_check(
