@@ -19,7 +19,6 @@ from sqlalchemy import func, select, text
 from dedup_pipeline.core.fields import canonical_fields
 from dedup_pipeline.core.hashing import compute_hashes
 from dedup_pipeline.core.neardup import NearDupParams
-from dedup_pipeline.core.url import canonical_url
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
@@ -58,37 +57,56 @@ def migration_listing(n: int) -> dict:
     return record
 
 
-def expected(raws: list[dict], source: str = "content/1", target: str = "content/2") -> dict:
-    """What a migration over these raw records (one stored row each) must find, computed with the core rules."""
-    target_digests, unhashable = Counter(), 0
-    for raw in raws:
-        digests, errors = compute_hashes(canonical_fields(raw), (source, target))
-        assert source in digests, "every legacy row hashes under the source version"
-        if target in errors:
-            unhashable += 1
+class Expectation:
+    """Tallies, with the core rules, what a migration to `target` must find over stored rows."""
+
+    def __init__(self, target: str = "content/2"):
+        self.target = target
+        self.rows = self.unhashable = 0
+        self.target_digests: Counter = Counter()
+
+    def add(self, digests: dict, errors: dict) -> None:
+        self.rows += 1
+        if self.target in errors:
+            self.unhashable += 1
         else:
-            target_digests[digests[target]] += 1
-    groups = [n for n in target_digests.values() if n > 1]
-    return {
-        "rows": len(raws), "unhashable": unhashable, "hashable": sum(target_digests.values()),
-        "distinct_target": len(target_digests), "merge_groups": len(groups), "rows_merged_away": sum(groups) - len(groups),
-    }
+            self.target_digests[digests[self.target]] += 1
+
+    def figures(self) -> dict:
+        groups = [n for n in self.target_digests.values() if n > 1]
+        return {
+            "rows": self.rows, "unhashable": self.unhashable, "hashable": sum(self.target_digests.values()),
+            "distinct_target": len(self.target_digests), "merge_groups": len(groups),
+            "rows_merged_away": sum(groups) - len(groups),
+        }
 
 
-def load_legacy_rows(warehouse, raws: list[dict], versions=("content/1",), batch_id: str = "legacy") -> None:
+def expected(raws: list[dict], source: str = "content/1", target: str = "content/2") -> dict:
+    """What a migration over these raw records (one stored row each) must find."""
+    tally = Expectation(target)
+    for raw in raws:
+        tally.add(*compute_hashes(canonical_fields(raw), (source, target)))
+    return tally.figures()
+
+
+def load_legacy_rows(
+    warehouse, raws: list[dict], versions=("content/1",), target: str = "content/2", batch_id: str = "legacy",
+) -> dict:
     """Store raw records as a pipeline that only knew `versions` would have: one row each, bulk-copied.
 
     The row is stored under the first version; `record_hashes` gets every
-    listed version. Ids continue after the existing rows.
+    listed version. Ids continue after the existing rows. Returns
+    `expected(raws)` for `target`, from the same pass.
     """
+    tally = Expectation(target)
     with warehouse.engine.begin() as conn:
         start = conn.execute(select(func.coalesce(func.max(records.c.record_id), 0))).scalar_one()
         rows, hashes = [], []
         for i, raw in enumerate(raws, start=1):
-            payload = canonical_fields(raw)
-            url = canonical_url(raw["url"])
-            payload["url"] = url
-            digests, _ = compute_hashes(payload, versions)
+            payload = canonical_fields(raw)  # the URL in its url/1 form, as the ladder stores it
+            url = payload["url"]
+            digests, errors = compute_hashes(payload, (*versions, target))
+            tally.add(digests, errors)
             rid = start + i
             rows.append((rid, url, url, "url/1", versions[0], bytes.fromhex(digests[versions[0]]), payload, LEGACY_TIME,
                          LEGACY_TIME, batch_id, batch_id, LEGACY_TIME, i))
@@ -101,6 +119,7 @@ def load_legacy_rows(warehouse, raws: list[dict], versions=("content/1",), batch
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT setval(pg_get_serial_sequence('records', 'record_id'), (SELECT max(record_id) FROM records))"))
             conn.execute(text("ANALYZE records, record_hashes"))
+    return tally.figures()
 
 
 def run_ladder(warehouse, folder: Path, key: str, settings: LadderSettings = LadderSettings(chunk_size=500), near: bool = True):

@@ -174,10 +174,12 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         )
         return dg.MaterializeResult(metadata=_comparison_metadata(result), check_results=[check])
 
+    # One step per run: the in-process executor saves each shard run a second Python process.
     backfill_job = dg.define_asset_job(
         f"rehash_{name}",
         selection=[hashes],
         tags=tags,
+        executor_def=dg.in_process_executor,
         description=(
             f"Backfill `{target}` digests for every stored row, one shard per partition. Launch it as a backfill "
             f"(Partitions -> Launch backfill..., or `dagster job backfill -j rehash_{name} --all`); the comparison "
@@ -185,7 +187,7 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         ),
     )
     compare_job = dg.define_asset_job(
-        f"compare_{name}", selection=[comparison], tags=tags,
+        f"compare_{name}", selection=[comparison], tags=tags, executor_def=dg.in_process_executor,
         description=f"Compare `{source}` and `{target}` over the migrated rows and check the collapse-rate change.",
     )
 

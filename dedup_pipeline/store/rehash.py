@@ -50,9 +50,15 @@ def _in_shard(shard: str, digest=records.c.content_hash) -> ColumnElement:
     return and_(digest >= low, digest < high) if high is not None else digest >= low
 
 
-def _target(version: str):
-    alias = record_hashes.alias("target_hash")
-    return alias, and_(alias.c.record_id == records.c.record_id, alias.c.hash_version == version)
+def _of_record(hashes, version: str, record_id=records.c.record_id) -> ColumnElement:
+    """The `hashes` row of `record_id` under `version`, found through the primary key's record id.
+
+    ``hash_version || ''`` keeps the planner off the (hash_version,
+    content_hash) index for this per-record probe: right after a backfill
+    page its statistics still say the new version has almost no rows, and a
+    probe through that index then scans every new digest for every record.
+    """
+    return and_(hashes.c.record_id == record_id, hashes.c.hash_version.op("||")("") == version)
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ def _lacks(target: str) -> ColumnElement:
     probe = (
         select(literal(1))
         .select_from(record_hashes)
-        .where(record_hashes.c.record_id == records.c.record_id, record_hashes.c.hash_version == target)
+        .where(_of_record(record_hashes, target))
         .offset(0)
     )
     return ~exists(probe)
@@ -155,7 +161,7 @@ def progress(conn: Connection, target: str, shard: str | None = None) -> Progres
         return Progress(rows, with_digest, with_error)
     status = (
         select(case((record_hashes.c.error.is_(None), 1), else_=2))
-        .where(record_hashes.c.record_id == records.c.record_id, record_hashes.c.hash_version == target)
+        .where(_of_record(record_hashes, target))
         .scalar_subquery()
     )
     page = (
@@ -172,26 +178,30 @@ def progress(conn: Connection, target: str, shard: str | None = None) -> Progres
 
 
 def refresh_statistics(conn: Connection) -> None:
-    """ANALYZE the tables a migration step rewrites, so the planner (ladder, switch, compare) sees the change.
+    """ANALYZE the tables a switch or retire rewrites, so the next dedup batch is planned on the new version.
 
-    Autovacuum gets there too, but only after its next nap; a dedup batch
-    planned on the old statistics in between can pick a join that rescans
-    every new digest per row.
+    Autovacuum gets there too, but only after its next nap; a batch planned
+    on statistics that still say the new version has no rows can pick a join
+    that rescans every new digest per row. (The backfill's own per-record
+    probes do not depend on statistics, see `_of_record`.)
     """
     if conn.dialect.name == "postgresql":
         conn.execute(text("ANALYZE record_hashes, records"))
 
 
 def unhashable_rows(conn: Connection, target: str, shard: str | None = None, limit: int = 20) -> tuple[int, list[tuple[str, str]]]:
-    """How many rows `target` cannot hash, and (natural key, reason) of the first `limit` by key."""
-    hashed, on = _target(target)
-    where = [hashed.c.error.is_not(None)]
+    """How many rows `target` cannot hash, and (natural key, reason) of the first `limit` by key.
+
+    Driven from the few error rows (no digest: a short range of the
+    (hash_version, content_hash) index), each joined to its record by id.
+    """
+    where = [record_hashes.c.hash_version == target, record_hashes.c.content_hash.is_(None), record_hashes.c.error.is_not(None)]
     if shard is not None:
         where += [records.c.hash_version.in_(sorted(HASH_RULES)), _in_shard(shard)]
-    joined = records.join(hashed, on)
+    joined = record_hashes.join(records, records.c.record_id == record_hashes.c.record_id)
     total = conn.execute(select(func.count()).select_from(joined).where(*where)).scalar_one()
     examples = conn.execute(
-        select(records.c.natural_key, hashed.c.error).select_from(joined).where(*where)
+        select(records.c.natural_key, record_hashes.c.error).select_from(joined).where(*where)
         .order_by(records.c.natural_key).limit(limit)
     ).all()
     return total, [(key, reason) for key, reason in examples]
@@ -221,11 +231,11 @@ def promote_group_leaders(conn: Connection, target: str) -> int:
     held = records.alias("held")
     own_digest = (
         select(own.c.content_hash)
-        .where(own.c.record_id == records.c.record_id, own.c.hash_version == target)
+        .where(_of_record(own, target))
         .scalar_subquery()
     )
     already_held = exists().where(
-        own.c.record_id == records.c.record_id, own.c.hash_version == target,
+        _of_record(own, target),
         held.c.hash_version == target, held.c.content_hash == own.c.content_hash,
     )
     statement = (
@@ -251,7 +261,7 @@ def follow_sketches(conn: Connection, source: str, target: str) -> int:
         .where(
             exists().where(
                 current.c.record_id == s.c.record_id, current.c.hash_version == target,
-                old.c.record_id == s.c.record_id, old.c.hash_version == source, old.c.content_hash == s.c.content_hash,
+                _of_record(old, source, s.c.record_id), old.c.content_hash == s.c.content_hash,
             )
         )
         .values(content_hash=select(current.c.content_hash).where(current.c.record_id == s.c.record_id).scalar_subquery())
@@ -268,7 +278,7 @@ def merged_rows(conn: Connection, old: str, active: str) -> list[tuple[int, int]
     query = (
         select(records.c.record_id, holder.c.record_id)
         .select_from(
-            records.join(mine, and_(mine.c.record_id == records.c.record_id, mine.c.hash_version == active)).join(
+            records.join(mine, _of_record(mine, active)).join(
                 holder, and_(holder.c.hash_version == active, holder.c.content_hash == mine.c.content_hash)
             )
         )

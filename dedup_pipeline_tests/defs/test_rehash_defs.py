@@ -1,0 +1,115 @@
+"""The rehash migration's Dagster layer in process: shard partitions, progress metadata, the comparison check,
+the sensor that runs it, and the switch and retire jobs with their refusals."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from dedup_pipeline.definitions import defs
+from dedup_pipeline.defs.rehash import (
+    COMPARISON_CHECK, MIGRATION_TAG, MIGRATIONS, RehashResource, rehash_migration, retire_job, switch_job,
+)
+from dedup_pipeline.defs.resources import WarehouseResource
+from dedup_pipeline.store.rehash import SHARDS
+from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline_tests.rehash_helpers import load_legacy_rows, migration_listing
+
+MIGRATION = MIGRATIONS[0]
+
+
+@pytest.fixture
+def legacy(tmp_path):
+    url = f"sqlite:///{tmp_path / 'warehouse.sqlite'}"
+    warehouse = Warehouse(url).create_schema()
+    want = load_legacy_rows(warehouse, [migration_listing(n) for n in range(400)])
+    yield url, want
+    warehouse.dispose()
+
+
+def resources(url, **rehash):
+    return {"warehouse": WarehouseResource(database_url=url), "rehash": RehashResource(**rehash)}
+
+
+def metadata(result, asset):
+    return {k: v.value for k, v in result.asset_materializations_for_node(asset)[0].metadata.items()}
+
+
+def backfill_all(instance, url, **rehash):
+    return {
+        shard: metadata(dg.materialize([MIGRATION.hashes], partition_key=shard, instance=instance, resources=resources(url, **rehash)),
+                        MIGRATION.hashes.key.path[-1])
+        for shard in SHARDS
+    }
+
+
+def switch(url, **config):
+    return switch_job.execute_in_process(
+        run_config={"ops": {"switch_active_hash_version": {"config": config}}},
+        resources={"warehouse": WarehouseResource(database_url=url)}, raise_on_error=False,
+    )
+
+
+def test_the_migration_jobs_are_registered_and_tagged():
+    assert defs.resolve_job_def("rehash_content_v2").tags[MIGRATION_TAG] == "content/2"
+    assert defs.resolve_job_def("compare_content_v2").tags[MIGRATION_TAG] == "content/2"
+    assert MIGRATION_TAG in defs.resolve_job_def("switch_hash_version").tags
+    assert MIGRATION_TAG in defs.resolve_job_def("retire_hash_version").tags
+    assert defs.resolve_job_def("rehash_content_v2").partitions_def.get_partition_keys() == list(SHARDS)
+    later = rehash_migration("content/2", "content/1")  # any registered pair builds the same way
+    assert later.backfill_job.name == "rehash_content_v1" and later.hashes.key.path == ["content_v1_hashes"]
+
+
+def test_backfill_compare_switch_retire_in_dagster(legacy):
+    url, want = legacy
+    instance = dg.DagsterInstance.ephemeral()
+    context = dg.build_sensor_context(instance=instance, definitions=defs)
+    assert isinstance(MIGRATION.sensor(context), dg.SkipReason)  # no shard yet
+
+    refused = switch(url, target="content/2")
+    assert not refused.success
+    assert "rows have no content/2 digest yet" in refused.failure_data_for_node("switch_active_hash_version").error.message
+
+    first = dg.materialize([MIGRATION.hashes], partition_key="3", instance=instance, resources=resources(url, chunk_size=5, max_chunks_per_run=2))
+    partial = metadata(first, "content_v2_hashes")
+    assert (partial["rows_hashed"] + partial["rows_unhashable"], partial["complete"]) == (10, False)
+    assert partial["shard_rows_left"] == partial["shard_rows"] - 10 and partial["warehouse_rows_left"] == want["rows"] - 10
+
+    shards = backfill_all(instance, url, chunk_size=50)
+    assert all(m["complete"] and m["shard_rows_left"] == 0 for m in shards.values())
+    assert shards["f"]["warehouse_rows_left"] == 0
+    assert sum(m["rows_unhashable"] for m in shards.values()) + partial["rows_unhashable"] == want["unhashable"]
+    assert "price: not a decimal number" in "".join(str(m["unhashable_examples"]) for m in shards.values())
+
+    request = MIGRATION.sensor(context)
+    assert isinstance(request, dg.SensorResult) and len(request.run_requests) == 1
+    context.update_cursor(request.cursor)
+    assert isinstance(MIGRATION.sensor(context), dg.SkipReason)  # compared after the latest shard already
+
+    strict = dg.materialize([MIGRATION.comparison], instance=instance, resources=resources(url, max_collapse_change=0.0))
+    [failed] = strict.get_asset_check_evaluations()
+    assert strict.success and failed.check_name == COMPARISON_CHECK and not failed.passed
+    assert "failed" in switch(url, target="content/2").failure_data_for_node("switch_active_hash_version").error.message
+
+    compared = dg.materialize([MIGRATION.comparison], instance=instance, resources=resources(url))
+    [check] = compared.get_asset_check_evaluations()
+    figures = metadata(compared, "rehash_comparison_content_v2")
+    assert check.passed and figures["rows_merged_away"] == want["rows_merged_away"]
+    assert check.metadata["collapse_rate_change"].value == pytest.approx(want["rows_merged_away"] / want["hashable"])
+
+    switched = switch(url, target="content/2", overlap_hours=24)
+    assert switched.success and Warehouse(url).active_hash_version() == "content/2"
+    [event] = [e for e in switched.all_events if e.event_type_value == "STEP_OUTPUT"]
+    switch_meta = {k: v.value for k, v in event.event_specific_data.metadata.items()}
+    assert (switch_meta["kept_merged"], switch_meta["kept_unhashable"]) == (want["rows_merged_away"], want["unhashable"])
+
+    def retire(**config):
+        return retire_job.execute_in_process(
+            run_config={"ops": {"retire_old_hash_version": {"config": config}}},
+            resources={"warehouse": WarehouseResource(database_url=url)}, raise_on_error=False,
+        )
+
+    assert "overlap window" in retire(version="content/1").failure_data_for_node("retire_old_hash_version").error.message
+    assert not retire(version="content/1", force=True).success  # a forced retire needs a reason
+    retired = retire(version="content/1", force=True, reason="crawl cycle finished early")
+    assert retired.success
