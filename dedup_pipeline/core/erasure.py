@@ -189,12 +189,12 @@ class Catalogue:
     fields: frozenset[str] = frozenset()
     versions: frozenset[str] = frozenset()
     key_ids: frozenset[str] = frozenset()
-    generation: int = 0  # grows whenever an erasure adds tombstones
+    generation: object = None  # identifies the tombstone set: it changes whenever the set does
     url_versions: frozenset[str] = frozenset()
     natural_keys: bool = False
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[str, str, str]], generation: int = 0) -> "Catalogue":
+    def from_rows(cls, rows: Iterable[tuple[str, str, str]], generation: object = None) -> "Catalogue":
         fields, versions, key_ids, url_versions, natural_keys = set(), set(), set(), set(), False
         for kind, scope, kid in rows:
             key_ids.add(kid)

@@ -6,6 +6,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from sqlalchemy.exc import OperationalError
+
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.store.erasure import erase, record_seen_set_removals
 from dedup_pipeline.store.seen_set import REDIS_URL_ENV
@@ -64,8 +66,7 @@ def erase_subject(
     seen", confirmed against the warehouse, where the tombstones win; the keys
     expire with their TTL. A Bloom filter cannot forget and holds only bits.
     """
-    with warehouse.engine.begin() as conn:
-        result = erase(conn, subject, request_id, representative)
+    result = _erase_with_retries(warehouse, subject, request_id, representative)
     report = ErasureReport(
         result.erasure_id, request_id, subject.kind.value, dict(result.removed), result.tombstones_added,
         result.clusters_recomputed,
@@ -83,6 +84,18 @@ def erase_subject(
             record_seen_set_removals(conn, result.erasure_id, cleared)
     log.info("erasure %s (%s): removed %s", result.erasure_id, subject.kind.value, report.removed)
     return report
+
+
+def _erase_with_retries(warehouse: Warehouse, subject: Subject, request_id: str, representative: str, attempts: int = 5):
+    """One transaction; on SQLite, a concurrent writer that committed first makes it fail whole, so it is retried."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with warehouse.engine.begin() as conn:
+                return erase(conn, subject, request_id, representative)
+        except OperationalError as exc:
+            if attempt == attempts or "locked" not in str(exc).lower():
+                raise
+            log.info("erasure met a concurrent writer (attempt %d); retrying", attempt)
 
 
 def _clear(report: ErasureReport, cleared: dict, name: str, action) -> None:

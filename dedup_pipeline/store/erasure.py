@@ -18,8 +18,8 @@ Erasure and ingestion are serialised on PostgreSQL by an advisory lock:
 every exact-rung chunk holds it shared while it checks tombstones and
 writes, an erasure holds it exclusively, so a chunk either commits before
 the erasure (and is erased by it) or checks tombstones after it. On SQLite,
-writers are serialised by the database and a chunk that read before the
-erasure committed fails its write and is replayed.
+both begin their write transaction before they read (BEGIN IMMEDIATE), so
+the database serialises them the same way.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import (
-    Connection, Engine, String, and_, any_, bindparam, cast, delete, false, func, or_, select, text, tuple_, update,
+    JSON, Connection, Engine, String, and_, any_, bindparam, cast, delete, false, func, or_, select, text, tuple_, update,
 )
 from sqlalchemy.dialects.postgresql import BYTEA
 from sqlalchemy.engine import make_url
@@ -56,6 +56,7 @@ from dedup_pipeline.store.warehouse import upsert_ignore, utcnow
 TOMBSTONE_KEY_ENV = "DEDUP_TOMBSTONE_KEY"
 #: Names the advisory lock that serialises erasure against ingestion (any constant works).
 _ERASURE_LOCK = 7_301_043
+ERASED = "[erased]"
 _IN_CHUNK = 5000
 _QUARANTINE_PAGE = 1000
 _MAX_ROUNDS = 20
@@ -127,25 +128,52 @@ def _key_file(path: Path) -> bytes:
 
 # ---------------------------------------------------------------- locking
 
+def _sqlite_write_transaction(conn: Connection) -> None:
+    """Make what follows one SQLite write transaction, reads included.
+
+    Python's sqlite3 runs SELECTs outside any transaction until the first
+    write, so a check read there could be stale by the time the chunk writes.
+    BEGIN IMMEDIATE takes the write lock first (waiting for the busy timeout);
+    a transaction already open keeps its snapshot, and a write after a
+    concurrent commit fails and is replayed.
+    """
+    if not conn.connection.driver_connection.in_transaction:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def lock_for_ingestion(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock_shared(:key)"), {"key": _ERASURE_LOCK})
+    elif conn.dialect.name == "sqlite":
+        _sqlite_write_transaction(conn)
 
 
 def lock_for_erasure(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ERASURE_LOCK})
+    elif conn.dialect.name == "sqlite":
+        _sqlite_write_transaction(conn)
 
 
 # ---------------------------------------------------------------- ingestion side
 
 def load_catalogue(conn: Connection) -> Catalogue:
-    """The tombstone catalogue, and the generation of the tombstone set (the newest erasure that added any)."""
-    generation = select(func.coalesce(func.max(erasure_tombstones.c.erasure_id), 0)).scalar_subquery()
-    rows = conn.execute(
-        select(erasure_scopes.c.kind, erasure_scopes.c.scope, erasure_scopes.c.key_id, generation.label("generation"))
-    ).all()
-    return Catalogue.from_rows([row[:3] for row in rows], generation=max((row[3] for row in rows), default=0))
+    """The tombstone catalogue, and what identifies the tombstone set (for the in-memory prefix cache).
+
+    The set is identified by its newest erasure id and its smallest and largest
+    fingerprints, all read from indexes: any erasure that adds tombstones
+    changes the id; a warehouse restored from a backup, or dropped and
+    recreated under the same URL, changes at least one of the three.
+    """
+    t = erasure_tombstones
+    generation = [
+        select(func.max(t.c.erasure_id)).scalar_subquery().label("newest"),
+        select(t.c.fingerprint).order_by(t.c.fingerprint).limit(1).scalar_subquery().label("lowest"),
+        select(t.c.fingerprint).order_by(t.c.fingerprint.desc()).limit(1).scalar_subquery().label("highest"),
+    ]
+    rows = conn.execute(select(erasure_scopes.c.kind, erasure_scopes.c.scope, erasure_scopes.c.key_id, *generation)).all()
+    marker = (rows[0][3], bytes(rows[0][4] or b""), bytes(rows[0][5] or b"")) if rows else None
+    return Catalogue.from_rows([row[:3] for row in rows], generation=marker)
 
 
 def _checked_key(conn: Connection, catalogue: Catalogue) -> bytes:
@@ -180,12 +208,12 @@ def existing_fingerprints(conn: Connection, fingerprints: Sequence[bytes]) -> se
     return found
 
 
-# Per engine: (tombstone generation, sorted 64-bit prefixes of every tombstone). 8 bytes per tombstone.
-_prefix_cache: "weakref.WeakKeyDictionary[Engine, tuple[int, np.ndarray]]" = weakref.WeakKeyDictionary()
+# Per engine: (what identifies the tombstone set, sorted 64-bit prefixes of every tombstone). 8 bytes each.
+_prefix_cache: "weakref.WeakKeyDictionary[Engine, tuple[object, np.ndarray]]" = weakref.WeakKeyDictionary()
 _prefix_lock = threading.Lock()
 
 
-def _tombstone_prefixes(conn: Connection, generation: int) -> np.ndarray:
+def _tombstone_prefixes(conn: Connection, generation) -> np.ndarray:
     """The first 8 bytes of every tombstone, sorted; reloaded only when an erasure added tombstones."""
     with _prefix_lock:
         cached = _prefix_cache.get(conn.engine)
@@ -514,6 +542,54 @@ def _sweep_other_tables(conn: Connection, found: _Found) -> dict[str, int]:
     return counts
 
 
+def redacted_tables() -> list:
+    """Tables of the schema, beyond the ones handled by name, with JSON columns (reports, audits, figures)."""
+    return [
+        table for table in metadata.sorted_tables
+        if table.name not in _HANDLED and table.primary_key.columns and any(isinstance(c.type, JSON) for c in table.c)
+    ]
+
+
+def _redact(value, needles: set[str]):
+    """`value` with every string equal to a needle replaced by ERASED; (new value, whether anything changed)."""
+    if isinstance(value, str):
+        return (ERASED, True) if value in needles else (value, False)
+    if isinstance(value, list):
+        pairs = [_redact(item, needles) for item in value]
+        return [v for v, _ in pairs], any(changed for _, changed in pairs)
+    if isinstance(value, dict):
+        pairs = {k: _redact(v, needles) for k, v in value.items()}
+        return {k: v for k, (v, _) in pairs.items()}, any(changed for _, changed in pairs.values())
+    return value, False
+
+
+def _redact_json_columns(conn: Connection, found: _Found) -> dict[str, int]:
+    """Reports of other features (rehash comparisons and events, run figures) keep their shape, without the subject.
+
+    Any JSON value equal to an erased natural key, canonical URL or digest (hex, any version) becomes "[erased]".
+    """
+    needles = found.keys | found.urls | {d.hex() for digests in found.digests.values() for d in digests}
+    counts = {}
+    if not needles:
+        return counts
+    for table in redacted_tables():
+        key_columns = list(table.primary_key.columns)
+        json_columns = [c for c in table.c if isinstance(c.type, JSON)]
+        changed_rows = 0
+        for row in conn.execute(select(*key_columns, *json_columns)).all():
+            values, changed = {}, False
+            for column in json_columns:
+                values[column.name], hit = _redact(row._mapping[column], needles)
+                changed |= hit
+            if changed:
+                where = and_(*[c == row._mapping[c] for c in key_columns])
+                conn.execute(update(table).where(where).values(values))
+                changed_rows += 1
+        if changed_rows:
+            counts[f"{table.name} (redacted)"] = changed_rows
+    return counts
+
+
 def _tombstones(key: bytes, subject: Subject, found: _Found) -> list[tuple[bytes, str, str]]:
     """(fingerprint, kind, scope) of every identifier that must never come back."""
     rows = [(core.subject_fingerprint(key, subject), subject.kind.value, subject.scope)]
@@ -553,6 +629,7 @@ def erase(
 
     removed: dict[str, int] = {}
     removed.update(_sweep_other_tables(conn, found))
+    removed.update(_redact_json_columns(conn, found))
     near, clusters_recomputed = _remove_near_duplicates(conn, found.record_ids, representative)
     removed.update(near)
     removed["record_hashes"] = _delete_in(conn, record_hashes, record_hashes.c.record_id, found.record_ids)

@@ -4,7 +4,8 @@ The SQL names roles, the database and columns; those are identifiers, not
 values, so they are validated and quoted here (no value is ever formatted
 into SQL). Tables that a later feature adds and that erasure sweeps (they
 name records by id, natural key or digest) get the erasure operator's
-SELECT, DELETE grant generated from the schema, so erasure keeps working.
+SELECT, DELETE grant generated from the schema, and tables with JSON reports
+(which erasure redacts) SELECT, UPDATE, so erasure keeps working.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from importlib import resources
 
 from sqlalchemy import Engine, text
 
-from dedup_pipeline.store.erasure import swept_tables
+from dedup_pipeline.store.erasure import redacted_tables, swept_tables
 from dedup_pipeline.store.schema import records
 
 _ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -49,6 +50,7 @@ def roles_sql(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
     script = resources.files("dedup_pipeline.store").joinpath("roles.sql").read_text()
     statements = [_PLACEHOLDER.sub(lambda m: identifiers[m.group(1)], s) for s in _split(script)]
     statements += [f"GRANT SELECT, DELETE ON {quote(table.name)} TO {quote(names.eraser)}" for table in swept_tables()]
+    statements += [f"GRANT SELECT, UPDATE ON {quote(table.name)} TO {quote(names.eraser)}" for table in redacted_tables()]
     return statements
 
 

@@ -25,8 +25,8 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV, TombstoneKeyError, key_file_path
 from dedup_pipeline.store.schema import (
-    canonical_records, dedup_decisions, erasure_requests, erasure_tombstones, near_duplicate_clusters, quarantine,
-    record_hashes, record_history, records,
+    canonical_records, dedup_decisions, erasure_requests, erasure_tombstones, metadata, near_duplicate_clusters,
+    quarantine, record_hashes, record_history, records,
 )
 from dedup_pipeline.store.seen_set import RedisSeenSet
 from dedup_pipeline.store.warehouse import utcnow
@@ -299,3 +299,18 @@ def test_erasure_clears_the_subjects_redis_keys(warehouse, tmp_path):
         keys = list(seen.client.scan_iter(f"{space}:*"))
         if keys:
             seen.client.delete(*keys)
+
+
+def test_the_in_memory_tombstone_screen_never_outlives_its_tombstones(warehouse, tmp_path):
+    """A warehouse dropped and recreated (or restored) under the same engine: same erasure ids, other tombstones."""
+    folder = tmp_path / "landing"
+    write_batch(folder, "a", [listing(1), listing(2)], landed=T0)
+    erase_subject(warehouse, Subject.parse("natural_key", "https://shop.example.com/p/1"), "T-11")
+    assert run_ladder(warehouse, folder, "a").decisions["erased"] == 1  # the screen is built now
+    metadata.drop_all(warehouse.engine)
+    warehouse.create_schema()
+    erase_subject(warehouse, Subject.parse("natural_key", "https://shop.example.com/p/2"), "T-12")  # erasure id 1 again
+    report = run_ladder(warehouse, folder, "a")
+    assert (report.decisions["erased"], report.decisions["new"]) == (1, 1)
+    assert record_id(warehouse, "https://shop.example.com/p/1") is not None
+    assert record_id(warehouse, "https://shop.example.com/p/2") is None
