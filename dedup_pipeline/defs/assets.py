@@ -128,21 +128,31 @@ def near_duplicate_clusters(
 
     Each new or changed record is sketched, its LSH buckets are stored in the
     warehouse, and candidates from every earlier batch are verified by
-    estimated Jaccard similarity. Near duplicates are kept (another source may
+    estimated Jaccard similarity (or, with `verify: exact`, the exact Jaccard of
+    the shingles). Near duplicates are kept (another source may
     matter) and linked: `near_duplicate_links` holds each pair with its
     similarity, `near_duplicate_clusters` each clustered record with its
     cluster id (the smallest record id in the cluster, stable across runs).
 
     Figures: `sketched` (records of the batch indexed), `candidate_pairs`
     (LSH bucket matches) -> `pairs` (verified links), `near_duplicates`
-    (records of the batch linked), `clusters_touched`, `largest_cluster`;
+    (records of the batch linked), `clusters_touched`, `largest_cluster`,
+    `cluster_sizes` (size -> clusters this batch touched), `capped_buckets`
+    (LSH buckets over `max_bucket_size`, whose candidates were capped);
     `largest_clusters` previews the biggest clusters this batch touched (ids,
     sizes, similarity range; look the ids up in `near_duplicate_clusters`).
     `funnel` pictures the whole ladder for the batch: lines in the file ->
     parsed -> canonical -> new or changed -> no near duplicate, and the
     `funnel/...` numbers are the same stages, plotted over time.
     """
-    report = cluster_batch(warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size)
+    report = cluster_batch(
+        warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size, near_dup.max_bucket_size
+    )
+    if report.capped_buckets:
+        context.log.warning(
+            f"{len(report.capped_buckets)} LSH bucket(s) held more than {near_dup.max_bucket_size} records "
+            "(boilerplate?): their records met only the oldest members of those buckets"
+        )
     figures = ladder_figures(warehouse.get(), context.partition_key, report.clusters)
     return dg.MaterializeResult(metadata={**report.as_metadata(), **figures})
 

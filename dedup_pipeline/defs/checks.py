@@ -18,16 +18,22 @@ downstream asset) and which only report:
 - `deduplicated_records` / `great_expectations_suite`: reports (ERROR) without
   blocking: it re-reads rows already committed; the invariants that matter for
   the next rung are the integrity check's.
+- `near_duplicate_clusters` / `no_runaway_cluster`: **blocks**. One cluster
+  holding more than `max_cluster_share` of a batch is the signature of a bug
+  (a constant text, a broken normaliser) that once removed over 90% of a
+  corpus; the links are kept, but the run fails so that nothing downstream
+  (an export of representatives) acts on them.
 """
 
 import warnings
 
 import dagster as dg
 
-from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records
+from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, near_duplicate_clusters
 from dedup_pipeline.defs.check_settings import ChecksResource
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.resources import LadderResource, WarehouseResource
+from dedup_pipeline.defs.resources import LadderResource, NearDupResource, WarehouseResource
+from dedup_pipeline.ladder.near import runaway_clusters
 from dedup_pipeline.quality import expectations, frames
 from dedup_pipeline.quality.collapse import judge_collapse
 from dedup_pipeline.quality.history import batch_rates
@@ -38,6 +44,7 @@ from dedup_pipeline.store.warehouse import active_hash_version
 GE_CHECK = "great_expectations_suite"
 INTEGRITY_CHECK = "warehouse_integrity"
 QUARANTINE_CHECK = "quarantine_rate_under_bound"
+RUNAWAY_CHECK = "no_runaway_cluster"
 _ERROR, _WARN = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
 # A check on a partitioned asset needs `partitions_def=` (otherwise it loads every partition); Dagster 1.13 marks
 # the parameter as preview and warns at every import, in every step process. We rely on it knowingly.
@@ -156,7 +163,26 @@ def deduplicated_records_suite(context: dg.AssetCheckExecutionContext, warehouse
     return _suite_result(report, _ERROR)
 
 
+@dg.asset_check(
+    asset=near_duplicate_clusters, name=RUNAWAY_CHECK, partitions_def=crawl_batches_partitions, blocking=True,
+    description="No near-duplicate cluster holds more than `max_cluster_share` of the batch's new or changed records "
+    "(`near_dup` resource; batches under `min_records_for_cluster_check` pass). Metadata names the offending "
+    "cluster ids and sizes (ids and counts only). Blocks: fails the run.",
+)
+def no_runaway_cluster(
+    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource
+) -> dg.AssetCheckResult:
+    verdict = runaway_clusters(
+        warehouse.get(), context.partition_key, near_dup.max_cluster_share, near_dup.min_records_for_cluster_check
+    )
+    metadata = verdict.as_metadata()
+    metadata["largest_clusters"] = dg.MetadataValue.md(metadata["largest_clusters"])
+    return dg.AssetCheckResult(
+        passed=verdict.passed, severity=_ERROR, metadata=metadata, description=verdict.description()
+    )
+
+
 ladder_checks = [
     canonical_records_suite, quarantine_rate_under_bound,
-    collapse_rate_in_band, warehouse_integrity, deduplicated_records_suite,
+    collapse_rate_in_band, warehouse_integrity, deduplicated_records_suite, no_runaway_cluster,
 ]

@@ -10,10 +10,12 @@ import dagster as dg
 from pydantic import Field
 
 from dedup_pipeline.core.hashing import HASH_RULES
-from dedup_pipeline.core.neardup import DEFAULT_THRESHOLD, NearDupParams
-from dedup_pipeline.core.text import TextNormaliser
+from dedup_pipeline.core.neardup import DEFAULT_THRESHOLD, NearDupParams, make_params
 from dedup_pipeline.core.policy import DuplicatePolicy
 from dedup_pipeline.landing import landing_dir
+from dedup_pipeline.ladder.near import (
+    DEFAULT_MAX_BUCKET_SIZE, DEFAULT_MAX_CLUSTER_SHARE, DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK,
+)
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.store.seen_set import SeenSet, seen_set_from_env
 from dedup_pipeline.store.warehouse import Warehouse, default_database_url
@@ -77,17 +79,34 @@ class NearDupResource(dg.ConfigurableResource):
     method: str = Field(default="minhash", description="'minhash' (MinHash + LSH) or 'simhash'.")
     threshold: float = Field(default=DEFAULT_THRESHOLD, description="Estimated Jaccard similarity that links two records.")
     num_perm: int = Field(default=128, description="MinHash permutations.")
-    shingle: str = Field(default="word", description="'word' or 'char' n-grams.")
-    ngram: int = Field(default=3, description="n-gram size.")
+    shingle: Optional[str] = Field(
+        default=None, description="'word' or 'char' n-grams; empty means the method's default (MinHash word, SimHash char)."
+    )
+    ngram: Optional[int] = Field(
+        default=None, description="n-gram size; empty means the method's default (MinHash 3, SimHash 4)."
+    )
     simhash_max_distance: int = Field(default=3, description="SimHash: differing bits that still count as near.")
+    verify: str = Field(
+        default="estimate", description="MinHash: 'estimate' (signatures) or 'exact' (Jaccard of the shingles, from the payloads)."
+    )
     representative: str = Field(default="oldest", description="Cluster representative: 'oldest' or 'longest'.")
     chunk_size: int = Field(default=2000, description="Records sketched and linked per transaction.")
+    max_bucket_size: Optional[int] = Field(
+        default=DEFAULT_MAX_BUCKET_SIZE,
+        description="A record meets at most this many (oldest) members of each LSH bucket; empty means no cap.",
+    )
+    max_cluster_share: float = Field(
+        default=DEFAULT_MAX_CLUSTER_SHARE, description="Runaway-cluster check fails when one cluster holds more of a batch."
+    )
+    min_records_for_cluster_check: int = Field(
+        default=DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK, description="Smaller batches pass the runaway-cluster check."
+    )
 
     def params(self) -> NearDupParams:
-        return NearDupParams(
-            method=self.method, threshold=self.threshold, num_perm=self.num_perm,
-            normaliser=TextNormaliser(shingle=self.shingle, ngram=self.ngram),
-            simhash_max_distance=self.simhash_max_distance, representative=self.representative,
+        text = {k: v for k, v in (("shingle", self.shingle), ("ngram", self.ngram)) if v is not None}
+        return make_params(
+            self.threshold, self.method, num_perm=self.num_perm, simhash_max_distance=self.simhash_max_distance,
+            verify=self.verify, representative=self.representative, **text,
         )
 
 

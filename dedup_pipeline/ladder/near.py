@@ -20,7 +20,7 @@ import numpy as np
 from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.core.minhash import empty_mask, minhash_signatures, signature_from_bytes, signature_to_bytes
 from dedup_pipeline.core.lsh import band_keys
-from dedup_pipeline.core.neardup import NearDupParams
+from dedup_pipeline.core.neardup import NearDupParams, verify_pairs
 from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.core.simhash import block_bounds, hamming_distance, simhash_fingerprints
 from dedup_pipeline.store import neardup as index
@@ -79,35 +79,51 @@ def verified_similarity(blob_a: bytes, blob_b: bytes, params: NearDupParams) -> 
 class NearReport:
     batch_id: str
     method: str
+    verify: str = "estimate"
+    max_bucket_size: int | None = None
     sketched: int = 0
     candidate_pairs: int = 0
     pairs: int = 0
+    capped_buckets: set = field(default_factory=set)  # (band, bucket) keys whose candidates were capped
     near_duplicates: set = field(default_factory=set)
     clusters: dict = field(default_factory=dict)  # cluster id -> size, for clusters this batch touched
 
     def as_metadata(self) -> dict:
+        """Figures for the asset (ids and counts only). The largest clusters table comes from `defs.plots`."""
         sizes = Counter(self.clusters.values())
-        largest = sorted(self.clusters.items(), key=lambda item: (-item[1], item[0]))[:10]
-        table = "\n".join(["| cluster id | records |", "|---:|---:|"] + [f"| {c} | {n} |" for c, n in largest])
         return {
-            "batch_id": self.batch_id, "method": self.method, "sketched": self.sketched,
+            "batch_id": self.batch_id, "method": self.method, "verify": self.verify, "sketched": self.sketched,
             "candidate_pairs": self.candidate_pairs, "pairs": self.pairs,
             "near_duplicates": len(self.near_duplicates), "clusters_touched": len(self.clusters),
             "largest_cluster": max(self.clusters.values(), default=0),
             "cluster_sizes": {str(size): count for size, count in sorted(sizes.items())},
-            "largest_clusters": _markdown(table) if largest else "no clusters",
+            "max_bucket_size": self.max_bucket_size if self.max_bucket_size is not None else "none",
+            "capped_buckets": len(self.capped_buckets),
+            "capped_bucket_keys": [f"{band}:{bucket}" for band, bucket in sorted(self.capped_buckets)[:CAPPED_KEYS_SHOWN]],
         }
 
 
-def _markdown(text: str):
-    import dagster as dg  # only the Dagster layer renders markdown; keep core imports light
+#: Default cap on the partners a record meets per LSH bucket (see `store.neardup.candidate_partners`).
+DEFAULT_MAX_BUCKET_SIZE = 200
+#: Capped bucket keys listed in the metadata (the count is always complete).
+CAPPED_KEYS_SHOWN = 20
 
-    return dg.MetadataValue.md(text)
 
+def cluster_batch(
+    warehouse: Warehouse,
+    batch_id: str,
+    params: NearDupParams,
+    chunk_size: int = 2000,
+    max_bucket_size: int | None = DEFAULT_MAX_BUCKET_SIZE,
+) -> NearReport:
+    """Sketch, index, link and cluster the batch's new and changed records.
 
-def cluster_batch(warehouse: Warehouse, batch_id: str, params: NearDupParams, chunk_size: int = 2000) -> NearReport:
-    """Sketch, index, link and cluster the batch's new and changed records."""
-    report = NearReport(batch_id, params.method)
+    ``max_bucket_size`` caps the partners a record meets per LSH bucket (None:
+    no cap); the capped buckets are counted in the report.
+    """
+    if max_bucket_size is not None and max_bucket_size < 1:
+        raise ValueError("max_bucket_size must be at least 1 (or None for no cap)")
+    report = NearReport(batch_id, params.method, params.verify, max_bucket_size)
     identity = params.identity()
     with warehouse.engine.begin() as conn:
         index.claim_index(conn, identity)
@@ -122,20 +138,45 @@ def cluster_batch(warehouse: Warehouse, batch_id: str, params: NearDupParams, ch
         with warehouse.engine.begin() as conn:
             index.lock_clusters(conn)
             index.replace_sketches(conn, identity, rows, sketches.blobs, sketches.buckets, sketches.indexable)
-            _link_and_cluster(conn, [row.record_id for row in rows], params, batch_id, report)
+            _link_and_cluster(conn, [row.record_id for row in rows], params, batch_id, report, max_bucket_size)
         report.sketched += len(rows)
 
 
-def _link_and_cluster(conn, ids: list[int], params: NearDupParams, batch_id: str, report: NearReport) -> None:
+def verify_candidates(conn, pairs: Sequence[tuple[int, int]], params: NearDupParams) -> dict[tuple[int, int], float]:
+    """The verified links (a < b) -> similarity among candidate pairs of record ids.
+
+    MinHash goes through the library's :func:`verify_pairs`: estimated Jaccard
+    of the stored signatures, or with ``verify="exact"`` the Jaccard of the
+    shingles, recomputed from the stored payloads (one SELECT for the chunk).
+    SimHash: Hamming distance of the stored fingerprints, as in the library.
+    """
+    ids = sorted({x for pair in pairs for x in pair})
+    if not ids:
+        return {}
+    blobs = index.load_sketches(conn, ids)
+    if params.method == "simhash":
+        scores = ((a, b, verified_similarity(blobs[a], blobs[b], params)) for a, b in pairs)
+        return {(min(a, b), max(a, b)): s for a, b, s in scores if s is not None}
+    position = {rid: i for i, rid in enumerate(ids)}
+    signatures = np.stack([signature_from_bytes(blobs[rid]) for rid in ids])
+    shingles = None
+    if params.verify == "exact":
+        payloads = index.load_payloads(conn, ids)
+        shingles = [params.normaliser.shingle_bytes(near_text(payloads[rid])) for rid in ids]
+    unique = sorted({(min(a, b), max(a, b)) for a, b in pairs})
+    left = np.array([position[a] for a, _ in unique], dtype=np.int64)
+    right = np.array([position[b] for _, b in unique], dtype=np.int64)
+    return {(ids[i], ids[j]): s for i, j, s in verify_pairs(signatures, left, right, params, shingles)}
+
+
+def _link_and_cluster(
+    conn, ids: list[int], params: NearDupParams, batch_id: str, report: NearReport, max_bucket_size: int | None
+) -> None:
     rule = params.representative
-    pairs = index.candidate_partners(conn, ids)
+    pairs, capped = index.candidate_partners(conn, ids, max_bucket_size)
     report.candidate_pairs += len(pairs)
-    blobs = index.load_sketches(conn, [x for pair in pairs for x in pair])
-    links = {}
-    for a, b in pairs:
-        score = verified_similarity(blobs[a], blobs[b], params)
-        if score is not None:
-            links[(min(a, b), max(a, b))] = score
+    report.capped_buckets.update(capped)
+    links = verify_candidates(conn, pairs, params)
     link_rows = [(a, b, s) for (a, b), s in sorted(links.items())]
     index.add_links(conn, link_rows, params.method, batch_id)
     report.pairs += len(link_rows)
@@ -150,3 +191,67 @@ def _link_and_cluster(conn, ids: list[int], params: NearDupParams, batch_id: str
     assignment = {rid: (c.cluster_id, rid == c.representative) for c in clusters for rid in c.members}
     index.replace_clusters(conn, members, assignment)
     report.clusters.update({c.cluster_id: len(c.members) for c in clusters if mine & set(c.members)})
+
+
+#: Defaults of the runaway-cluster check (the `near_dup` resource can change them).
+DEFAULT_MAX_CLUSTER_SHARE = 0.2
+DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK = 50
+_CLUSTERS_SHOWN = 10
+
+
+@dataclass
+class RunawayVerdict:
+    """Whether any cluster swallowed more than `max_share` of a batch's records (ids and counts only)."""
+
+    batch_records: int
+    max_share: float
+    min_records: int
+    largest: list  # (cluster id, members from this batch, members in all), largest first
+
+    @property
+    def offenders(self) -> list:
+        if self.batch_records < self.min_records:
+            return []
+        return [row for row in self.largest if row[1] / self.batch_records > self.max_share]
+
+    @property
+    def passed(self) -> bool:
+        return not self.offenders
+
+    def as_metadata(self) -> dict:
+        share = self.largest[0][1] / self.batch_records if self.largest and self.batch_records else 0.0
+        rows = "\n".join(
+            ["| cluster id | records of this batch | share of batch | records in all batches |", "|---:|---:|---:|---:|"]
+            + [f"| {cid} | {n} | {n / self.batch_records:.1%} | {size} |" for cid, n, size in self.largest]
+        )
+        return {
+            "batch_records": self.batch_records, "max_cluster_share": self.max_share,
+            "min_records_for_check": self.min_records, "largest_share": share,
+            "offending_clusters": [cid for cid, _, _ in self.offenders],
+            "offending_sizes": [n for _, n, _ in self.offenders],
+            "largest_clusters": rows if self.largest else "no clusters",
+        }
+
+    def description(self) -> str:
+        if self.batch_records < self.min_records:
+            return f"batch of {self.batch_records} records is under {self.min_records}: too small to judge"
+        if self.offenders:
+            worst = ", ".join(f"cluster {cid}: {n} records" for cid, n, _ in self.offenders)
+            return (f"{len(self.offenders)} cluster(s) hold more than {self.max_share:.0%} of the batch's "
+                    f"{self.batch_records} records ({worst})")
+        return f"no cluster holds more than {self.max_share:.0%} of the batch's {self.batch_records} records"
+
+
+def runaway_clusters(
+    warehouse: Warehouse,
+    batch_id: str,
+    max_share: float = DEFAULT_MAX_CLUSTER_SHARE,
+    min_records: int = DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK,
+) -> RunawayVerdict:
+    """Judge the batch's largest clusters against `max_share` of its records (new or changed in the batch)."""
+    if not 0.0 < max_share <= 1.0:
+        raise ValueError("max_share must be in (0, 1]")
+    shown = max(_CLUSTERS_SHOWN, int(1 / max_share) + 1)  # every offender fits in the list
+    with warehouse.engine.connect() as conn:
+        total, largest = index.batch_cluster_shares(conn, batch_id, shown)
+    return RunawayVerdict(total, max_share, min_records, largest)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import Connection, and_, delete, insert, or_, select, text
+from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text
 
 from dedup_pipeline.store.schema import (
     lsh_buckets, minhash_signatures, near_duplicate_clusters, near_duplicate_links, records, settings,
@@ -86,16 +86,58 @@ def replace_sketches(
         conn.execute(upsert_ignore(conn, lsh_buckets), bucket_rows)
 
 
-def candidate_partners(conn: Connection, ids: Sequence[int]) -> list[tuple[int, int]]:
-    """(record, other record) pairs sharing at least one bucket, from every batch so far."""
+def candidate_partners(
+    conn: Connection, ids: Sequence[int], max_bucket_size: int | None = None
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(record, other record) pairs sharing at least one bucket, from every batch so far, and the capped buckets.
+
+    A bucket holding m records yields about m^2/2 pairs (boilerplate pages all
+    land in the same buckets). With ``max_bucket_size``, a record meets only
+    the ``max_bucket_size`` oldest (smallest id) members of each bucket; the
+    buckets that had more are returned as (band, bucket) keys. The limit of a
+    bucket comes from one short index scan (the (max_bucket_size + 1)-th id in
+    the bucket, found by OFFSET on the (band, bucket, record_id) key), so a
+    huge bucket costs `max_bucket_size` index entries per record, not m.
+    """
     mine, other = lsh_buckets.alias("mine"), lsh_buckets.alias("other")
+    same_bucket = and_(mine.c.band == other.c.band, mine.c.bucket == other.c.bucket)
+    if max_bucket_size is None:
+        query = (
+            select(mine.c.record_id, other.c.record_id)
+            .select_from(mine.join(other, same_bucket))
+            .where(mine.c.record_id.in_(ids), other.c.record_id != mine.c.record_id)
+            .distinct()
+        )
+        return [(a, b) for a, b in conn.execute(query)], []
+    inner = lsh_buckets.alias("inner")
+    first_excluded = (
+        select(inner.c.record_id)
+        .where(inner.c.band == lsh_buckets.c.band, inner.c.bucket == lsh_buckets.c.bucket)
+        .order_by(inner.c.record_id)
+        .offset(max_bucket_size)
+        .limit(1)
+        .scalar_subquery()
+    )
+    limits = (
+        select(lsh_buckets.c.record_id, lsh_buckets.c.band, lsh_buckets.c.bucket, first_excluded.label("upto"))
+        .where(lsh_buckets.c.record_id.in_(ids))
+        .cte("limits")
+        .prefix_with("MATERIALIZED", dialect="postgresql")
+    )
     query = (
-        select(mine.c.record_id, other.c.record_id)
-        .select_from(mine.join(other, and_(mine.c.band == other.c.band, mine.c.bucket == other.c.bucket)))
-        .where(mine.c.record_id.in_(ids), other.c.record_id != mine.c.record_id)
+        select(limits.c.record_id, other.c.record_id)
+        .select_from(
+            limits.join(other, and_(limits.c.band == other.c.band, limits.c.bucket == other.c.bucket))
+        )
+        .where(
+            other.c.record_id != limits.c.record_id,
+            or_(limits.c.upto.is_(None), other.c.record_id < limits.c.upto),
+        )
         .distinct()
     )
-    return [(a, b) for a, b in conn.execute(query)]
+    pairs = [(a, b) for a, b in conn.execute(query)]
+    capped = select(limits.c.band, limits.c.bucket).where(limits.c.upto.is_not(None)).distinct()
+    return pairs, sorted((band, bucket) for band, bucket in conn.execute(capped))
 
 
 def load_sketches(conn: Connection, ids: Iterable[int]) -> dict[int, bytes]:
@@ -144,11 +186,43 @@ def links_among(conn: Connection, ids: Iterable[int]) -> list[tuple[int, int, fl
     return [tuple(row) for row in conn.execute(query)]
 
 
+def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
+    """record id -> stored payload, in one SELECT."""
+    ids = sorted(set(ids))
+    if not ids:
+        return {}
+    return dict(conn.execute(select(records.c.record_id, records.c.payload).where(records.c.record_id.in_(ids))).all())
+
+
 def text_lengths(conn: Connection, ids: Iterable[int]) -> dict[int, int]:
     """Length of the near-duplicate text of each record (for the 'longest' representative rule)."""
-    ids = sorted(set(ids))
-    rows = conn.execute(select(records.c.record_id, records.c.payload).where(records.c.record_id.in_(ids)))
-    return {rid: len(str(p.get("title") or "")) + len(str(p.get("description") or "")) for rid, p in rows}
+    return {rid: len(str(p.get("title") or "")) + len(str(p.get("description") or "")) for rid, p in load_payloads(conn, ids).items()}
+
+
+def batch_cluster_shares(conn: Connection, batch_id: str, limit: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """Records last written by the batch, and its `limit` largest clusters as (cluster id, batch members, all members).
+
+    Ids and counts only. Members of this batch are counted per cluster; the
+    cluster's whole size (earlier batches included) comes alongside.
+    """
+    c = near_duplicate_clusters
+    total = conn.execute(select(func.count()).select_from(records).where(records.c.last_batch_id == batch_id)).scalar_one()
+    mine = (
+        select(c.c.cluster_id, func.count().label("in_batch"))
+        .select_from(c.join(records, records.c.record_id == c.c.record_id))
+        .where(records.c.last_batch_id == batch_id)
+        .group_by(c.c.cluster_id)
+        .order_by(func.count().desc(), c.c.cluster_id)
+        .limit(limit)
+        .subquery()
+    )
+    whole = (
+        select(mine.c.cluster_id, mine.c.in_batch, func.count(c.c.record_id))
+        .select_from(mine.join(c, c.c.cluster_id == mine.c.cluster_id))
+        .group_by(mine.c.cluster_id, mine.c.in_batch)
+        .order_by(mine.c.in_batch.desc(), mine.c.cluster_id)
+    )
+    return total, [(int(cid), int(n), int(size)) for cid, n, size in conn.execute(whole)]
 
 
 def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[int, tuple[int, bool]]) -> None:

@@ -12,7 +12,9 @@ from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.alerts import ladder_failure_alert
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, ladder_assets, raw_crawl_batches
 from dedup_pipeline.defs.check_settings import ChecksResource
-from dedup_pipeline.defs.checks import GE_CHECK, INTEGRITY_CHECK, QUARANTINE_CHECK, collapse_rate_in_band, ladder_checks
+from dedup_pipeline.defs.checks import (
+    GE_CHECK, INTEGRITY_CHECK, QUARANTINE_CHECK, RUNAWAY_CHECK, collapse_rate_in_band, ladder_checks,
+)
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource
 from dedup_pipeline.demo import write_demo_crawl
@@ -58,7 +60,7 @@ def test_every_check_passes_on_the_demo_crawl_and_the_ui_gets_its_figures(tmp_pa
         checks = evaluations(result)
         assert set(checks) == {("canonical_records", GE_CHECK), ("canonical_records", QUARANTINE_CHECK),
                                ("deduplicated_records", COLLAPSE_CHECK), ("deduplicated_records", INTEGRITY_CHECK),
-                               ("deduplicated_records", GE_CHECK)}
+                               ("deduplicated_records", GE_CHECK), ("near_duplicate_clusters", RUNAWAY_CHECK)}
         assert all(e.passed for e in checks.values()), {k: e.description for k, e in checks.items() if not e.passed}
         assert all(e.partition == key for e in checks.values())
 

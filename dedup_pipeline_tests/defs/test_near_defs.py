@@ -1,0 +1,48 @@
+"""The near-duplicate asset in Dagster: the runaway-cluster check blocks, the resource's method defaults."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from dedup_pipeline.core.neardup import DEFAULT_NORMALISERS, NearDupParams
+from dedup_pipeline.core.text import TextNormaliser
+from dedup_pipeline.defs.checks import RUNAWAY_CHECK
+from dedup_pipeline.defs.resources import NearDupResource
+from dedup_pipeline_tests.defs.test_checks_dagster import evaluations, run, values
+from dedup_pipeline_tests.helpers import listing, write_batch
+
+
+def test_the_resource_leaves_each_method_its_own_shingles():
+    assert NearDupResource().params().normaliser == DEFAULT_NORMALISERS["minhash"] == TextNormaliser(shingle="word", ngram=3)
+    simhash = NearDupResource(method="simhash").params()
+    assert simhash.normaliser == DEFAULT_NORMALISERS["simhash"] == TextNormaliser(shingle="char", ngram=4)
+    # identities are those of the library defaults, so existing indexes are not refused
+    assert NearDupResource().params().identity() == NearDupParams().identity()
+    assert simhash.identity() == NearDupParams(method="simhash").identity()
+    # an explicit setting still wins, and changes the identity
+    assert NearDupResource(ngram=5).params().normaliser == TextNormaliser(shingle="word", ngram=5)
+    assert NearDupResource(method="simhash", shingle="word").params().normaliser == TextNormaliser(shingle="word", ngram=4)
+    assert NearDupResource(ngram=5).params().identity() != NearDupParams().identity()
+    assert NearDupResource(verify="exact").params().verify == "exact"
+
+
+def test_a_runaway_cluster_fails_the_run_and_names_the_cluster(tmp_path):
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    text = "Refurbished stainless steel kettle with a whistle, a wooden handle and a copper base, boils fast"
+    write_batch(folder, "ok", [listing(n) for n in range(60)], landed=1e9)
+    write_batch(folder, "copies", [listing(100 + n, description=f"{text} lot {n}") for n in range(60)], landed=1e9 + 1)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("crawl_batches", ["ok", "copies"])
+
+    ok = run(instance, url, folder, "ok")
+    assert ok.success and evaluations(ok)[("near_duplicate_clusters", RUNAWAY_CHECK)].passed
+
+    result = run(instance, url, folder, "copies")
+    assert not result.success  # the check blocks
+    check = evaluations(result)[("near_duplicate_clusters", RUNAWAY_CHECK)]
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
+    meta = values(check.metadata)
+    assert meta["batch_records"] == 60 and meta["offending_sizes"] == [60] and len(meta["offending_clusters"]) == 1
+    assert "kettle" not in str(meta)  # ids and counts only, never field values
+    near = values(result.asset_materializations_for_node("near_duplicate_clusters")[0].metadata)
+    assert near["largest_cluster"] == 60 and near["cluster_sizes"] == {"60": 1}

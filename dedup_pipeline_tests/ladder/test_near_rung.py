@@ -1,0 +1,126 @@
+"""The near-duplicate rung on SQLite and the real PostgreSQL: capped buckets, exact verification, runaway clusters."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sqlalchemy import select
+
+from dedup_pipeline.core.neardup import NearDupParams, cluster_near_duplicates
+from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.ladder.near import cluster_batch, near_text, runaway_clusters
+from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.landing import find_batch
+from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, records
+from dedup_pipeline_tests.helpers import description, listing, write_batch
+
+BOILERPLATE = (
+    "Free shipping on all orders over fifty euros. Returns accepted within thirty days of delivery. "
+    "Sign up to our newsletter for weekly deals on kettles, pans and every kitchen tool you need."
+)
+
+
+def land(warehouse, folder, key, rows):
+    """Write a batch and take it through the raw, canonical and exact rungs."""
+    write_batch(folder, key, rows, landed=1e9)
+    ingest_raw_batch(warehouse, find_batch(folder, key))
+    canonicalise_batch(warehouse, key, LadderSettings(chunk_size=50))
+    deduplicate_batch(warehouse, key, f"run-{key}", LadderSettings(chunk_size=50))
+
+
+def stored(warehouse):
+    """(texts by record id, links, clusters as sorted member lists)."""
+    with warehouse.engine.connect() as conn:
+        texts = {rid: near_text(p) for rid, p in conn.execute(select(records.c.record_id, records.c.payload))}
+        links = {(a, b): s for a, b, s in conn.execute(select(
+            near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity))}
+        groups: dict = {}
+        for rid, cid in conn.execute(select(near_duplicate_clusters.c.record_id, near_duplicate_clusters.c.cluster_id)):
+            groups.setdefault(cid, []).append(rid)
+    return texts, links, sorted(sorted(g) for g in groups.values())
+
+
+def test_a_boilerplate_bucket_is_capped_and_still_forms_one_cluster(warehouse, tmp_path):
+    n, cap = 60, 5
+    land(warehouse, tmp_path / "landing", "b1",
+         [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)])
+    report = cluster_batch(warehouse, "b1", NearDupParams(), chunk_size=25, max_bucket_size=cap)
+
+    # every record meets at most `cap` partners (the oldest members), not n - 1
+    assert report.candidate_pairs <= n * cap
+    assert report.capped_buckets and report.as_metadata()["capped_buckets"] == len(report.capped_buckets)
+    assert len(report.capped_buckets) == NearDupParams().bands  # identical texts share every band's bucket
+    _, _, clusters = stored(warehouse)
+    assert [len(c) for c in clusters] == [n]  # linking to the oldest members keeps the cluster whole
+    assert report.clusters == {clusters[0][0]: n}
+
+
+def test_without_a_cap_the_same_bucket_gives_every_pair(warehouse, tmp_path):
+    n = 30
+    land(warehouse, tmp_path / "landing", "b1",
+         [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)])
+    report = cluster_batch(warehouse, "b1", NearDupParams(), chunk_size=n, max_bucket_size=None)
+    assert report.candidate_pairs == n * (n - 1) and not report.capped_buckets
+    assert report.pairs == n * (n - 1) // 2
+
+
+def _variants(seed: int, count: int) -> list[str]:
+    """A base text and copies with a few words replaced: similarities around the threshold."""
+    rng = random.Random(seed)
+    base = description(seed, words=40).split()
+    out = [" ".join(base)]
+    for k in range(1, count):
+        words = list(base)
+        for _ in range(k):
+            words[rng.randrange(len(words))] = f"w{rng.randrange(10_000)}"
+        out.append(" ".join(words))
+    return out
+
+
+@pytest.mark.parametrize("verify", ["estimate", "exact"])
+def test_the_warehouse_path_links_what_the_library_links(warehouse, tmp_path, verify):
+    texts = [t for seed in (1, 2, 3) for t in _variants(seed, 6)] + [description(100 + i) for i in range(5)]
+    rows = [listing(i, title="", description=t) for i, t in enumerate(texts)]
+    land(warehouse, tmp_path / "landing", "b1", rows[:10])
+    land(warehouse, tmp_path / "landing", "b2", rows[10:])  # partners across batches too
+    params = NearDupParams(verify=verify)
+    cluster_batch(warehouse, "b1", params, chunk_size=4)
+    report = cluster_batch(warehouse, "b2", params, chunk_size=4)
+    assert report.verify == verify and report.as_metadata()["verify"] == verify
+
+    by_id, links, clusters = stored(warehouse)
+    ids = sorted(by_id)
+    labels = cluster_near_duplicates([by_id[i] for i in ids], verify=verify)
+    expected: dict = {}
+    for rid, label in zip(ids, labels):
+        expected.setdefault(label, []).append(rid)
+    assert clusters == sorted(g for g in expected.values() if len(g) > 1)
+    assert links and all(s >= params.threshold for s in links.values())
+    if verify == "exact":  # the stored similarity is the exact Jaccard of the shingles
+        for (a, b), s in links.items():
+            sa, sb = (set(params.normaliser.shingle_bytes(by_id[x])) for x in (a, b))
+            assert s == pytest.approx(len(sa & sb) / len(sa | sb))
+
+
+def test_a_batch_of_near_copies_of_one_text_is_a_runaway_cluster(warehouse, tmp_path):
+    folder = tmp_path / "landing"
+    land(warehouse, folder, "good", [listing(i) for i in range(80)])
+    cluster_batch(warehouse, "good", NearDupParams())
+    good = runaway_clusters(warehouse, "good", max_share=0.2, min_records=50)
+    assert good.passed and good.batch_records == 80
+
+    # every record a near copy of one text (one word differs): one cluster swallows the whole batch
+    land(warehouse, folder, "bad", [listing(1000 + i, description=f"{BOILERPLATE} item{i}") for i in range(80)])
+    cluster_batch(warehouse, "bad", NearDupParams())
+    bad = runaway_clusters(warehouse, "bad", max_share=0.2, min_records=50)
+    assert not bad.passed
+    [(cluster_id, in_batch, size)] = bad.offenders
+    assert in_batch == size == 80 and bad.batch_records == 80
+    meta = bad.as_metadata()
+    assert meta["offending_clusters"] == [cluster_id] and meta["offending_sizes"] == [80]
+    assert "shipping" not in str(meta) and "Product" not in str(meta)  # ids and counts only
+    assert "too small" in runaway_clusters(warehouse, "bad", 0.2, min_records=81).description()
+    assert runaway_clusters(warehouse, "bad", 0.2, min_records=81).passed
