@@ -298,7 +298,7 @@ class Copies:
     """Databases copied from a template (file copy), dropped afterwards."""
 
     def __init__(self):
-        self.admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        self.admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
 
     def copy(self, template_url: str) -> str:
         name = f"dedup_bench_copy_{uuid.uuid4().hex[:10]}"
@@ -309,6 +309,23 @@ class Copies:
     def drop(self, url: str) -> None:
         with self.admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{database_name(url)}" WITH (FORCE)'))
+
+
+def timed_copy(copies: Copies, base: str, landing: Path, attempts: int = 3) -> dict:
+    """The batch on a fresh copy of `base`; a repeat whose connections were killed from outside is run again."""
+    from sqlalchemy.exc import OperationalError
+
+    for attempt in range(1, attempts + 1):
+        url = copies.copy(base)
+        try:
+            return run_ladder(url, landing, "batch-0")
+        except OperationalError as exc:
+            if attempt == attempts:
+                raise
+            print(f"  (repeat lost its database connection, run again: {str(exc).splitlines()[0][:100]})", flush=True)
+        finally:
+            copies.drop(url)
+    raise AssertionError("unreachable")
 
 
 def count_records(url: str) -> int:
@@ -447,11 +464,7 @@ def main() -> None:
                 stored = size
             results[size] = []
             for repeat in range(args.repeat):
-                url = copies.copy(base)
-                try:
-                    results[size].append(run_ladder(url, landing, "batch-0"))
-                finally:
-                    copies.drop(url)
+                results[size].append(timed_copy(copies, base, landing))
                 r = results[size][-1]
                 print(f"  {size:>11,} rows, repeat {repeat + 1}: total {r['total']:.2f} s "
                       + " ".join(f"{k} {r[k]:.2f}" for k in RUNGS) + f"; candidate pairs {r['candidate_pairs']:,}")

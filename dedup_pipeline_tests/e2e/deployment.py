@@ -98,6 +98,7 @@ class Deployment:
             "DEDUP_CELERY_BROKER_URL": BROKER_BASE, "DEDUP_CELERY_QUEUE": self.queue,
         }
         self.processes: dict[str, tuple[subprocess.Popen, Path]] = {}
+        self.workers: list[str] = []
         self._instance: dg.DagsterInstance | None = None
 
     # -- processes -------------------------------------------------------------------------------
@@ -138,6 +139,7 @@ class Deployment:
         self._start("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(REPO / "deploy" / "workspace.yaml")])
 
     def start_celery_worker(self, name: str) -> None:
+        self.workers.append(name)
         self._start(name, [
             str(BIN / "celery"), "-A", "dedup_pipeline.defs.celery_worker", "worker", "-Q", self.queue,
             "-c", "1", "--prefetch-multiplier=1", "-n", f"{name}@%h", "-l", "INFO", "--without-mingle",
@@ -172,6 +174,18 @@ class Deployment:
         if self._instance is not None:
             self._instance.dispose()
         self._cleanup_redis()
+        if self.workers:
+            self._delete_queue()
+
+    def _delete_queue(self) -> None:
+        """The test's own RabbitMQ queue is durable: delete it so test runs leave nothing behind."""
+        from kombu import Connection
+
+        try:
+            with Connection(BROKER_BASE, connect_timeout=5) as connection:
+                connection.default_channel.queue_delete(self.queue)
+        except Exception:  # noqa: BLE001 - best effort cleanup
+            pass
 
     def _cleanup_redis(self) -> None:
         import redis
