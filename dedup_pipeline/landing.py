@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import os
 import re
 import time
@@ -106,17 +107,56 @@ class TruncatedBatch(Exception):
         self.reason = reason
 
 
-def iter_lines(path: Path) -> Iterator[Line]:
+class Fingerprint:
+    """SHA-256 and size of the bytes of a batch file as a rung read them (not as the file is now).
+
+    A crawler may still be appending while a rung reads; comparing this
+    fingerprint, not a second read of the file, with the registration is
+    what guarantees that the rung used exactly the registered bytes.
+    """
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def update(self, data) -> None:
+        self._sha.update(data)
+        self.size += len(data)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+class _FingerprintedFile(io.RawIOBase):
+    """A raw file whose every byte read also goes into a Fingerprint."""
+
+    def __init__(self, handle, fingerprint: Fingerprint):
+        self._handle, self._fingerprint = handle, fingerprint
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._handle.readinto(buffer)
+        if n:
+            self._fingerprint.update(memoryview(buffer)[:n])
+        return n
+
+
+def iter_lines(path: Path, fingerprint: Fingerprint | None = None) -> Iterator[Line]:
     """Stream the non-blank lines of a batch file, gunzipping when needed.
 
     Memory is one line at a time. A truncated or corrupt gzip stream yields
     every complete line before the damage and then raises `TruncatedBatch`
     carrying the incomplete tail, so the caller can quarantine it.
+    `fingerprint`, if given, receives every byte of the file the lines came
+    from (after damage, the rest of the file too).
     """
-    opener = gzip.open if path.name.endswith(".gz") else open
     line_no = 0
     try:
-        with opener(path, "rb") as handle:
+        with open(path, "rb", buffering=0) as raw_file:
+            source = io.BufferedReader(_FingerprintedFile(raw_file, fingerprint) if fingerprint else raw_file, 1 << 20)
+            handle = gzip.GzipFile(fileobj=source, mode="rb") if path.name.endswith(".gz") else source
             pending = b""
             while True:
                 try:
@@ -124,6 +164,9 @@ def iter_lines(path: Path) -> Iterator[Line]:
                     # are returned, never dropped along with the partial block that hit it.
                     block = handle.read1(1 << 20)
                 except (EOFError, OSError, zlib.error) as exc:
+                    if fingerprint:
+                        while source.read1(1 << 20):
+                            pass
                     raise TruncatedBatch(line_no + 1, pending, f"compressed stream damaged: {exc}") from None
                 if not block:
                     break

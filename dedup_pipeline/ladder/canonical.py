@@ -12,7 +12,7 @@ from sqlalchemy import delete, select
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord, canonicalise_records, parse_line
-from dedup_pipeline.landing import BatchFileError, TruncatedBatch, file_sha256, iter_lines
+from dedup_pipeline.landing import BatchFileError, Fingerprint, TruncatedBatch, file_sha256, iter_lines
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.store.bulk import copy_rows
@@ -81,7 +81,8 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
         conn.execute(delete(canonical_records).where(canonical_records.c.batch_id == batch_id))
         clear_quarantine(conn, batch_id, RUNG)
         bad = QuarantineWriter(conn, batch_id, RUNG)
-        lines = _parsed_lines(path)
+        read = Fingerprint()
+        lines = _parsed_lines(path, read)
         while chunk := list(islice(lines, settings.chunk_size)):
             rows: list[tuple] = []
             results = canonicalise_records(
@@ -97,15 +98,17 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
                 report.hash_errors.update(canonical.hash_errors.keys())
                 rows.append(_row(batch_id, canonical))
             copy_rows(conn, canonical_records, _COLUMNS, rows)
+        if read.hexdigest() != sha:  # the file changed while it was read: roll everything back
+            raise BatchFileError(f"batch file {path} changed while it was being read: re-materialise raw_crawl_batches")
         bad.flush()
         report.quarantined = bad.count
     return report
 
 
-def _parsed_lines(path: Path) -> Iterator[tuple[int, bytes, dict]]:
-    """Lines that parse; the raw rung has already quarantined the others."""
+def _parsed_lines(path: Path, read: Fingerprint) -> Iterator[tuple[int, bytes, dict]]:
+    """Lines that parse; the raw rung has already quarantined the others. `read` gets the bytes they came from."""
     try:
-        for line in iter_lines(path):
+        for line in iter_lines(path, read):
             try:
                 yield line.number, line.raw, parse_line(line.raw)
             except RecordError:

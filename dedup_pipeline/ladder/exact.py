@@ -151,7 +151,10 @@ def deduplicate_records(
     for chunk in chunks:
         report.records_in += len(chunk)
         report.decisions.update(writer.write(chunk))
-    seen_set.flush()
+    try:
+        seen_set.flush()
+    except SeenSetUnavailable:  # only the fast path's memory is lost; every decision is committed already
+        report.seen_set_fallbacks += 1
     if report.seen_set_fallbacks:
         log.warning(
             "seen-set %s was unavailable for %d chunk(s) of batch %s; they ran on the warehouse alone",

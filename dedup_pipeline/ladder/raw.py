@@ -9,7 +9,7 @@ from sqlalchemy import Connection, delete
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
-from dedup_pipeline.landing import BatchFile, TruncatedBatch, file_sha256, iter_lines
+from dedup_pipeline.landing import BatchFile, Fingerprint, TruncatedBatch, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import crawl_batches, quarantine
 from dedup_pipeline.store.warehouse import Warehouse, lock_batch, upsert_ignore, utcnow
@@ -63,12 +63,13 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
     and registration; a failure leaves the previous state untouched.
     """
     lines = parsed = 0
+    read = Fingerprint()  # exactly the bytes the lines came from, even if the file grows meanwhile
     with warehouse.engine.begin() as conn:
         lock_batch(conn, batch.key)  # a second run of this partition waits, then rewrites it whole
         clear_quarantine(conn, batch.key, RUNG)
         bad = QuarantineWriter(conn, batch.key, RUNG)
         try:
-            for line in iter_lines(batch.path):
+            for line in iter_lines(batch.path, read):
                 lines += 1
                 try:
                     parse_line(line.raw)
@@ -82,9 +83,9 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
         conn.execute(delete(crawl_batches).where(crawl_batches.c.batch_id == batch.key))
         conn.execute(
             upsert_ignore(conn, crawl_batches).values(
-                batch_id=batch.key, file_path=str(batch.path), file_sha256=file_sha256(batch.path),
-                file_bytes=batch.size, lines=lines, parsed=parsed, quarantined=bad.count,
+                batch_id=batch.key, file_path=str(batch.path), file_sha256=read.hexdigest(),
+                file_bytes=read.size, lines=lines, parsed=parsed, quarantined=bad.count,
                 landed_at=datetime.fromtimestamp(batch.mtime, timezone.utc), registered_at=utcnow(),
             )
         )
-    return RawReport(batch.key, batch.size, lines, parsed, bad.count)
+    return RawReport(batch.key, read.size, lines, parsed, bad.count)

@@ -162,14 +162,18 @@ class BloomSeenSet(SeenSet):
         """Merge with the file (another worker may have saved since we loaded) and replace it atomically."""
         from rbloom import Bloom
 
-        self.folder.mkdir(parents=True, exist_ok=True)
         for version, bloom in self._filters.items():
             path = self._path(version)
-            if path.exists():
-                bloom.update(Bloom.load(str(path), _bloom_hash))
             temporary = path.with_suffix(f".{os.getpid()}.tmp")
-            bloom.save(str(temporary))
-            temporary.replace(path)
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                if path.exists():
+                    bloom.update(Bloom.load(str(path), _bloom_hash))
+                bloom.save(str(temporary))
+                temporary.replace(path)
+            except OSError as exc:  # a full or read-only disk: the filter stays as it was, the warehouse decides
+                temporary.unlink(missing_ok=True)
+                raise SeenSetUnavailable(f"bloom: cannot save {path.name}: {exc.strerror or exc}") from None
 
 
 def seen_set_from_env(kind: str = "auto", folder: Path | None = None, ttl_seconds: int | None = None) -> SeenSet:
