@@ -224,6 +224,20 @@ def test_content_hashes_raises_what_content_hash_raises():
     assert content_hashes([], "content/1") == []
 
 
+def test_a_rule_without_a_column_version_is_applied_record_by_record(monkeypatch):
+    from dedup_pipeline.core import hashing
+
+    def keys_only(fields):
+        if "title" not in fields:
+            raise RecordError("test/9: no title")
+        return json.dumps(sorted(fields)).encode()
+
+    monkeypatch.setitem(hashing.HASH_RULES, "test/9", hashing.HashRule("test/9", "field names only", keys_only))
+    records = crawl(300) + [{"url": "https://a.example/"}]
+    versions = ("test/9", *VERSIONS)
+    assert batched(records, versions) == per_record(records, versions)
+
+
 def test_errors_other_than_record_errors_propagate_as_on_the_per_record_path():
     record = {"title": "t", 1: "one"}  # sort_keys cannot order int and str keys
     with pytest.raises(TypeError):
