@@ -1,7 +1,7 @@
 """A ladder or rehash worker in its own process, for the tests that kill it, starve it or take its rights away.
 
     python -m dedup_pipeline_tests.reliability.worker ladder URL LANDING KEY [--chunk N] [--run-id R] [--rungs raw,...]
-    python -m dedup_pipeline_tests.reliability.worker rehash URL TARGET SHARD [--chunk N]
+    python -m dedup_pipeline_tests.reliability.worker rehash URL TARGET SHARD|all [--chunk N]
 
 Prints one JSON object: the figures of each rung, or {"error": type, "message": ...} (exit status 2).
 """
@@ -46,11 +46,16 @@ def run_ladder(args: argparse.Namespace) -> dict:
 
 
 def run_rehash(args: argparse.Namespace) -> dict:
-    from dedup_pipeline.ladder.rehash import backfill_shard
+    from dedup_pipeline.ladder.rehash import backfill, backfill_shard
     from dedup_pipeline.store.warehouse import Warehouse
 
-    report = backfill_shard(Warehouse(args.url), args.target, args.shard, chunk_size=args.chunk)
-    return {"hashed": report.hashed, "unhashable": report.unhashable, "complete": report.complete}
+    warehouse = Warehouse(args.url)
+    if args.shard == "all":
+        reports = backfill(warehouse, args.target, chunk_size=args.chunk)
+    else:
+        reports = [backfill_shard(warehouse, args.target, args.shard, chunk_size=args.chunk)]
+    return {"hashed": sum(r.hashed for r in reports), "unhashable": sum(r.unhashable for r in reports),
+            "complete": all(r.complete for r in reports)}
 
 
 def main(argv: list[str] | None = None) -> int:
