@@ -26,9 +26,13 @@ so both sides start from the same table state):
   minutes per round).
 
 Both must write the same digests for the baseline's rows before anything is
-reported. The script prints each round, then the median rate of each and the
-median of the per-round ratios. The machine's load average is printed too:
-on a shared machine it matters more than anything here.
+reported. The script prints each round, then per method the median wall rate,
+the median CPU seconds per 100,000 rows of this process (client) and of the
+PostgreSQL backends serving the bench database (server, read from /proc),
+and rows per CPU second (client + server, as if run on one idle core), and
+the median of the per-round wall-rate ratios. The machine's load average is
+printed too: on a shared machine it moves the wall rates more than anything
+here, while the CPU figures hardly move.
 """
 
 from __future__ import annotations
@@ -54,6 +58,39 @@ from dedup_pipeline_tests.rehash_helpers import load_legacy_rows, migration_list
 
 PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 TARGET = "content/2"
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process on this machine (the PostgreSQL backends run here too)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuMeter:
+    """CPU seconds spent by this process and by the PostgreSQL backends serving the bench database."""
+
+    def __init__(self, admin, database: str):
+        self.admin, self.database = admin, database
+
+    def _backends(self) -> dict[int, float]:
+        with self.admin.connect() as conn:
+            pids = conn.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = :d"), {"d": self.database}).scalars().all()
+        return {pid: cpu_seconds(pid) for pid in pids}
+
+    def __enter__(self):
+        self.client, self.server = time.process_time(), self._backends()
+        return self
+
+    def __exit__(self, *exc):
+        after = self._backends()
+        self.client_seconds = time.process_time() - self.client
+        self.server_seconds = sum(cpu - self.server.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def reset(warehouse: Warehouse) -> None:
@@ -122,26 +159,34 @@ def main() -> int:
         print(f"PostgreSQL, {args.rows} stored rows ({want['unhashable']} unhashable under {TARGET}), "
               f"loaded in {time.perf_counter() - started:.1f} s; chunk {args.chunk}; "
               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        ours, theirs, ratios = [], [], []
+        ours, theirs, ratios, cpu_ours, cpu_theirs = [], [], [], [], []
         for round_no in range(1, args.repeat + 1):
             reset(warehouse)
-            rows, seconds = run_rehash(warehouse, args.chunk)
+            with CpuMeter(admin, name) as ours_cpu:
+                rows, seconds = run_rehash(warehouse, args.chunk)
             rate = rows / seconds
-            done, base_seconds = run_row_at_a_time(warehouse, baseline_rows)
+            with CpuMeter(admin, name) as base_cpu:
+                done, base_seconds = run_row_at_a_time(warehouse, baseline_rows)
             base_rate = done / base_seconds
             if not same_digests(warehouse, baseline_rows):
                 raise SystemExit("the two methods wrote different digests")
             ours.append(rate)
             theirs.append(base_rate)
             ratios.append(rate / base_rate)
-            print(f"round {round_no}: rehash {rows} rows in {seconds:.2f} s = {rate:,.0f} rows/s; "
-                  f"row-at-a-time {done} rows in {base_seconds:.2f} s = {base_rate:,.0f} rows/s; "
+            cpu_ours.append((ours_cpu.client_seconds / rows * 1e5, ours_cpu.server_seconds / rows * 1e5))
+            cpu_theirs.append((base_cpu.client_seconds / done * 1e5, base_cpu.server_seconds / done * 1e5))
+            print(f"round {round_no}: rehash {rows} rows in {seconds:.2f} s = {rate:,.0f} rows/s "
+                  f"(CPU {ours_cpu.client_seconds:.2f} s client + {ours_cpu.server_seconds:.2f} s server); "
+                  f"row-at-a-time {done} rows in {base_seconds:.2f} s = {base_rate:,.0f} rows/s "
+                  f"(CPU {base_cpu.client_seconds:.2f} s + {base_cpu.server_seconds:.2f} s); "
                   f"load average {os.getloadavg()[0]:.1f}")
         print()
-        print(f"{'method':<16}{'median rows/s':>16}")
-        print(f"{'rehash backfill':<16}{statistics.median(ours):>16,.0f}")
-        print(f"{'row-at-a-time':<16}{statistics.median(theirs):>16,.0f}")
-        print(f"median ratio: {statistics.median(ratios):.1f}x")
+        print(f"{'method':<16}{'median rows/s':>15}{'client CPU s/100k':>19}{'server CPU s/100k':>19}{'rows per CPU s':>16}")
+        for label, rates, cpu in (("rehash backfill", ours, cpu_ours), ("row-at-a-time", theirs, cpu_theirs)):
+            client = statistics.median(c for c, _ in cpu)
+            server = statistics.median(s for _, s in cpu)
+            print(f"{label:<16}{statistics.median(rates):>15,.0f}{client:>19.2f}{server:>19.2f}{1e5 / (client + server):>16,.0f}")
+        print(f"median ratio (wall rows/s): {statistics.median(ratios):.1f}x")
     finally:
         warehouse.dispose()
         with admin.connect() as conn:

@@ -24,6 +24,7 @@ Nothing names a particular version: any registered pair migrates the same way.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -60,7 +61,6 @@ class ShardReport:
     complete: bool = False
     shard_progress: store.Progress | None = None
     warehouse_progress: store.Progress | None = None
-    unhashable_in_shard: int = 0
     unhashable_examples: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -69,45 +69,60 @@ class ShardReport:
 
     def as_metadata(self) -> dict:
         shard, everywhere = self.shard_progress, self.warehouse_progress
-        return {
+        meta = {
             "target_version": self.target, "shard": self.shard, "complete": self.complete,
             "rows_hashed": self.hashed, "rows_unhashable": self.unhashable, "rows_already_hashed": self.already_hashed,
             "chunks": self.chunks, "seconds": round(self.seconds, 3), "rows_per_second": round(self.rows_per_second, 1),
             "shard_rows": shard.rows, "shard_rows_done": shard.done, "shard_rows_left": shard.left,
-            "warehouse_rows": everywhere.rows, "warehouse_rows_done": everywhere.done,
-            "warehouse_rows_left": everywhere.left, "warehouse_rows_unhashable": everywhere.unhashable,
-            "shard_rows_unhashable": self.unhashable_in_shard,
+            "shard_rows_unhashable": shard.unhashable,
         }
+        if everywhere is not None:
+            meta.update({
+                "warehouse_rows": everywhere.rows, "warehouse_rows_done": everywhere.done,
+                "warehouse_rows_left": everywhere.left, "warehouse_rows_unhashable": everywhere.unhashable,
+            })
+        return meta
 
 
-def hash_payloads(target: str, page: list[store.StoredRow]) -> list[tuple[int, bytes | None, str | None]]:
+def hash_payloads(target: str, page: list[store.PendingRow]) -> list[tuple[int, bytes | None, str | None]]:
     """(record_id, digest, error) per row: the target digest of the stored payload, or why there is none."""
-    rule = hash_rule(target)
+    canonical_bytes = hash_rule(target).canonical_bytes
     rows = []
     for row in page:
         try:
-            rows.append((row.record_id, bytes.fromhex(rule.digest(row.payload)), None))
+            rows.append((row.record_id, hashlib.sha256(canonical_bytes(row.payload)).digest(), None))
         except RecordError as exc:
             rows.append((row.record_id, None, str(exc)))
     return rows
 
 
-def shard_pages(
-    warehouse: Warehouse, target: str, shard: str, chunk_size: int, max_chunks: int | None = None,
-) -> Iterator[list[store.StoredRow]]:
-    """Keyset pages of the shard's rows lacking `target`, version by version, each read in its own transaction."""
-    pages = 0
-    with warehouse.engine.connect() as conn:
-        for version in sorted(HASH_RULES):
-            after = None
-            while max_chunks is None or pages < max_chunks:
-                page = store.page_lacking(conn, target, version, shard, after, chunk_size)
-                conn.rollback()
-                if not page:
-                    break
-                yield page
-                pages += 1
-                after = page[-1].content_hash
+class shard_pages:
+    """Keyset pages of the shard's rows lacking `target`, version by version, each read in its own transaction.
+
+    `stopped` says whether `max_chunks` ended the iteration before the shard's end.
+    """
+
+    def __init__(self, warehouse: Warehouse, target: str, shard: str, chunk_size: int, max_chunks: int | None = None):
+        self.warehouse, self.target, self.shard = warehouse, target, shard
+        self.chunk_size, self.max_chunks = chunk_size, max_chunks
+        self.stopped = False
+
+    def __iter__(self) -> Iterator[list[store.PendingRow]]:
+        pages = 0
+        with self.warehouse.engine.connect() as conn:
+            for version in sorted(HASH_RULES):
+                after = None
+                while True:
+                    if self.max_chunks is not None and pages >= self.max_chunks:
+                        self.stopped = True
+                        return
+                    page = store.page_lacking(conn, self.target, version, self.shard, after, self.chunk_size)
+                    conn.rollback()
+                    if not page:
+                        break
+                    yield page
+                    pages += 1
+                    after = page[-1].content_hash
 
 
 def read_ahead(items: Iterable[T], depth: int = 2) -> Iterator[T]:
@@ -158,8 +173,12 @@ def backfill_shard(
     max_chunks: int | None = None,
     on_chunk: Callable[[ShardReport], None] | None = None,
     examples: int = 20,
+    warehouse_progress: bool = True,
 ) -> ShardReport:
     """Write `target` digests for the rows of `shard` that lack one; stop after `max_chunks` pages if given.
+
+    The report ends with the shard's progress and, unless `warehouse_progress`
+    is False, the whole warehouse's (two counts over every row).
 
     Each page is written in its own short transaction, so a run killed at
     any moment leaves whole pages behind and the next run picks up the rows
@@ -172,26 +191,26 @@ def backfill_shard(
         raise ValueError("chunk_size must be at least 1")
     report = ShardReport(target, shard)
     started = time.perf_counter()
+    pages = shard_pages(warehouse, target, shard, chunk_size, max_chunks)
     with warehouse.engine.connect() as conn:
-        for page in read_ahead(shard_pages(warehouse, target, shard, chunk_size, max_chunks)):
+        for page in read_ahead(pages):
             rows = hash_payloads(target, page)
             written = store.write_target_hashes(conn, target, rows)
             conn.commit()
-            errors = sum(1 for _, digest, _ in rows if digest is None)
-            if written == len(rows):
-                report.hashed += len(rows) - errors
-                report.unhashable += errors
-            else:  # another writer (a batch, or a second run of this shard) hashed some of these first
-                report.already_hashed += len(rows) - written
-                report.hashed += max(written - errors, 0)
-                report.unhashable += min(errors, written)
+            for record_id, digest, _ in rows:
+                if record_id not in written:  # another writer (a batch, a second run) got there first
+                    report.already_hashed += 1
+                elif digest is None:
+                    report.unhashable += 1
+                else:
+                    report.hashed += 1
             report.chunks += 1
             report.seconds = time.perf_counter() - started
             if on_chunk:
                 on_chunk(report)
-        report.shard_progress = store.progress(conn, target, shard)
-        report.warehouse_progress = store.progress(conn, target)
-        report.unhashable_in_shard, report.unhashable_examples = store.unhashable_rows(conn, target, shard, examples)
+        report.shard_progress = store.progress(conn, target, shard, finished=not pages.stopped)
+        report.warehouse_progress = store.progress(conn, target) if warehouse_progress else None
+        _, report.unhashable_examples = store.unhashable_rows(conn, target, shard, examples)
         conn.rollback()
     report.complete = report.shard_progress.left == 0
     report.seconds = time.perf_counter() - started
@@ -199,8 +218,11 @@ def backfill_shard(
 
 
 def backfill(warehouse: Warehouse, target: str, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[ShardReport]:
-    """Every shard in turn (what a whole Dagster backfill does, without Dagster)."""
-    return [backfill_shard(warehouse, target, shard, chunk_size) for shard in store.SHARDS]
+    """Every shard in turn (what a whole Dagster backfill does, without Dagster); the last reports the warehouse."""
+    last = store.SHARDS[-1]
+    return [
+        backfill_shard(warehouse, target, shard, chunk_size, warehouse_progress=shard == last) for shard in store.SHARDS
+    ]
 
 
 # ---------------------------------------------------------------- 2. compare
@@ -259,6 +281,14 @@ def _check_force(force: bool, reason: str) -> None:
         raise ValueError("a forced switch or retire needs a reason; it is stored in hash_version_events")
 
 
+def _event_metadata(report) -> dict:
+    """A switch or retire report as run metadata: overridden problems and the reason as text."""
+    meta = asdict(report)
+    meta["problems"] = "; ".join(report.problems) or "none"
+    meta["reason"] = report.reason or ""
+    return meta
+
+
 def _lock_active(conn: Connection) -> str:
     """The active version, with its settings row locked on PostgreSQL so switches and retires serialise."""
     conn.execute(select(settings.c.value).where(settings.c.name == ACTIVE_HASH_VERSION).with_for_update())
@@ -281,11 +311,9 @@ class SwitchReport:
     event_id: int
 
     def as_metadata(self) -> dict:
-        meta = asdict(self)
+        meta = _event_metadata(self)
         meta["overlap_until"] = self.overlap_until.isoformat()
-        meta["problems"] = "; ".join(self.problems) or "none"
         meta["unhashable_examples"] = [list(pair) for pair in self.unhashable_examples]
-        meta["reason"] = self.reason or ""
         return meta
 
 
@@ -376,10 +404,7 @@ class RetireReport:
     event_id: int
 
     def as_metadata(self) -> dict:
-        meta = asdict(self)
-        meta["problems"] = "; ".join(self.problems) or "none"
-        meta["reason"] = self.reason or ""
-        return meta
+        return _event_metadata(self)
 
 
 def retire_hash_version(

@@ -20,8 +20,8 @@ from datetime import datetime
 from typing import Sequence
 
 from sqlalchemy import (
-    BigInteger, Connection, LargeBinary, String, Text, and_, case, delete, exists, func, insert, literal, select, text, true,
-    update,
+    BigInteger, Connection, Integer, LargeBinary, String, Text, and_, case, cast, delete, exists, func, insert, literal,
+    null, select, text, true, update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql import ColumnElement
@@ -62,11 +62,10 @@ def _of_record(hashes, version: str, record_id=records.c.record_id) -> ColumnEle
 
 
 @dataclass(frozen=True)
-class StoredRow:
-    """One stored row to hash: its id, key, position in the shard order and its canonical payload."""
+class PendingRow:
+    """One stored row to hash: its id, its position in the shard order (stored digest) and its canonical payload."""
 
     record_id: int
-    natural_key: str
     content_hash: bytes
     payload: dict
 
@@ -91,41 +90,52 @@ def _lacks(target: str) -> ColumnElement:
 
 def page_lacking(
     conn: Connection, target: str, version: str, shard: str, after: bytes | None, limit: int
-) -> list[StoredRow]:
+) -> list[PendingRow]:
     """The next `limit` rows stored under `version` in `shard`, after digest `after`, with no `target` row yet."""
     position = records.c.content_hash > after if after is not None else true()
     query = (
-        select(records.c.record_id, records.c.natural_key, records.c.content_hash, records.c.payload)
+        select(records.c.record_id, records.c.content_hash, records.c.payload)
         .where(records.c.hash_version == version, _in_shard(shard), position, _lacks(target))
         .order_by(records.c.content_hash)
         .limit(limit)
     )
-    return [StoredRow(*row) for row in conn.execute(query)]
+    return [PendingRow(*row) for row in conn.execute(query)]
 
 
-def write_target_hashes(conn: Connection, target: str, rows: Sequence[tuple[int, bytes | None, str | None]]) -> int:
-    """Insert (record_id, digest, error) rows for `target`, skipping rows already there; returns rows written.
+DIGEST_BYTES = 32
 
-    One statement per page. On PostgreSQL the page travels as three array
-    parameters (INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING), so
-    neither SQLAlchemy nor the server handles thousands of bind parameters;
-    SQLite runs the same insert as one executemany. Rows written are counted
-    from RETURNING (SQLAlchemy reports no rowcount for an INSERT).
+
+def write_target_hashes(conn: Connection, target: str, rows: Sequence[tuple[int, bytes | None, str | None]]) -> set[int]:
+    """Insert (record_id, digest, error) rows for `target`, skipping rows already there; returns the ids written.
+
+    One statement per page. On PostgreSQL the page travels as three
+    parameters: the ids and the error reasons as arrays, and the digests
+    as one byte string cut into 32-byte pieces by position
+    (INSERT ... SELECT FROM unnest(...) WITH ORDINALITY ON CONFLICT DO NOTHING),
+    so neither side handles thousands of bind parameters or escapes
+    thousands of array elements. SQLite runs the same insert as one executemany.
     """
     if not rows:
-        return 0
+        return set()
     if conn.dialect.name == "postgresql":
-        ids, digests, errors = (list(column) for column in zip(*rows))
-        page = func.unnest(
-            literal(ids, ARRAY(BigInteger)), literal(digests, ARRAY(LargeBinary)), literal(errors, ARRAY(Text))
-        ).table_valued("record_id", "content_hash", "error").render_derived()
+        ids = [rid for rid, _, _ in rows]
+        errors = [error for _, _, error in rows]
+        blob = b"".join(digest or bytes(DIGEST_BYTES) for _, digest, _ in rows)
+        page = func.unnest(literal(ids, ARRAY(BigInteger)), literal(errors, ARRAY(Text))).table_valued(
+            "record_id", "error", with_ordinality="n"
+        ).render_derived()
+        start = cast((page.c.n - 1) * DIGEST_BYTES + 1, Integer)
+        digest = func.substring(literal(blob, LargeBinary), start, DIGEST_BYTES)
         statement = upsert_ignore(conn, record_hashes).from_select(
             ["record_id", "hash_version", "content_hash", "error"],
-            select(page.c.record_id, literal(target, String), page.c.content_hash, page.c.error),
+            select(
+                page.c.record_id, literal(target, String),
+                case((page.c.error.is_(None), digest), else_=null()), page.c.error,
+            ),
         )
-        return len(conn.execute(statement.returning(record_hashes.c.record_id)).all())
+        return set(conn.execute(statement.returning(record_hashes.c.record_id)).scalars())
     values = [{"record_id": rid, "hash_version": target, "content_hash": digest, "error": error} for rid, digest, error in rows]
-    return len(conn.execute(upsert_ignore(conn, record_hashes).returning(record_hashes.c.record_id), values).all())
+    return set(conn.execute(upsert_ignore(conn, record_hashes).returning(record_hashes.c.record_id), values).scalars())
 
 
 @dataclass(frozen=True)
@@ -145,36 +155,32 @@ class Progress:
         return self.rows - self.done
 
 
-def progress(conn: Connection, target: str, shard: str | None = None) -> Progress:
+def progress(conn: Connection, target: str, shard: str | None = None, *, finished: bool = False) -> Progress:
     """Rows, rows with a `target` digest, rows `target` cannot hash; in one shard or everywhere.
 
-    Everywhere needs no join: `record_hashes` has one row per (record, version)
-    and its rows go with their record. In a shard, each row of the range is
-    looked up by primary key (a per-row subplan, whatever the statistics say).
+    Counts only: `record_hashes` has one row per (record, version) and its
+    rows go with their record, and error rows are the ones without a digest,
+    so everything but the rows left is an index-only count. Rows left in a
+    shard take a primary-key probe per row; `finished=True` (a run that read
+    the shard to its end) skips it, since the run found none left.
     """
     if shard is None:
         rows = conn.execute(select(func.count()).select_from(records)).scalar_one()
-        with_digest, with_error = conn.execute(
-            select(func.count(record_hashes.c.content_hash), func.count(record_hashes.c.error))
-            .where(record_hashes.c.hash_version == target)
-        ).one()
-        return Progress(rows, with_digest, with_error)
-    status = (
-        select(case((record_hashes.c.error.is_(None), 1), else_=2))
-        .where(_of_record(record_hashes, target))
-        .scalar_subquery()
-    )
-    page = (
-        select(status.label("status"))
-        .where(records.c.hash_version.in_(sorted(HASH_RULES)), _in_shard(shard))
-        .subquery("shard_rows")
-    )
-    rows, with_digest, with_error = conn.execute(
-        select(
-            func.count(), func.count(case((page.c.status == 1, 1))), func.count(case((page.c.status == 2, 1)))
+        done, unhashable = (
+            conn.execute(select(func.count()).where(*where)).scalar_one()
+            for where in (
+                [record_hashes.c.hash_version == target],
+                [record_hashes.c.hash_version == target, record_hashes.c.content_hash.is_(None)],
+            )
         )
-    ).one()
-    return Progress(rows, with_digest, with_error)
+        return Progress(rows, done - unhashable, unhashable)
+    in_shard = [records.c.hash_version.in_(sorted(HASH_RULES)), _in_shard(shard)]
+    rows = conn.execute(select(func.count()).select_from(records).where(*in_shard)).scalar_one()
+    unhashable, _ = unhashable_rows(conn, target, shard, limit=0)
+    left = 0 if finished else conn.execute(
+        select(func.count()).select_from(records).where(*in_shard, _lacks(target))
+    ).scalar_one()
+    return Progress(rows, rows - left - unhashable, unhashable)
 
 
 def refresh_statistics(conn: Connection) -> None:
@@ -200,6 +206,8 @@ def unhashable_rows(conn: Connection, target: str, shard: str | None = None, lim
         where += [records.c.hash_version.in_(sorted(HASH_RULES)), _in_shard(shard)]
     joined = record_hashes.join(records, records.c.record_id == record_hashes.c.record_id)
     total = conn.execute(select(func.count()).select_from(joined).where(*where)).scalar_one()
+    if not limit:
+        return total, []
     examples = conn.execute(
         select(records.c.natural_key, record_hashes.c.error).select_from(joined).where(*where)
         .order_by(records.c.natural_key).limit(limit)

@@ -20,6 +20,15 @@ def _rate(distinct_count: int, total: int) -> float:
     return 1.0 - distinct_count / total if total else 0.0
 
 
+def _collapse(total: int, distinct_source: int, distinct_target: int, prefix: str = "") -> dict:
+    """Collapse rate under each version and the change (new minus old)."""
+    source, target = _rate(distinct_source, total), _rate(distinct_target, total)
+    return {
+        f"{prefix}collapse_rate_source": source, f"{prefix}collapse_rate_target": target,
+        f"{prefix}collapse_rate_change": target - source,
+    }
+
+
 def _pairs(source: str, target: str):
     """Warehouse rows with a digest under both versions: (record_id, natural_key, source digest, target digest)."""
     s, t = record_hashes.alias("s"), record_hashes.alias("t")
@@ -67,11 +76,9 @@ def warehouse_figures(conn: Connection, source: str, target: str, examples: int 
         }
         for td, n in top
     ]
-    rate_source, rate_target = _rate(distinct_source, rows), _rate(distinct_target, rows)
     return {
         "rows_compared": rows, "distinct_source": distinct_source, "distinct_target": distinct_target,
-        "collapse_rate_source": rate_source, "collapse_rate_target": rate_target,
-        "collapse_rate_change": rate_target - rate_source,
+        **_collapse(rows, distinct_source, distinct_target),
         "merge_groups": merge_groups, "rows_in_merge_groups": int(rows_in_merges),
         "rows_merged_away": int(rows_in_merges) - merge_groups, "merge_examples": merge_examples,
     }
@@ -118,10 +125,8 @@ def staged_figures(conn: Connection, source: str, target: str, examples: int = 1
         }
         for s_digest, n in top
     ]
-    rate_source, rate_target = _rate(distinct_source, lines), _rate(distinct_target, lines)
     return {
         "staged_lines": lines, "staged_distinct_source": distinct_source, "staged_distinct_target": distinct_target,
-        "staged_collapse_rate_source": rate_source, "staged_collapse_rate_target": rate_target,
-        "staged_collapse_rate_change": rate_target - rate_source,
+        **_collapse(lines, distinct_source, distinct_target, prefix="staged_"),
         "split_groups": split_groups, "split_examples": split_examples,
     }
