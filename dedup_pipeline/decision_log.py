@@ -47,9 +47,12 @@ def emit(decisions: Iterable, version: str, batch_id: str, run_id: str, seen_set
         return
     now = datetime.now().astimezone().isoformat()
     for record, decision in decisions:
+        if decision.value == "erased":  # an erased subject's key and digest are never logged again
+            key = digest = None
+        else:
+            key, digest = record.natural_key, record.hashes[version]
         logger.info(json.dumps(event(
-            now, record.natural_key, version, record.hashes[version], decision.value, batch_id, record.line_no,
-            run_id, seen_set=seen_set,
+            now, key, version, digest, decision.value, batch_id, record.line_no, run_id, seen_set=seen_set,
         ), ensure_ascii=False))
 
 

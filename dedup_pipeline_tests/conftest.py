@@ -33,6 +33,9 @@ def pg_database_url():
 @pytest.fixture(params=["sqlite", "postgresql"])
 def warehouse_url(request, tmp_path):
     """A warehouse URL with an empty schema: a SQLite file, or the session's PostgreSQL database."""
+    from dedup_pipeline.defs.resources import _warehouse
+
+    _warehouse.cache_clear()  # a process-wide Warehouse made by an earlier test has not seen this schema reset
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'warehouse.sqlite'}"
         return

@@ -148,6 +148,13 @@ def _history_of_stored(conn: Connection, plan: ChunkPlan, batch_id: str, now: da
     conn.execute(insert(record_history).from_select(_HISTORY_COLUMNS, old))
 
 
+def _logged_identity(record: CanonicalRecord, decision: Decision, version: str) -> tuple:
+    """(key, version, digest) for the decision log; nothing for an erased subject, whose key may be personal data."""
+    if decision == Decision.ERASED:
+        return None, None, None
+    return record.natural_key, version, bytes.fromhex(record.hashes[version])
+
+
 def apply_plan(
     conn: Connection,
     plan: ChunkPlan,
@@ -183,8 +190,7 @@ def apply_plan(
     ))
     counts: Counter = Counter(decision.value for _, decision in plan.decisions)
     copy_rows(conn, dedup_decisions, _DECISION_COLUMNS, (
-        (batch_id, record.line_no, run_id, record.natural_key, version, bytes.fromhex(record.hashes[version]),
-         decision.value, now)
+        (batch_id, record.line_no, run_id, *_logged_identity(record, decision, version), decision.value, now)
         for record, decision in plan.decisions
     ))
     return counts

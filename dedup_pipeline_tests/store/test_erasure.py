@@ -143,13 +143,13 @@ def test_no_recrawl_gets_past_the_tombstones(warehouse, crawled):
     assert record_id(warehouse, P4) is None and record_id(warehouse, "https://reseller.example.com/item/77") is None
     # The suppressed lines left no staged copy behind.
     assert count(warehouse, canonical_records, canonical_records.c.batch_id == "day3") == 2
-    # Retention clears the keys and digests the decision log wrote for the suppressed lines.
+    # The decision log records the suppression without the erased key or digest, so retention has nothing to redact.
     erased = dedup_decisions.c.decision == "erased"
-    assert count(warehouse, dedup_decisions, erased, dedup_decisions.c.natural_key.is_not(None)) == 2
-    pruned = prune_retention(warehouse, RetentionSettings())
-    assert pruned.redacted_erased_decisions == 2
-    assert count(warehouse, dedup_decisions, erased, dedup_decisions.c.natural_key.is_not(None)) == 0
     assert count(warehouse, dedup_decisions, erased) == 2
+    assert count(warehouse, dedup_decisions, erased, dedup_decisions.c.natural_key.is_not(None)) == 0
+    assert count(warehouse, dedup_decisions, erased, dedup_decisions.c.content_hash.is_not(None)) == 0
+    pruned = prune_retention(warehouse, RetentionSettings())
+    assert pruned.redacted_erased_decisions == 0
 
 
 def test_erasure_by_field_reaches_history_but_spares_the_listing_now_held_by_someone_else(warehouse, tmp_path):
