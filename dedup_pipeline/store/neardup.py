@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text
+from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, true
 
+from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import (
     lsh_buckets, minhash_signatures, near_duplicate_clusters, near_duplicate_links, records, settings,
 )
@@ -69,21 +70,19 @@ def replace_sketches(
             or_(near_duplicate_links.c.record_a.in_(ids), near_duplicate_links.c.record_b.in_(ids))
         )
     )
-    conn.execute(
-        insert(minhash_signatures),
-        [
-            {"record_id": row.record_id, "index_identity": identity, "content_hash": row.content_hash, "signature": sig}
-            for row, sig in zip(rows, signatures)
-        ],
+    copy_rows(
+        conn, minhash_signatures, ("record_id", "index_identity", "content_hash", "signature"),
+        ((row.record_id, identity, row.content_hash, sig) for row, sig in zip(rows, signatures)),
     )
-    bucket_rows = [
-        {"band": band, "bucket": int(bucket), "record_id": row.record_id}
-        for row, keys, ok in zip(rows, buckets, indexable)
-        if ok
-        for band, bucket in enumerate(keys)
-    ]
-    if bucket_rows:
-        conn.execute(upsert_ignore(conn, lsh_buckets), bucket_rows)
+    copy_rows(
+        conn, lsh_buckets, ("band", "bucket", "record_id"),
+        (
+            (band, int(bucket), row.record_id)
+            for row, keys, ok in zip(rows, buckets.tolist(), indexable.tolist())
+            if ok
+            for band, bucket in enumerate(keys)
+        ),
+    )
 
 
 def candidate_partners(
@@ -99,16 +98,59 @@ def candidate_partners(
     the bucket, found by OFFSET on the (band, bucket, record_id) key), so a
     huge bucket costs `max_bucket_size` index entries per record, not m.
     """
+    if max_bucket_size is not None and conn.dialect.name == "postgresql":
+        pairs, capped = set(), set()
+        for mine, other, rank, band, bucket in conn.execute(capped_lateral_query(ids, max_bucket_size)):
+            if rank > max_bucket_size:
+                capped.add((band, bucket))
+            else:
+                pairs.add((mine, other))
+        return sorted(pairs), sorted(capped)
+    query, capped_query = candidate_queries(ids, max_bucket_size)
+    pairs = [(a, b) for a, b in conn.execute(query)]
+    if capped_query is None:
+        return pairs, []
+    return pairs, sorted((band, bucket) for band, bucket in conn.execute(capped_query))
+
+
+def capped_lateral_query(ids: Sequence[int], max_bucket_size: int):
+    """PostgreSQL: per bucket key of `ids`, its `max_bucket_size` + 1 oldest members in one LATERAL index probe.
+
+    Rows are (record, other record, rank in the bucket, band, bucket), the
+    record itself left out; a row of rank `max_bucket_size` + 1 marks a capped
+    bucket and is not a candidate.
+    """
+    keys = (
+        select(lsh_buckets.c.record_id, lsh_buckets.c.band, lsh_buckets.c.bucket)
+        .where(lsh_buckets.c.record_id.in_(ids))
+        .cte("keys")
+    )
+    inner = lsh_buckets.alias("inner")
+    top = (
+        select(inner.c.record_id.label("other_id"), func.row_number().over(order_by=inner.c.record_id).label("rank"))
+        .where(inner.c.band == keys.c.band, inner.c.bucket == keys.c.bucket)
+        .order_by(inner.c.record_id)
+        .limit(max_bucket_size + 1)
+        .lateral("top")
+    )
+    return (
+        select(keys.c.record_id, top.c.other_id, top.c.rank, keys.c.band, keys.c.bucket)
+        .select_from(keys.join(top, true()))
+        .where(top.c.other_id != keys.c.record_id)
+    )
+
+
+def candidate_queries(ids: Sequence[int], max_bucket_size: int | None = None):
+    """The SELECTs behind :func:`candidate_partners`: (pairs query, capped-buckets query or None)."""
     mine, other = lsh_buckets.alias("mine"), lsh_buckets.alias("other")
-    same_bucket = and_(mine.c.band == other.c.band, mine.c.bucket == other.c.bucket)
     if max_bucket_size is None:
         query = (
             select(mine.c.record_id, other.c.record_id)
-            .select_from(mine.join(other, same_bucket))
+            .select_from(mine.join(other, and_(mine.c.band == other.c.band, mine.c.bucket == other.c.bucket)))
             .where(mine.c.record_id.in_(ids), other.c.record_id != mine.c.record_id)
             .distinct()
         )
-        return [(a, b) for a, b in conn.execute(query)], []
+        return query, None
     inner = lsh_buckets.alias("inner")
     first_excluded = (
         select(inner.c.record_id)
@@ -126,18 +168,15 @@ def candidate_partners(
     )
     query = (
         select(limits.c.record_id, other.c.record_id)
-        .select_from(
-            limits.join(other, and_(limits.c.band == other.c.band, limits.c.bucket == other.c.bucket))
-        )
+        .select_from(limits.join(other, and_(limits.c.band == other.c.band, limits.c.bucket == other.c.bucket)))
         .where(
             other.c.record_id != limits.c.record_id,
             or_(limits.c.upto.is_(None), other.c.record_id < limits.c.upto),
         )
         .distinct()
     )
-    pairs = [(a, b) for a, b in conn.execute(query)]
     capped = select(limits.c.band, limits.c.bucket).where(limits.c.upto.is_not(None)).distinct()
-    return pairs, sorted((band, bucket) for band, bucket in conn.execute(capped))
+    return query, capped
 
 
 def load_sketches(conn: Connection, ids: Iterable[int]) -> dict[int, bytes]:
