@@ -227,6 +227,10 @@ def backfill(warehouse: Warehouse, target: str, chunk_size: int = DEFAULT_CHUNK_
 
 # ---------------------------------------------------------------- 2. compare
 
+#: Figures that name rows (keys and digests): shown in the run's metadata, not stored in the warehouse.
+EXAMPLE_KEYS = ("merge_examples", "split_examples", "unhashable_examples")
+
+
 @dataclass
 class Comparison:
     source: str
@@ -260,8 +264,9 @@ def compare_versions(
         "unhashable_examples": [list(pair) for pair in unhashable_examples],
     })
     passed = low <= figures["collapse_rate_change"] <= high
+    counts = {k: v for k, v in figures.items() if k not in EXAMPLE_KEYS}  # keys and digests stay out of the warehouse
     with warehouse.engine.begin() as conn:
-        comparison_id = store.store_comparison(conn, source, target, utcnow(), passed, figures)
+        comparison_id = store.store_comparison(conn, source, target, utcnow(), passed, counts)
     return Comparison(source, target, passed, figures, comparison_id)
 
 
@@ -374,7 +379,6 @@ def switch_hash_version(
         details = {
             "problems": problems, "promoted": promoted, "kept_merged": kept_merged,
             "kept_unhashable": unhashable, "sketches_relabelled": relabelled,
-            "unhashable_examples": [list(pair) for pair in unhashable_examples],
         }
         event_id = store.record_event(
             conn, "switch", source, target, now, forced=bool(problems) and force, reason=reason or None,

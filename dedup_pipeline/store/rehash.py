@@ -302,24 +302,17 @@ def move_merged_to_history(
 ) -> int:
     """Delete merged rows still under `old` (a concurrent crawl may have rewritten them) into `record_history`.
 
-    The history row keeps the row's own version and digest; its
+    The history row keeps the row's own key, version, digest and payload; its
     `superseded_by_batch_id` is ``retire:<old>``, and `rehash_merged_records`
-    says, per row, which row it merged into and why.
+    says, per row (ids only), which row it merged into and why.
     """
     into = dict(merged)
-    mine = record_hashes.alias("mine")
     moved = 0
     ids = list(into)
     for start in range(0, len(ids), chunk):
-        part = ids[start:start + chunk]
-        digests = dict(
-            conn.execute(
-                select(mine.c.record_id, mine.c.content_hash).where(mine.c.hash_version == active, mine.c.record_id.in_(part))
-            ).all()
-        )
         gone = conn.execute(
             delete(records)
-            .where(records.c.record_id.in_(part), records.c.hash_version == old)
+            .where(records.c.record_id.in_(ids[start:start + chunk]), records.c.hash_version == old)
             .returning(
                 records.c.record_id, records.c.natural_key, records.c.hash_version, records.c.content_hash,
                 records.c.payload, records.c.last_crawled_at,
@@ -333,10 +326,9 @@ def move_merged_to_history(
             for rid, key, version, digest, payload, crawled in gone
         ])
         conn.execute(insert(rehash_merged_records), [
-            {"event_id": event_id, "record_id": rid, "natural_key": key, "merged_into_record_id": into[rid],
-             "hash_version": active, "content_hash": digests[rid],
+            {"event_id": event_id, "record_id": rid, "merged_into_record_id": into[rid],
              "reason": f"same {active} content as record {into[rid]}; retired with {old}"}
-            for rid, key, *_ in gone
+            for rid, *_ in gone
         ])
         moved += len(gone)
     return moved

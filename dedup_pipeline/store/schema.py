@@ -169,6 +169,7 @@ exact_rung_runs = Table(
 
 # ---------------------------------------------------------------- rehash migration (dedup_pipeline/ladder/rehash.py)
 
+# Figures of each comparison (counts and rates; the examples, keys and digests, stay in the run's metadata).
 rehash_comparisons = Table(
     "rehash_comparisons", metadata,
     Column("comparison_id", Id, primary_key=True, autoincrement=True),
@@ -180,7 +181,7 @@ rehash_comparisons = Table(
     Index("ix_rehash_comparisons_pair", "source_version", "target_version", "comparison_id"),
 )
 
-# Audit of every switch and retire of the active hash version, forced or not, with its reason.
+# Audit of every switch and retire of the active hash version, forced or not, with its reason (counts, no keys).
 hash_version_events = Table(
     "hash_version_events", metadata,
     Column("event_id", Id, primary_key=True, autoincrement=True),
@@ -196,14 +197,12 @@ hash_version_events = Table(
 )
 
 # Rows a retire moved to record_history because their content merged into another row under the new version.
+# Ids only: the key, digest and payload are in record_history, where erasure finds them.
 rehash_merged_records = Table(
     "rehash_merged_records", metadata,
     Column("event_id", Id, primary_key=True),
     Column("record_id", Id, primary_key=True),
-    Column("natural_key", Text, nullable=False),
     Column("merged_into_record_id", Id, nullable=False),
-    Column("hash_version", String(32), nullable=False),
-    Column("content_hash", Digest, nullable=False),
     Column("reason", Text, nullable=False),
 )
 
