@@ -14,6 +14,32 @@ from dedup_pipeline.store.warehouse import Warehouse
 PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def keep_ephemeral_instances_alive():
+    """Keep every test's ephemeral Dagster instance alive until the session ends.
+
+    Dagster's storages hold only a weak reference to their instance, and the
+    module-level `defs` (shared by all tests of a worker) caches objects that
+    reach such storages. When a test's instance is garbage collected, a later
+    test could fail with "Attempted to resolve undefined DagsterInstance
+    weakref" depending on test order and GC timing. Holding the instances makes
+    that impossible; each is a small in-memory store.
+    """
+    import dagster as dg
+
+    kept = []
+    original = dg.DagsterInstance.ephemeral  # a staticmethod
+
+    def ephemeral(*args, **kwargs):
+        instance = original(*args, **kwargs)
+        kept.append(instance)
+        return instance
+
+    dg.DagsterInstance.ephemeral = staticmethod(ephemeral)
+    yield kept
+    dg.DagsterInstance.ephemeral = staticmethod(original)
+
+
 @pytest.fixture(scope="session")
 def pg_database_url():
     """A fresh PostgreSQL database for this test session, dropped at the end."""
