@@ -227,10 +227,6 @@ def backfill(warehouse: Warehouse, target: str, chunk_size: int = DEFAULT_CHUNK_
 
 # ---------------------------------------------------------------- 2. compare
 
-#: Figures that name rows (keys and digests): shown in the run's metadata, not stored in the warehouse.
-EXAMPLE_KEYS = ("merge_examples", "split_examples", "unhashable_examples")
-
-
 @dataclass
 class Comparison:
     source: str
@@ -264,9 +260,8 @@ def compare_versions(
         "unhashable_examples": [list(pair) for pair in unhashable_examples],
     })
     passed = low <= figures["collapse_rate_change"] <= high
-    counts = {k: v for k, v in figures.items() if k not in EXAMPLE_KEYS}  # keys and digests stay out of the warehouse
     with warehouse.engine.begin() as conn:
-        comparison_id = store.store_comparison(conn, source, target, utcnow(), passed, counts)
+        comparison_id = store.store_comparison(conn, source, target, utcnow(), passed, figures)
     return Comparison(source, target, passed, figures, comparison_id)
 
 

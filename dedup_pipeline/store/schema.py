@@ -169,7 +169,7 @@ exact_rung_runs = Table(
 
 # ---------------------------------------------------------------- rehash migration (dedup_pipeline/ladder/rehash.py)
 
-# Figures of each comparison (counts and rates; the examples, keys and digests, stay in the run's metadata).
+# Figures of each comparison; its examples name rows by key and digest (an erasure redacts them).
 rehash_comparisons = Table(
     "rehash_comparisons", metadata,
     Column("comparison_id", Id, primary_key=True, autoincrement=True),
