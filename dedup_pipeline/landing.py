@@ -143,12 +143,27 @@ class _FingerprintedFile(io.RawIOBase):
         return n
 
 
+def _corrupt(exc: BaseException) -> bool:
+    """Damage inside the compressed data (a failed CRC or length check, an invalid deflate stream).
+
+    A stream that merely ends early (EOFError) decompresses to an exact prefix
+    of the original, and bytes that are not gzip at all yield nothing, so
+    those are a quarantined tail. Corrupt data is only detected after the
+    lines before it were produced, and any of them may have been altered.
+    """
+    if isinstance(exc, zlib.error):
+        return True
+    return isinstance(exc, gzip.BadGzipFile) and not str(exc).startswith("Not a gzipped file")
+
+
 def iter_lines(path: Path, fingerprint: Fingerprint | None = None) -> Iterator[Line]:
     """Stream the non-blank lines of a batch file, gunzipping when needed.
 
-    Memory is one line at a time. A truncated or corrupt gzip stream yields
-    every complete line before the damage and then raises `TruncatedBatch`
-    carrying the incomplete tail, so the caller can quarantine it.
+    Memory is one line at a time. A truncated gzip stream (or bytes that are
+    not gzip) yields every complete line before the damage and then raises
+    `TruncatedBatch` carrying the incomplete tail, so the caller can
+    quarantine it. A corrupt one (failed CRC, invalid deflate data) raises
+    `BatchFileError`: its lines cannot be trusted, so the rung writes nothing.
     `fingerprint`, if given, receives every byte of the file the lines came
     from (after damage, the rest of the file too).
     """
@@ -164,6 +179,10 @@ def iter_lines(path: Path, fingerprint: Fingerprint | None = None) -> Iterator[L
                     # are returned, never dropped along with the partial block that hit it.
                     block = handle.read1(1 << 20)
                 except (EOFError, OSError, zlib.error) as exc:
+                    if _corrupt(exc):
+                        raise BatchFileError(
+                            f"batch file {path} is corrupt ({exc}): none of its lines can be trusted; fetch it again"
+                        ) from None
                     if fingerprint:
                         while source.read1(1 << 20):
                             pass

@@ -133,6 +133,29 @@ def test_a_file_that_is_not_gzip_is_one_quarantined_tail(warehouse, tmp_path):
     assert count(warehouse.engine, crawl_batches) == 1 and not stored_payloads(warehouse.engine)
 
 
+@pytest.mark.parametrize("level", [0, 6], ids=["stored", "deflated"])
+def test_a_corrupt_gzip_is_refused_whole(warehouse, tmp_path, level):
+    """Breaks: one bit flipped inside a gzipped batch's compressed data (bad disk, bad copy).
+
+    Must hold: the damage is only detected at the CRC check after the lines
+    were decompressed, and any of them may carry the flipped bit, so the raw
+    rung refuses the whole file with a clear error and registers nothing,
+    quarantines nothing, stores nothing (whereas a merely truncated file keeps
+    its exact prefix, see above).
+    """
+    from dedup_pipeline.ladder.raw import ingest_raw_batch
+    from dedup_pipeline.landing import BatchFileError, find_batch
+
+    folder = tmp_path / "landing"
+    folder.mkdir()
+    data = bytearray(gzip.compress(b"".join(json.dumps(listing(n)).encode() + b"\n" for n in range(300)), compresslevel=level))
+    data[len(data) // 2] ^= 0x10
+    (folder / "flipped.jsonl.gz").write_bytes(bytes(data))
+    with pytest.raises(BatchFileError, match=r"is corrupt \((CRC check failed|Error -3).*none of its lines can be trusted"):
+        ingest_raw_batch(warehouse, find_batch(folder, "flipped"))
+    assert count(warehouse.engine, crawl_batches) == 0 and not quarantined_lines(warehouse.engine, "flipped")
+
+
 @pytest.mark.parametrize("name, data", [
     ("empty.jsonl", b""),
     ("blank.jsonl", b"\n  \n\r\n\t\n"),
