@@ -17,10 +17,8 @@ from pydantic import Field
 
 from dedup_pipeline.core.hashing import hash_rule
 from dedup_pipeline.defs.resources import WarehouseResource
-from dedup_pipeline.ladder.rehash import (
-    DEFAULT_CHUNK_SIZE, Comparison, MigrationRefused, ShardReport, backfill_shard, compare_versions,
-    retire_hash_version, switch_hash_version,
-)
+from dedup_pipeline.ladder.rehash import DEFAULT_CHUNK_SIZE, Comparison, ShardReport, backfill_shard, compare_versions
+from dedup_pipeline.ladder.rehash_switch import MigrationRefused, retire_hash_version, switch_hash_version
 from dedup_pipeline.store.rehash import SHARDS
 
 MIGRATION_TAG = "dedup/migration"

@@ -1,4 +1,4 @@
-"""Set-based statements of the rehash migration: shard pages, target digests, progress, switch and retire.
+"""Set-based statements of the rehash backfill: shards, pages of rows lacking a version, their digests, progress.
 
 Shards split `records` by the first hex digit of the row's stored digest
 (`records.content_hash`, under the version active when the row was
@@ -10,28 +10,24 @@ Digests of the target version are written into `record_hashes` beside the
 old ones with one multi-row INSERT ... ON CONFLICT DO NOTHING per page: a
 re-run (after a kill, or a whole second backfill) finds the rows already
 hashed and writes nothing. No statement here compares digests of two
-different versions.
+different versions. The switch and retire statements are in `rehash_switch`,
+the comparison queries in `rehash_compare`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Sequence
 
 from sqlalchemy import (
-    BigInteger, Connection, Integer, LargeBinary, String, Text, and_, case, cast, delete, exists, func, insert, literal,
-    null, select, text, true, update,
+    BigInteger, Connection, Integer, LargeBinary, String, Text, and_, case, cast, exists, func, literal, null, select, true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql import ColumnElement
 
 from dedup_pipeline.core.hashing import HASH_RULES
-from dedup_pipeline.store.schema import (
-    hash_version_events, minhash_signatures, record_hashes, record_history, records, rehash_comparisons,
-    rehash_merged_records, settings,
-)
-from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, upsert_ignore
+from dedup_pipeline.store.schema import record_hashes, records
+from dedup_pipeline.store.warehouse import upsert_ignore
 
 #: Shard keys: the first hex digit of the stored digest.
 SHARDS = tuple("0123456789abcdef")
@@ -50,7 +46,7 @@ def _in_shard(shard: str, digest=records.c.content_hash) -> ColumnElement:
     return and_(digest >= low, digest < high) if high is not None else digest >= low
 
 
-def _of_record(hashes, version: str, record_id=records.c.record_id) -> ColumnElement:
+def of_record(hashes, version: str, record_id=records.c.record_id) -> ColumnElement:
     """The `hashes` row of `record_id` under `version`, found through the primary key's record id.
 
     ``hash_version || ''`` keeps the planner off the (hash_version,
@@ -82,7 +78,7 @@ def _lacks(target: str) -> ColumnElement:
     probe = (
         select(literal(1))
         .select_from(record_hashes)
-        .where(_of_record(record_hashes, target))
+        .where(of_record(record_hashes, target))
         .offset(0)
     )
     return ~exists(probe)
@@ -183,18 +179,6 @@ def progress(conn: Connection, target: str, shard: str | None = None, *, finishe
     return Progress(rows, rows - left - unhashable, unhashable)
 
 
-def refresh_statistics(conn: Connection) -> None:
-    """ANALYZE the tables a switch or retire rewrites, so the next dedup batch is planned on the new version.
-
-    Autovacuum gets there too, but only after its next nap; a batch planned
-    on statistics that still say the new version has no rows can pick a join
-    that rescans every new digest per row. (The backfill's own per-record
-    probes do not depend on statistics, see `_of_record`.)
-    """
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("ANALYZE record_hashes, records"))
-
-
 def unhashable_rows(conn: Connection, target: str, shard: str | None = None, limit: int = 20) -> tuple[int, list[tuple[str, str]]]:
     """How many rows `target` cannot hash, and (natural key, reason) of the first `limit` by key.
 
@@ -213,169 +197,3 @@ def unhashable_rows(conn: Connection, target: str, shard: str | None = None, lim
         .order_by(records.c.natural_key).limit(limit)
     ).all()
     return total, [(key, reason) for key, reason in examples]
-
-
-# ---------------------------------------------------------------- switch
-
-def set_active_version(conn: Connection, version: str, now: datetime) -> None:
-    conn.execute(update(settings).where(settings.c.name == ACTIVE_HASH_VERSION).values(value=version, updated_at=now))
-
-
-def promote_group_leaders(conn: Connection, target: str) -> int:
-    """Rewrite `records` to `target` for the first row (smallest id) of each `target` digest group.
-
-    A group whose digest a row already holds under `target` keeps that holder;
-    every other row of a group (a merge under the new rule), and every row
-    `target` cannot hash, keeps its old version and digest, so UNIQUE
-    (hash_version, content_hash) holds at every moment.
-    """
-    digest = record_hashes.alias("digest")
-    leaders = (
-        select(func.min(digest.c.record_id))
-        .where(digest.c.hash_version == target, digest.c.content_hash.is_not(None))
-        .group_by(digest.c.content_hash)
-    )
-    own = record_hashes.alias("own")
-    held = records.alias("held")
-    own_digest = (
-        select(own.c.content_hash)
-        .where(_of_record(own, target))
-        .scalar_subquery()
-    )
-    already_held = exists().where(
-        _of_record(own, target),
-        held.c.hash_version == target, held.c.content_hash == own.c.content_hash,
-    )
-    statement = (
-        update(records)
-        .where(records.c.hash_version != target, records.c.record_id.in_(leaders), ~already_held)
-        .values(hash_version=target, content_hash=own_digest)
-    )
-    return conn.execute(statement).rowcount
-
-
-def follow_sketches(conn: Connection, source: str, target: str) -> int:
-    """Relabel near-duplicate sketches of promoted rows with their new digest (same payload, same sketch).
-
-    The near rung re-sketches a row whose sketch digest differs from its
-    `records` digest; a sketch made from the `source` digest of a row now
-    stored under `target` is still current, so it gets the `target` label.
-    """
-    old = record_hashes.alias("old")
-    current = records.alias("current")
-    s = minhash_signatures
-    statement = (
-        update(s)
-        .where(
-            exists().where(
-                current.c.record_id == s.c.record_id, current.c.hash_version == target,
-                _of_record(old, source, s.c.record_id), old.c.content_hash == s.c.content_hash,
-            )
-        )
-        .values(content_hash=select(current.c.content_hash).where(current.c.record_id == s.c.record_id).scalar_subquery())
-    )
-    return conn.execute(statement).rowcount
-
-
-# ---------------------------------------------------------------- retire
-
-def merged_rows(conn: Connection, old: str, active: str) -> list[tuple[int, int]]:
-    """(record_id, merged_into) for rows still stored under `old` whose `active` digest another row holds."""
-    mine = record_hashes.alias("mine")
-    holder = records.alias("holder")
-    query = (
-        select(records.c.record_id, holder.c.record_id)
-        .select_from(
-            records.join(mine, _of_record(mine, active)).join(
-                holder, and_(holder.c.hash_version == active, holder.c.content_hash == mine.c.content_hash)
-            )
-        )
-        .where(records.c.hash_version == old, holder.c.record_id != records.c.record_id)
-        .order_by(records.c.record_id)
-    )
-    return [(rid, into) for rid, into in conn.execute(query)]
-
-
-def move_merged_to_history(
-    conn: Connection, merged: Sequence[tuple[int, int]], old: str, active: str, event_id: int, now: datetime,
-    chunk: int = 5000,
-) -> int:
-    """Delete merged rows still under `old` (a concurrent crawl may have rewritten them) into `record_history`.
-
-    The history row keeps the row's own key, version, digest and payload; its
-    `superseded_by_batch_id` is ``retire:<old>``, and `rehash_merged_records`
-    says, per row (ids only), which row it merged into and why.
-    """
-    into = dict(merged)
-    moved = 0
-    ids = list(into)
-    for start in range(0, len(ids), chunk):
-        gone = conn.execute(
-            delete(records)
-            .where(records.c.record_id.in_(ids[start:start + chunk]), records.c.hash_version == old)
-            .returning(
-                records.c.record_id, records.c.natural_key, records.c.hash_version, records.c.content_hash,
-                records.c.payload, records.c.last_crawled_at,
-            )
-        ).all()
-        if not gone:
-            continue
-        conn.execute(insert(record_history), [
-            {"record_id": rid, "natural_key": key, "hash_version": version, "content_hash": digest, "payload": payload,
-             "valid_from": crawled, "superseded_at": now, "superseded_by_batch_id": f"retire:{old}"}
-            for rid, key, version, digest, payload, crawled in gone
-        ])
-        conn.execute(insert(rehash_merged_records), [
-            {"event_id": event_id, "record_id": rid, "merged_into_record_id": into[rid],
-             "reason": f"same {active} content as record {into[rid]}; retired with {old}"}
-            for rid, *_ in gone
-        ])
-        moved += len(gone)
-    return moved
-
-
-def drop_version_hashes(conn: Connection, version: str) -> int:
-    return conn.execute(delete(record_hashes).where(record_hashes.c.hash_version == version)).rowcount
-
-
-def rows_stored_under(conn: Connection, version: str) -> int:
-    return conn.execute(select(func.count()).select_from(records).where(records.c.hash_version == version)).scalar_one()
-
-
-# ---------------------------------------------------------------- audit and comparisons
-
-def record_event(
-    conn: Connection, action: str, from_version: str, to_version: str, now: datetime, *, forced: bool,
-    reason: str | None, run_id: str | None, details: dict, overlap_until: datetime | None = None,
-) -> int:
-    return conn.execute(
-        insert(hash_version_events)
-        .values(
-            action=action, from_version=from_version, to_version=to_version, occurred_at=now,
-            overlap_until=overlap_until, forced=forced, reason=reason, run_id=run_id, details=details,
-        )
-        .returning(hash_version_events.c.event_id)
-    ).scalar_one()
-
-
-def latest_event(conn: Connection, action: str, from_version: str):
-    e = hash_version_events
-    return conn.execute(
-        select(e).where(e.c.action == action, e.c.from_version == from_version).order_by(e.c.event_id.desc()).limit(1)
-    ).one_or_none()
-
-
-def store_comparison(conn: Connection, source: str, target: str, now: datetime, passed: bool, figures: dict) -> int:
-    return conn.execute(
-        insert(rehash_comparisons)
-        .values(source_version=source, target_version=target, compared_at=now, passed=passed, figures=figures)
-        .returning(rehash_comparisons.c.comparison_id)
-    ).scalar_one()
-
-
-def latest_comparison(conn: Connection, source: str, target: str):
-    c = rehash_comparisons
-    return conn.execute(
-        select(c).where(c.c.source_version == source, c.c.target_version == target)
-        .order_by(c.c.comparison_id.desc()).limit(1)
-    ).one_or_none()

@@ -9,10 +9,11 @@ natural keys and digests, never field values.
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 
-from sqlalchemy import Connection, and_, distinct, func, select
+from sqlalchemy import Connection, and_, distinct, func, insert, select
 
-from dedup_pipeline.store.schema import canonical_records, record_hashes, records
+from dedup_pipeline.store.schema import canonical_records, record_hashes, records, rehash_comparisons
 
 
 def _rate(distinct_count: int, total: int) -> float:
@@ -130,3 +131,21 @@ def staged_figures(conn: Connection, source: str, target: str, examples: int = 1
         **_collapse(lines, distinct_source, distinct_target, prefix="staged_"),
         "split_groups": split_groups, "split_examples": split_examples,
     }
+
+
+# ---------------------------------------------------------------- stored comparisons
+
+def store_comparison(conn: Connection, source: str, target: str, now: datetime, passed: bool, figures: dict) -> int:
+    return conn.execute(
+        insert(rehash_comparisons)
+        .values(source_version=source, target_version=target, compared_at=now, passed=passed, figures=figures)
+        .returning(rehash_comparisons.c.comparison_id)
+    ).scalar_one()
+
+
+def latest_comparison(conn: Connection, source: str, target: str):
+    c = rehash_comparisons
+    return conn.execute(
+        select(c).where(c.c.source_version == source, c.c.target_version == target)
+        .order_by(c.c.comparison_id.desc()).limit(1)
+    ).one_or_none()
