@@ -88,7 +88,7 @@ def hash_payloads(target: str, page: list[store.PendingRow]) -> list[tuple[int, 
     return rows
 
 
-class shard_pages:
+class ShardPages:
     """Keyset pages of the shard's rows lacking `target`, version by version, each read in its own transaction.
 
     `stopped` says whether `max_chunks` ended the iteration before the shard's end.
@@ -183,7 +183,7 @@ def backfill_shard(
         raise ValueError("chunk_size must be at least 1")
     report = ShardReport(target, shard)
     started = time.perf_counter()
-    pages = shard_pages(warehouse, target, shard, chunk_size, max_chunks)
+    pages = ShardPages(warehouse, target, shard, chunk_size, max_chunks)
     with warehouse.engine.connect() as conn:
         for page in read_ahead(pages):
             rows = hash_payloads(target, page)
