@@ -20,7 +20,8 @@ def keep_ephemeral_instances_alive():
 
     Dagster's storages hold only a weak reference to their instance, and the
     module-level `defs` (shared by all tests of a worker) caches objects that
-    reach such storages. When a test's instance is garbage collected, a later
+    reach such storages (the definitions' load context takes one from
+    `DagsterInstance.get()`). When such an instance is garbage collected, a later
     test could fail with "Attempted to resolve undefined DagsterInstance
     weakref" depending on test order and GC timing. Holding the instances makes
     that impossible; each is a small in-memory store.
@@ -28,16 +29,21 @@ def keep_ephemeral_instances_alive():
     import dagster as dg
 
     kept = []
-    original = dg.DagsterInstance.ephemeral  # a staticmethod
+    originals = {name: getattr(dg.DagsterInstance, name) for name in ("ephemeral", "get")}  # staticmethods
 
-    def ephemeral(*args, **kwargs):
-        instance = original(*args, **kwargs)
-        kept.append(instance)
-        return instance
+    def keeping(make):
+        def wrapper(*args, **kwargs):
+            instance = make(*args, **kwargs)
+            kept.append(instance)
+            return instance
 
-    dg.DagsterInstance.ephemeral = staticmethod(ephemeral)
+        return staticmethod(wrapper)
+
+    for name, make in originals.items():
+        setattr(dg.DagsterInstance, name, keeping(make))
     yield kept
-    dg.DagsterInstance.ephemeral = staticmethod(original)
+    for name, make in originals.items():
+        setattr(dg.DagsterInstance, name, staticmethod(make))
 
 
 @pytest.fixture(scope="session")

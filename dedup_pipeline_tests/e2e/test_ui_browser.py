@@ -200,8 +200,9 @@ def test_ui_shows_the_ladder_its_checks_plots_and_funnel(ui):
         page.goto(server.url + "/locations/dedup_pipeline/asset-groups/dedup_ladder")
         for name in ASSETS:
             expect(page.get_by_text(name, exact=True).first).to_be_visible()
-        # the check summaries of canonical_records and deduplicated_records, once the graph's live data has loaded
-        expect(page.get_by_text(re.compile(r"^(\d+) / \1 Passed$"))).to_have_count(2)
+        # the check summaries of canonical_records, deduplicated_records and near_duplicate_clusters,
+        # once the graph's live data has loaded
+        expect(page.get_by_text(re.compile(r"^(\d+) / \1 Passed$"))).to_have_count(3)
         page.screenshot(path=ARTIFACTS / "asset-graph.png")
 
         page.goto(server.url + "/assets/deduplicated_records?view=checks")
