@@ -69,7 +69,8 @@ def worker(*args: str) -> list[str]:
     return [sys.executable, "-m", "dedup_pipeline_tests.reliability.worker", *args]
 
 
-@pytest.mark.parametrize("during", ["exact", "near"])
+@pytest.mark.parametrize("warehouse_url, during", [("sqlite", "exact"), ("postgresql", "exact"), ("postgresql", "near")],
+                         indirect=["warehouse_url"])
 def test_a_ladder_process_killed_mid_partition(warehouse, warehouse_url, tmp_path, during):
     """Breaks: the process running a partition's ladder is SIGKILLed after some chunks of the exact rung
     (or of the near-duplicate rung) have committed.
@@ -142,6 +143,7 @@ def _digests(engine, version: str) -> list[tuple]:
         ).all())
 
 
+@pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
 def test_a_rehash_backfill_killed_mid_shard(warehouse, warehouse_url, tmp_path):
     """Breaks: a rehash backfill process (content/1 -> content/2) is SIGKILLed after some of its pages committed.
 

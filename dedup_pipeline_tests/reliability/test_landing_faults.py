@@ -92,6 +92,7 @@ def run_worker(*args: str, drop_root_rights: bool = False) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("warehouse_url", ["sqlite"], indirect=True)  # the landing folder does not care which warehouse
 def test_a_read_only_landing_folder_is_only_read(warehouse, tmp_path):
     """Breaks: the landing folder is read-only (a tmpfs remounted read-only when possible, else chmod a-w).
 

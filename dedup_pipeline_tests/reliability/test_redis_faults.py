@@ -23,6 +23,8 @@ from dedup_pipeline_tests.reliability.ladder_run import (
 from dedup_pipeline_tests.reliability.redis_server import PrivateRedis
 
 KEYS = ("a", "b", "c")
+#: Redis is the production seen-set, next to PostgreSQL (the embedded default uses a Bloom file).
+ON_POSTGRESQL = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
 
 
 @pytest.fixture
@@ -80,6 +82,7 @@ class KillingSeenSet(RedisSeenSet):
                 self.server.restart()
 
 
+@ON_POSTGRESQL
 def test_redis_stopped_before_the_run(warehouse, tmp_path, crawl, private_redis):
     """Breaks: Redis is down (SIGKILLed) before the run starts, and stays down.
 
@@ -97,6 +100,7 @@ def test_redis_stopped_before_the_run(warehouse, tmp_path, crawl, private_redis)
     assert_one_row_per_key_and_content(warehouse.engine)
 
 
+@ON_POSTGRESQL
 def test_redis_killed_mid_run_and_restarted_empty(warehouse, tmp_path, crawl, private_redis):
     """Breaks: Redis is SIGKILLed between two chunks of a batch, and comes back empty two chunks later.
 
@@ -122,6 +126,7 @@ def test_redis_killed_mid_run_and_restarted_empty(warehouse, tmp_path, crawl, pr
     assert_one_row_per_key_and_content(warehouse.engine)
 
 
+@ON_POSTGRESQL
 def test_redis_flushed_between_runs(warehouse, tmp_path, crawl, private_redis):
     """Breaks: FLUSHALL on the (private) Redis between batches: every key gone, the server healthy.
 
