@@ -46,6 +46,17 @@ def keep_ephemeral_instances_alive():
         setattr(dg.DagsterInstance, name, staticmethod(make))
 
 
+@pytest.fixture(autouse=True)
+def no_stale_defs_state_storage():
+    """Dagster keeps a "current" definitions-state storage in a context variable that a finished run can
+    leave pointing at a storage whose instance is gone; loading `defs` in the next test then fails with
+    "undefined DagsterInstance weakref". Start every test without one (the default when nothing set it)."""
+    from dagster._core.storage.defs_state.base import _current_storage
+
+    _current_storage.set(None)
+    yield
+
+
 @pytest.fixture(scope="session")
 def pg_database_url():
     """A fresh PostgreSQL database for this test session, dropped at the end."""

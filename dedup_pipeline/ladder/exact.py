@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,7 +25,7 @@ from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable
 from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, as_utc, utcnow
 
 log = logging.getLogger(__name__)
-MAX_CHUNK_ATTEMPTS = 8
+MAX_CHUNK_ATTEMPTS = 40
 
 
 @dataclass
@@ -206,6 +208,8 @@ class _ChunkWriter:
                 else:
                     self.report.chunk_retries += 1
                 log.info("chunk of batch %s replayed (attempt %d): %s", self.batch_id, attempt, type(exc).__name__)
+                # Two workers replaying the same keys in lockstep would keep colliding: back off, with jitter.
+                time.sleep(random.uniform(0, 0.05 * min(attempt, 10)))
                 continue
             if hits is not None:
                 confirmed = sum(1 for d, hit in zip(digests, hits) if hit and d.hex() in stored)
