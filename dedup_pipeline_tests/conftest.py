@@ -46,15 +46,25 @@ def keep_ephemeral_instances_alive():
         setattr(dg.DagsterInstance, name, staticmethod(make))
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def no_stale_defs_state_storage():
-    """Dagster keeps a "current" definitions-state storage in a context variable that a finished run can
-    leave pointing at a storage whose instance is gone; loading `defs` in the next test then fails with
-    "undefined DagsterInstance weakref". Start every test without one (the default when nothing set it)."""
-    from dagster._core.storage.defs_state.base import _current_storage
+    """Never hand Dagster a "current" definitions-state storage in the test process.
 
-    _current_storage.set(None)
+    Dagster keeps that storage in a context variable which `with instance:` sets and resets by token.
+    A context object that entered an instance and is only finalised later (by the garbage collector,
+    in the middle of another test) resets the variable to whatever was current back then: the storage
+    of an instance that is gone or whose temporary directory was removed. Loading `defs` then fails
+    ("undefined DagsterInstance weakref", "unable to open database file"), depending on GC timing.
+    The storage only serves state-backed definitions, which this project has none of, so in-process
+    tests run as a process that never entered an instance does. Subprocesses (`dagster dev`, the CLI)
+    are untouched.
+    """
+    from dagster._core.storage.defs_state.base import DefsStateStorage
+
+    original = DefsStateStorage.__dict__["get"]
+    DefsStateStorage.get = classmethod(lambda cls: None)
     yield
+    DefsStateStorage.get = original
 
 
 @pytest.fixture(scope="session")

@@ -77,12 +77,16 @@ class Server:
 
     def up(self) -> bool:
         if self.proc.poll() is not None:
-            raise AssertionError(f"dagster dev exited with {self.proc.returncode}; see {self.log.name}")
+            raise AssertionError(f"dagster dev exited with {self.proc.returncode}:\n{self.log_tail()}")
         try:
             with urllib.request.urlopen(self.url + "/server_info", timeout=5) as response:
                 return response.status == 200
         except OSError:
             return False
+
+    def log_tail(self, lines: int = 40) -> str:
+        self.log.flush()
+        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
 
     def graphql(self, query: str, variables: dict) -> dict:
         request = urllib.request.Request(
@@ -162,7 +166,10 @@ def ui(tmp_path_factory):
         summary = json.loads(cli.stdout.strip().splitlines()[-1])
         assert [b["batch"] for b in summary["batches"]] == DEMO_BATCHES
         assert summary["warehouse_records"] == sum(b["new"] for b in summary["batches"]) > 0
-        wait_until("the dagster webserver", server.up, timeout=240, every=2)
+        try:
+            wait_until("the dagster webserver", server.up, timeout=240, every=2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its log ends:\n{server.log_tail()}") from None
         # A re-crawl of 150 products, 30 of them fetched twice: big enough for the collapse check to judge.
         write_batch(landing, RECRAWL, [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)],
                     landed=time.time() - 60)
