@@ -170,10 +170,10 @@ def recall(url: str, docs: int, copy_every: int) -> tuple[int, float, float]:
 
 def explain(url: str, b: int, batch: int) -> str:
     ids = list(range(b * batch + 1, b * batch + 2001))
-    query = capped_lateral_query(ids, DEFAULT_MAX_BUCKET_SIZE)  # what candidate_partners runs on PostgreSQL
     warehouse = Warehouse(url)
-    compiled = query.compile(warehouse.engine, compile_kwargs={"literal_binds": True})
     with warehouse.engine.connect() as conn:
+        query = capped_lateral_query(conn, ids, DEFAULT_MAX_BUCKET_SIZE)  # what candidate_partners runs on PostgreSQL
+        compiled = query.compile(warehouse.engine, compile_kwargs={"literal_binds": True})
         plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {compiled}").scalars().all()
         sizes = conn.exec_driver_sql(
             "SELECT pg_size_pretty(pg_total_relation_size('lsh_buckets')), (SELECT count(*) FROM lsh_buckets)").one()

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, true
 
-from dedup_pipeline.store.bulk import copy_rows
+from dedup_pipeline.store.bulk import copy_int_columns, copy_rows, in_values
 from dedup_pipeline.store.schema import (
     lsh_buckets, minhash_signatures, near_duplicate_clusters, near_duplicate_links, records, settings,
 )
@@ -63,26 +63,25 @@ def replace_sketches(
 ) -> None:
     """Store sketches and buckets for `rows`, dropping their old sketches, buckets and links."""
     ids = [row.record_id for row in rows]
-    conn.execute(delete(lsh_buckets).where(lsh_buckets.c.record_id.in_(ids)))
-    conn.execute(delete(minhash_signatures).where(minhash_signatures.c.record_id.in_(ids)))
+    conn.execute(delete(lsh_buckets).where(in_values(conn, lsh_buckets.c.record_id, ids)))
+    conn.execute(delete(minhash_signatures).where(in_values(conn, minhash_signatures.c.record_id, ids)))
     conn.execute(
         delete(near_duplicate_links).where(
-            or_(near_duplicate_links.c.record_a.in_(ids), near_duplicate_links.c.record_b.in_(ids))
+            or_(in_values(conn, near_duplicate_links.c.record_a, ids), in_values(conn, near_duplicate_links.c.record_b, ids))
         )
     )
     copy_rows(
         conn, minhash_signatures, ("record_id", "index_identity", "content_hash", "signature"),
         ((row.record_id, identity, row.content_hash, sig) for row, sig in zip(rows, signatures)),
     )
-    copy_rows(
-        conn, lsh_buckets, ("band", "bucket", "record_id"),
-        (
-            (band, int(bucket), row.record_id)
-            for row, keys, ok in zip(rows, buckets.tolist(), indexable.tolist())
-            if ok
-            for band, bucket in enumerate(keys)
-        ),
-    )
+    indexed = np.asarray(indexable, dtype=bool)
+    keys = np.asarray(buckets, dtype=np.int64)[indexed]  # (records, bands), row-major: record by record
+    owners = np.asarray(ids, dtype=np.int64)[indexed]
+    copy_int_columns(conn, lsh_buckets, {
+        "band": np.tile(np.arange(keys.shape[1], dtype=np.int32), len(keys)),
+        "bucket": keys.ravel(),
+        "record_id": np.repeat(owners, keys.shape[1]),
+    })
 
 
 def candidate_partners(
@@ -100,7 +99,7 @@ def candidate_partners(
     """
     if max_bucket_size is not None and conn.dialect.name == "postgresql":
         pairs, capped = set(), set()
-        for mine, other, rank, band, bucket in conn.execute(capped_lateral_query(ids, max_bucket_size)):
+        for mine, other, rank, band, bucket in conn.execute(capped_lateral_query(conn, ids, max_bucket_size)):
             if rank > max_bucket_size:
                 capped.add((band, bucket))
             else:
@@ -113,7 +112,7 @@ def candidate_partners(
     return pairs, sorted((band, bucket) for band, bucket in conn.execute(capped_query))
 
 
-def capped_lateral_query(ids: Sequence[int], max_bucket_size: int):
+def capped_lateral_query(conn: Connection, ids: Sequence[int], max_bucket_size: int):
     """PostgreSQL: per bucket key of `ids`, its `max_bucket_size` + 1 oldest members in one LATERAL index probe.
 
     Rows are (record, other record, rank in the bucket, band, bucket), the
@@ -122,7 +121,7 @@ def capped_lateral_query(ids: Sequence[int], max_bucket_size: int):
     """
     keys = (
         select(lsh_buckets.c.record_id, lsh_buckets.c.band, lsh_buckets.c.bucket)
-        .where(lsh_buckets.c.record_id.in_(ids))
+        .where(in_values(conn, lsh_buckets.c.record_id, ids))
         .cte("keys")
     )
     inner = lsh_buckets.alias("inner")
@@ -184,7 +183,7 @@ def load_sketches(conn: Connection, ids: Iterable[int]) -> dict[int, bytes]:
     if not ids:
         return {}
     query = select(minhash_signatures.c.record_id, minhash_signatures.c.signature).where(
-        minhash_signatures.c.record_id.in_(ids)
+        in_values(conn, minhash_signatures.c.record_id, ids)
     )
     return dict(conn.execute(query).all())
 
@@ -209,7 +208,7 @@ def component_members(conn: Connection, seeds: Iterable[int]) -> set[int]:
     if not seeds:
         return set()
     c = near_duplicate_clusters
-    clusters = select(c.c.cluster_id).where(c.c.record_id.in_(sorted(seeds))).scalar_subquery()
+    clusters = select(c.c.cluster_id).where(in_values(conn, c.c.record_id, sorted(seeds))).scalar_subquery()
     members = conn.execute(select(c.c.record_id).where(c.c.cluster_id.in_(clusters))).scalars()
     return seeds | set(members)
 
@@ -220,7 +219,7 @@ def links_among(conn: Connection, ids: Iterable[int]) -> list[tuple[int, int, fl
         return []
     link = near_duplicate_links
     query = select(link.c.record_a, link.c.record_b, link.c.similarity).where(
-        or_(link.c.record_a.in_(ids), link.c.record_b.in_(ids))
+        or_(in_values(conn, link.c.record_a, ids), in_values(conn, link.c.record_b, ids))
     )
     return [tuple(row) for row in conn.execute(query)]
 
@@ -230,7 +229,7 @@ def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
     ids = sorted(set(ids))
     if not ids:
         return {}
-    return dict(conn.execute(select(records.c.record_id, records.c.payload).where(records.c.record_id.in_(ids))).all())
+    return dict(conn.execute(select(records.c.record_id, records.c.payload).where(in_values(conn, records.c.record_id, ids))).all())
 
 
 def text_lengths(conn: Connection, ids: Iterable[int]) -> dict[int, int]:
@@ -269,7 +268,7 @@ def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[
     members = sorted(set(members))
     if not members:
         return
-    conn.execute(delete(near_duplicate_clusters).where(near_duplicate_clusters.c.record_id.in_(members)))
+    conn.execute(delete(near_duplicate_clusters).where(in_values(conn, near_duplicate_clusters.c.record_id, members)))
     if assignment:
         conn.execute(
             insert(near_duplicate_clusters),

@@ -14,9 +14,10 @@ from typing import Sequence
 
 from sqlalchemy import Connection, and_, delete, exists, func, insert, select, text, update
 
+from dedup_pipeline.store.bulk import in_values
 from dedup_pipeline.store.rehash import of_record
 from dedup_pipeline.store.schema import (
-    hash_version_events, minhash_signatures, record_hashes, record_history, records, rehash_merged_records, settings,
+    hash_version_events, lsh_buckets, minhash_signatures, record_hashes, record_history, records, rehash_merged_records, settings,
 )
 from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION
 
@@ -124,6 +125,7 @@ def move_merged_to_history(
         ).all()
         if not gone:
             continue
+        conn.execute(delete(lsh_buckets).where(in_values(conn, lsh_buckets.c.record_id, [row[0] for row in gone])))
         conn.execute(insert(record_history), [
             {"record_id": rid, "natural_key": key, "hash_version": version, "content_hash": digest, "payload": payload,
              "valid_from": crawled, "superseded_at": now, "superseded_by_batch_id": f"retire:{old}"}

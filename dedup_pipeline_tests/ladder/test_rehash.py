@@ -6,14 +6,16 @@ import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, literal, select
 
 from dedup_pipeline.ladder.rehash import (
     MigrationRefused, backfill, backfill_shard, compare_versions, retire_hash_version, switch_hash_version,
 )
 from dedup_pipeline.store import rehash as store
 from dedup_pipeline.store.warehouse import utcnow
-from dedup_pipeline.store.schema import hash_version_events, record_hashes, record_history, records, rehash_merged_records
+from dedup_pipeline.store.schema import (
+    hash_version_events, lsh_buckets, record_hashes, record_history, records, rehash_merged_records,
+)
 from dedup_pipeline_tests.helpers import write_batch
 from dedup_pipeline_tests.rehash_helpers import (
     assert_unique_per_version, load_legacy_rows, migration_listing, run_ladder,
@@ -148,8 +150,13 @@ def test_the_whole_migration(warehouse, tmp_path):
         retire_hash_version(warehouse, SOURCE, now=now + timedelta(hours=1))
     with pytest.raises(MigrationRefused, match="active version"):
         retire_hash_version(warehouse, TARGET, force=True, reason="no")
+    with warehouse.engine.begin() as conn:  # every record in the LSH index, which has no foreign key to records
+        conn.execute(insert(lsh_buckets).from_select(["band", "bucket", "record_id"], select(literal(0), records.c.record_id, records.c.record_id)))
     retired = retire_hash_version(warehouse, SOURCE, now=now + timedelta(hours=25))
     assert retired.merged_moved == want["rows_merged_away"]
+    with warehouse.engine.connect() as conn:  # the merged rows' buckets went with them
+        buckets = set(conn.execute(select(lsh_buckets.c.record_id)).scalars())
+        assert buckets == set(conn.execute(select(records.c.record_id)).scalars())
     assert hashes_of(warehouse, SOURCE) == []
     assert stored_versions(warehouse)[SOURCE] == want["unhashable"] - 1  # one became hashable in "after"
     with warehouse.engine.connect() as conn:
