@@ -55,7 +55,7 @@ def test_backfill_launched_over_graphql_runs_every_shard_then_the_comparison(war
                DEDUP_DATA_DIR=str(tmp_path / "data"), PYTHONWARNINGS="ignore")
     server = Server(env, tmp_path / "dagster-dev.log")
     try:
-        wait_until("dagster dev to answer", server.up, timeout=240)
+        wait_until("dagster dev to answer", server.up, timeout=600)  # minutes only on a machine loaded by other work
         sets = server.graphql(
             """query($r: RepositorySelector!, $job: String!) { partitionSetsOrError(repositorySelector: $r, pipelineName: $job) {
                  ... on PartitionSets { results { name } } } }""",

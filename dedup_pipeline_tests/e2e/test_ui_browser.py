@@ -167,7 +167,7 @@ def ui(tmp_path_factory):
         assert [b["batch"] for b in summary["batches"]] == DEMO_BATCHES
         assert summary["warehouse_records"] == sum(b["new"] for b in summary["batches"]) > 0
         try:
-            wait_until("the dagster webserver", server.up, timeout=240, every=2)
+            wait_until("the dagster webserver", server.up, timeout=600, every=2)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its log ends:\n{server.log_tail()}") from None
         # A re-crawl of 150 products, 30 of them fetched twice: big enough for the collapse check to judge.
