@@ -39,9 +39,13 @@ from dedup_pipeline.core.numbers import parse_decimal, plain_decimal, to_minor_u
 IDENTITY_FIELDS = ("title", "price_minor", "currency", "seller_id", "description")
 
 
+# One encoder for every digest: json.dumps with non-default options builds a new one per call.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _dumps(payload: Any) -> bytes:
     try:
-        return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return _ENCODER.encode(payload).encode("utf-8")
     except UnicodeEncodeError:
         raise RecordError("text contains a lone surrogate (not valid Unicode)") from None
 

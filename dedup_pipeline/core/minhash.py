@@ -31,8 +31,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 from xxhash import xxh32_intdigest
 
+from dedup_pipeline.core.xxh32 import xxh32_slices
+
 if TYPE_CHECKING:
     from datasketch import LeanMinHash
+
+    from dedup_pipeline.core.text import TextNormaliser
 
 SCHEME = "affine32"
 HASH_NAME = "xxh32"
@@ -136,17 +140,46 @@ def minhash_signatures(
     a, b = permutations(num_perm, seed)
     out = np.full((len(shingle_lists), num_perm), EMPTY_VALUE, dtype=np.uint32)
     for start, stop, docs, offsets in document_chunks(shingle_lists, chunk_size):
-        if not docs.size:
-            continue
-        hashes = fmix32(hash_documents(shingle_lists[start:stop]))
-        block = np.empty((num_perm, docs.size), dtype=np.uint32)
-        scratch = np.empty_like(hashes)
-        for k in range(num_perm):
-            np.multiply(hashes, a[k], out=scratch)
-            np.add(scratch, b[k], out=scratch)
-            np.minimum.reduceat(scratch, offsets, out=block[k])
-        out[docs] = block.T
+        if docs.size:
+            out[docs] = _permuted_minima(fmix32(hash_documents(shingle_lists[start:stop])), offsets, a, b).T
     return out
+
+
+def minhash_signatures_from_texts(
+    texts: Sequence[str], normaliser: "TextNormaliser", num_perm: int = 128, seed: int = 1, texts_per_chunk: int = 256,
+) -> np.ndarray:
+    """``minhash_signatures([normaliser.shingle_bytes(t) for t in texts], num_perm, seed)``, without per-shingle Python.
+
+    The shingles of a chunk of texts are slices of one buffer
+    (:meth:`TextNormaliser.shingle_spans`), hashed all at once by
+    :func:`~dedup_pipeline.core.xxh32.xxh32_slices`; only the normalisation
+    runs per text. The chunk bounds memory (about 300 shingles per 2 KB text).
+    """
+    a, b = permutations(num_perm, seed)
+    out = np.full((len(texts), num_perm), EMPTY_VALUE, dtype=np.uint32)
+    for start in range(0, len(texts), texts_per_chunk):
+        spans = normaliser.shingle_spans(texts[start : start + texts_per_chunk])
+        docs = np.flatnonzero(spans.counts)
+        if docs.size:
+            hashes = fmix32(xxh32_slices(spans.buffer, spans.starts, spans.lengths))
+            offsets = (np.cumsum(spans.counts) - spans.counts)[docs]
+            out[start + docs] = _permuted_minima(hashes, offsets, a, b).T
+    return out
+
+
+def _permuted_minima(hashes: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per permutation k and document, min of ``(a[k] * h + b[k]) mod 2**32`` over its run of ``hashes``.
+
+    Documents are the runs starting at ``offsets`` (non-empty, ascending);
+    the result has shape ``(num_perm, len(offsets))``.
+    """
+    block = np.empty((a.size, offsets.size), dtype=np.uint32)
+    scratch = np.empty_like(hashes)
+    for k in range(a.size):
+        np.multiply(hashes, a[k], out=scratch)
+        np.add(scratch, b[k], out=scratch)
+        np.minimum.reduceat(scratch, offsets, out=block[k])
+    return block
 
 
 def empty_mask(signatures: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from dedup_pipeline.core.clustering import cluster_records
-from dedup_pipeline.core.minhash import empty_mask, minhash_signatures, signature_from_bytes, signature_to_bytes
+from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, signature_from_bytes, signature_to_bytes
 from dedup_pipeline.core.lsh import band_keys
 from dedup_pipeline.core.neardup import NearDupParams, verify_pairs
 from dedup_pipeline.core.records import TEXT_FIELDS
@@ -43,8 +43,8 @@ class Sketches:
 
 def sketch(texts: Sequence[str], params: NearDupParams) -> Sketches:
     """MinHash signatures and their band keys, or SimHash fingerprints and their pigeonhole blocks."""
-    shingles = [params.normaliser.shingle_bytes(t) for t in texts]
     if params.method == "simhash":
+        shingles = [params.normaliser.shingle_bytes(t) for t in texts]
         fingerprints = simhash_fingerprints(shingles)
         blocks = [
             ((fingerprints >> np.uint64(low)) & np.uint64((1 << width) - 1)).astype(np.int64)
@@ -53,7 +53,7 @@ def sketch(texts: Sequence[str], params: NearDupParams) -> Sketches:
         buckets = np.stack(blocks, axis=1) if texts else np.empty((0, len(blocks)), dtype=np.int64)
         blobs = [int(fp).to_bytes(8, "little") for fp in fingerprints]
         return Sketches(blobs, buckets, np.array([len(s) > 0 for s in shingles], dtype=bool))
-    signatures = minhash_signatures(shingles, params.num_perm, params.seed)
+    signatures = minhash_signatures_from_texts(texts, params.normaliser, params.num_perm, params.seed)
     return Sketches(
         [signature_to_bytes(sig) for sig in signatures],
         band_keys(signatures, params.bands, params.rows),

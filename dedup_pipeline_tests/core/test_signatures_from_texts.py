@@ -1,0 +1,74 @@
+"""The fast signature path (shingles as slices, XXH32 in numpy) against the per-shingle reference path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts
+from dedup_pipeline.core.text import TextNormaliser
+from dedup_pipeline.core.xxh32 import MAX_VECTOR_LENGTH, xxh32_slices
+
+NORMALISERS = st.builds(
+    TextNormaliser,
+    unicode_form=st.sampled_from(["NFC", "NFKC", "NFD", "NFKD", "none"]),
+    casefold=st.booleans(),
+    strip_punctuation=st.booleans(),
+    digits=st.sampled_from(["keep", "mask"]),
+    shingle=st.sampled_from(["word", "char"]),
+    ngram=st.integers(1, 5),
+)
+# ASCII controls and separators, Unicode spaces, combining marks, ligatures, CJK, emoji, RTL: every rule has work.
+TEXT = st.text(st.sampled_from(list("ab Z9_.,\t\n\x1c\x1f\x0b") + list("é\u0301ﬁ漢字🙂\u00a0\u2003\u200fשל")), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300), cuts=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), max_size=40),
+       seed=st.sampled_from([0, 1, 2**32 - 1]))
+def test_xxh32_of_slices_equals_the_xxhash_package(data, cuts, seed):
+    starts = np.array([min(a, len(data)) for a, _ in cuts], dtype=np.int64)
+    lengths = np.array([min(b, len(data) - a) for a, (_, b) in zip(starts.tolist(), cuts)], dtype=np.int64)
+    want = [xxhash.xxh32_intdigest(data[a : a + n], seed) for a, n in zip(starts.tolist(), lengths.tolist())]
+    assert xxh32_slices(data, starts, lengths, seed).tolist() == want
+
+
+def test_long_slices_and_every_length_up_to_the_vector_limit():
+    data = bytes(range(256)) * 40
+    lengths = np.array([*range(MAX_VECTOR_LENGTH + 2), 1000, 9000], dtype=np.int64)
+    starts = np.arange(lengths.size, dtype=np.int64) * 7
+    want = [xxhash.xxh32_intdigest(data[a : a + n]) for a, n in zip(starts.tolist(), lengths.tolist())]
+    assert xxh32_slices(data, starts, lengths).tolist() == want
+
+
+def test_a_slice_outside_the_buffer_is_refused():
+    with pytest.raises(ValueError, match="outside the buffer"):
+        xxh32_slices(b"abc", np.array([2]), np.array([2]))
+    assert xxh32_slices(b"", np.array([], dtype=np.int64), np.array([], dtype=np.int64)).size == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(normaliser=NORMALISERS, texts=st.lists(TEXT, max_size=12))
+def test_shingle_spans_are_the_shingles_of_every_text(normaliser, texts):
+    spans = normaliser.shingle_spans(texts)
+    cut = [spans.buffer[a : a + n] for a, n in zip(spans.starts.tolist(), spans.lengths.tolist())]
+    assert cut == [s for text in texts for s in normaliser.shingle_bytes(text)]
+    assert spans.counts.tolist() == [len(normaliser.shingle_bytes(text)) for text in texts]
+    assert [normaliser.normalised_bytes(text) for text in texts] == [normaliser.normalise(text).encode() for text in texts]
+
+
+@settings(max_examples=60, deadline=None)
+@given(normaliser=NORMALISERS, texts=st.lists(TEXT, max_size=30), chunk=st.integers(1, 7))
+def test_signatures_from_texts_equal_the_per_shingle_path(normaliser, texts, chunk):
+    want = minhash_signatures([normaliser.shingle_bytes(text) for text in texts], 64, 3)
+    got = minhash_signatures_from_texts(texts, normaliser, 64, 3, texts_per_chunk=chunk)
+    assert got.dtype == np.uint32 and np.array_equal(got, want)
+
+
+def test_a_megabyte_token_is_one_shingle_hashed_exactly():
+    token = "x" * 1_000_000
+    normaliser = TextNormaliser()
+    [signature] = minhash_signatures_from_texts([f"a {token} b"], normaliser, 32, 1)
+    assert np.array_equal(signature, minhash_signatures([normaliser.shingle_bytes(f"a {token} b")], 32, 1)[0])
