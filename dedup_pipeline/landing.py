@@ -19,6 +19,22 @@ BATCH_SUFFIXES = (".jsonl.gz", ".ndjson.gz", ".json.gz", ".jsonl", ".ndjson")
 _KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=:+-]{0,199}$")
 
 
+#: A batch key's leading landing date or timestamp ("2026-11-30-", "2026-11-30T06:00Z_", "20261130-"):
+#: what is left is the crawl source.
+_DATED_KEY = re.compile(r"^\d{4}-?\d{2}-?\d{2}(?:[T_]\d{2}[:.]?\d{2}(?:[:.]?\d{2})?Z?)?[-_.](?P<source>.+)$")
+#: The run tag that the production instance limits to one run per value, so a source's batches run in order.
+SOURCE_TAG = "dedup/source"
+
+
+def batch_source(key: str) -> str:
+    """The crawl source of a batch: its key without a leading date ("2026-11-30-shop-a" -> "shop-a").
+
+    A key without a leading date is its own source.
+    """
+    match = _DATED_KEY.match(key)
+    return match.group("source") if match else key
+
+
 class BatchFileError(RuntimeError):
     """A batch file that cannot be read as a whole (missing, unreadable, changed)."""
 

@@ -19,7 +19,7 @@ from dedup_pipeline.defs.jobs import dedup_ladder_job
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import LandingResource
 from dedup_pipeline.defs.sensors import automation_status
-from dedup_pipeline.landing import BatchFileError, list_batches
+from dedup_pipeline.landing import SOURCE_TAG, BatchFileError, batch_source, list_batches
 
 CATCH_UP_CRON = "17 * * * *"
 #: At most this many runs per tick; the rest wait for the next sweep (the run queue limits concurrency too).
@@ -57,4 +57,7 @@ def ladder_catch_up(context: dg.ScheduleEvaluationContext, landing: LandingResou
     if not todo:
         return dg.SkipReason(f"all {len(present)} landed batches are materialised or running")
     tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "manual"
-    return [dg.RunRequest(partition_key=key, run_key=f"{key}@{tick}", tags={"dedup/trigger": "catch-up"}) for key in todo]
+    return [
+        dg.RunRequest(partition_key=key, run_key=f"{key}@{tick}", tags={"dedup/trigger": "catch-up", SOURCE_TAG: batch_source(key)})
+        for key in todo
+    ]

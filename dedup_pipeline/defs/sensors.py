@@ -8,7 +8,7 @@ import dagster as dg
 from dedup_pipeline.defs.jobs import dedup_ladder_job
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import LandingResource
-from dedup_pipeline.landing import list_batches
+from dedup_pipeline.landing import SOURCE_TAG, batch_source, list_batches
 
 AUTOMATION_ENV = "DEDUP_AUTOMATION"
 
@@ -28,5 +28,5 @@ def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource
         return dg.SensorResult(skip_reason="no new batch files")
     return dg.SensorResult(
         dynamic_partitions_requests=[crawl_batches_partitions.build_add_request(new_keys)],
-        run_requests=[dg.RunRequest(partition_key=key, run_key=key) for key in new_keys],
+        run_requests=[dg.RunRequest(partition_key=key, run_key=key, tags={SOURCE_TAG: batch_source(key)}) for key in new_keys],
     )

@@ -41,6 +41,7 @@ def test_catch_up_registers_new_files_and_runs_only_batches_not_done(tmp_path):
         requests = ladder_catch_up(schedule_context(instance, folder))
         assert [(r.partition_key, r.run_key) for r in requests] == [
             ("c-failed", f"c-failed@{TICK.isoformat()}"), ("d-new", f"d-new@{TICK.isoformat()}")]
+        assert [(r.tags["dedup/trigger"], r.tags["dedup/source"]) for r in requests] == [("catch-up", "c-failed"), ("catch-up", "d-new")]
         assert "d-new" in instance.get_dynamic_partitions(crawl_batches_partitions.name)  # "gone" has no file: left alone
 
         for key in ("c-failed", "d-new"):

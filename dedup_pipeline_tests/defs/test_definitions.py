@@ -15,6 +15,7 @@ from dedup_pipeline.defs.resources import (
     LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource,
 )
 from dedup_pipeline.defs.sensors import landing_sensor
+from dedup_pipeline.landing import SOURCE_TAG, batch_source
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import listing, write_batch
@@ -99,9 +100,30 @@ def test_landing_sensor_adds_partitions_and_requests_runs(tmp_path):
     context = dg.build_sensor_context(instance=instance, definitions=defs, resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)})
     result = landing_sensor(context)
     assert [r.partition_key for r in result.run_requests] == ["2026-11-01", "2026-11-02"]
+    assert [r.tags[SOURCE_TAG] for r in result.run_requests] == ["2026-11-01", "2026-11-02"]  # undated: own source
     assert result.dynamic_partitions_requests[0].partition_keys == ["2026-11-01", "2026-11-02"]
 
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["2026-11-01", "2026-11-02"])
     write_batch(folder, "2026-11-03", [listing(3)])  # still being written: too fresh to take
     context = dg.build_sensor_context(instance=instance, definitions=defs, resources={"landing": LandingResource(folder=str(folder), settle_seconds=60)})
     assert not landing_sensor(context).run_requests
+
+
+@pytest.mark.parametrize(("key", "source"), [
+    ("2026-11-30-shop-a", "shop-a"), ("2026-11-02-syndication", "syndication"), ("20261130_shop", "shop"),
+    ("2026-11-30T06:00Z_shop-a", "shop-a"), ("shop-a", "shop-a"), ("2026-11-30", "2026-11-30"), ("2024-model-1", "2024-model-1"),
+])
+def test_a_batch_source_is_its_key_without_the_landing_date(key, source):
+    assert batch_source(key) == source
+
+
+def test_sensor_runs_carry_their_source_so_one_source_runs_in_landing_order(tmp_path):
+    folder = tmp_path / "landing"
+    for key in ("2026-11-01-shop-a", "2026-11-02-shop-a", "2026-11-02-shop-b"):
+        write_batch(folder, key, [listing(1)], landed=1e9)
+    context = dg.build_sensor_context(
+        instance=dg.DagsterInstance.ephemeral(), definitions=defs,
+        resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)},
+    )
+    tags = {r.partition_key: r.tags[SOURCE_TAG] for r in landing_sensor(context).run_requests}
+    assert tags == {"2026-11-01-shop-a": "shop-a", "2026-11-02-shop-a": "shop-a", "2026-11-02-shop-b": "shop-b"}
