@@ -16,7 +16,7 @@ import dagster as dg
 from pydantic import Field
 
 from dedup_pipeline.core.hashing import hash_rule
-from dedup_pipeline.defs.resources import WarehouseResource
+from dedup_pipeline.defs.resources import NearDupResource, WarehouseResource
 from dedup_pipeline.ladder.rehash import DEFAULT_CHUNK_SIZE, Comparison, ShardReport, backfill_shard, compare_versions
 from dedup_pipeline.ladder.rehash_switch import MigrationRefused, retire_hash_version, switch_hash_version
 from dedup_pipeline.store.rehash import SHARDS
@@ -263,10 +263,13 @@ def switch_active_hash_version(context: dg.OpExecutionContext, config: SwitchCon
 
 
 @dg.op(description="Drop an old hash version's digests after the overlap window; merged rows go to record_history.")
-def retire_old_hash_version(context: dg.OpExecutionContext, config: RetireConfig, warehouse: WarehouseResource) -> dg.Output:
+def retire_old_hash_version(
+    context: dg.OpExecutionContext, config: RetireConfig, warehouse: WarehouseResource, near_dup: NearDupResource,
+) -> dg.Output:
     try:
         report = retire_hash_version(
-            warehouse.get(), config.version, force=config.force, reason=config.reason, run_id=context.run_id
+            warehouse.get(), config.version, force=config.force, reason=config.reason, run_id=context.run_id,
+            representative=near_dup.representative,
         )
     except MigrationRefused as exc:
         raise _refused(context, exc) from None

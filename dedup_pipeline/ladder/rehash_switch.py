@@ -175,12 +175,15 @@ def retire_hash_version(
     reason: str = "",
     run_id: str | None = None,
     now: datetime | None = None,
+    representative: str = "oldest",
 ) -> RetireReport:
     """Drop `version`'s digests once the overlap window after the switch away from it is over.
 
     Rows still stored under `version` whose active digest another row holds
     (they merged under the new rule) are moved to `record_history`; rows the
     active version cannot hash stay, keeping their old digest in `records`.
+    Moved rows leave the near-duplicate index and their clusters are
+    recomputed under the `representative` rule (the near-duplicate rung's).
     """
     _check_force(force, reason)
     now = now or utcnow()
@@ -203,7 +206,7 @@ def retire_hash_version(
             conn, "retire", version, active, now, forced=bool(problems) and force, reason=reason or None,
             run_id=run_id, details={},
         )
-        moved = store.move_merged_to_history(conn, merged, version, active, event_id, now)
+        moved = store.move_merged_to_history(conn, merged, version, active, event_id, now, representative)
         dropped = store.drop_version_hashes(conn, version)
         kept = store.rows_stored_under(conn, version)
         details = {"problems": problems, "promoted": promoted, "merged_moved": moved, "hashes_dropped": dropped,

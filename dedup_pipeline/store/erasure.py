@@ -41,7 +41,6 @@ from sqlalchemy.dialects.postgresql import BYTEA
 from sqlalchemy.engine import make_url
 
 from dedup_pipeline.core import erasure as core
-from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.core.erasure import Catalogue, RawLineMatcher, Subject, SubjectKind
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.core.url import URL_VERSION
@@ -461,31 +460,6 @@ def _delete_in(conn: Connection, table, column, values: Iterable) -> int:
     return total
 
 
-def _remove_near_duplicates(conn: Connection, ids: set[int], representative: str) -> tuple[dict[str, int], int]:
-    """Drop the records' sketches, buckets, links and cluster rows; recompute the clusters they were in."""
-    survivors = index.component_members(conn, ids) - ids
-    old_clusters = set(conn.execute(
-        select(near_duplicate_clusters.c.cluster_id).where(near_duplicate_clusters.c.record_id.in_(sorted(ids)))
-    ).scalars()) if ids else set()
-    counts = {"near_duplicate_links": 0}
-    for part in _chunks(sorted(ids)):
-        link = near_duplicate_links
-        counts["near_duplicate_links"] += conn.execute(
-            delete(link).where(or_(link.c.record_a.in_(part), link.c.record_b.in_(part)))
-        ).rowcount
-    counts["near_duplicate_clusters"] = _delete_in(conn, near_duplicate_clusters, near_duplicate_clusters.c.record_id, ids)
-    counts["lsh_buckets"] = _delete_in(conn, lsh_buckets, lsh_buckets.c.record_id, ids)
-    counts["minhash_signatures"] = _delete_in(conn, minhash_signatures, minhash_signatures.c.record_id, ids)
-    if survivors:
-        links = index.links_among(conn, survivors)
-        members = survivors | {x for a, b, _ in links for x in (a, b)}
-        lengths = index.text_lengths(conn, members) if representative == "longest" else None
-        clusters = [c for c in cluster_records(sorted(members), links, representative, lengths) if len(c.members) > 1]
-        assignment = {rid: (c.cluster_id, rid == c.representative) for c in clusters for rid in c.members}
-        index.replace_clusters(conn, members, assignment)
-    return counts, len(old_clusters)
-
-
 def _remove_decisions(conn: Connection, found: _Found) -> int:
     d = dedup_decisions
     by_key = [d.c.natural_key.in_(part) for part in _chunks(sorted(found.keys))]
@@ -630,7 +604,7 @@ def erase(
     removed: dict[str, int] = {}
     removed.update(_sweep_other_tables(conn, found))
     removed.update(_redact_json_columns(conn, found))
-    near, clusters_recomputed = _remove_near_duplicates(conn, found.record_ids, representative)
+    near, clusters_recomputed = index.remove_records(conn, found.record_ids, representative)
     removed.update(near)
     removed["record_hashes"] = _delete_in(conn, record_hashes, record_hashes.c.record_id, found.record_ids)
     history_ids = found.history_ids

@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, true
 
+from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.store.bulk import copy_int_columns, copy_rows, in_values
 from dedup_pipeline.store.schema import (
     lsh_buckets, minhash_signatures, near_duplicate_clusters, near_duplicate_links, records, settings,
@@ -22,6 +23,8 @@ from dedup_pipeline.store.schema import (
 from dedup_pipeline.store.warehouse import read_setting, upsert_ignore, utcnow
 
 INDEX_IDENTITY = "near_dup_index_identity"
+# Ids per statement: SQLite binds each id of an IN list as a parameter.
+_ID_CHUNK = 5000
 # Any constant works; it names the lock that serialises cluster rewrites across workers.
 _CLUSTER_LOCK = 7_301_042
 
@@ -274,3 +277,38 @@ def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[
             insert(near_duplicate_clusters),
             [{"record_id": rid, "cluster_id": cid, "is_representative": rep} for rid, (cid, rep) in sorted(assignment.items())],
         )
+
+
+def remove_records(conn: Connection, ids: Iterable[int], representative: str) -> tuple[dict[str, int], int]:
+    """Take records out of the index before they are deleted: sketches, buckets, links, cluster rows.
+
+    The clusters they were in are recomputed over the members that stay (a
+    cluster may split, or lose its representative). Returns the rows removed
+    per table and how many clusters the records were in. Erasure and the
+    rehash retire step delete records through this.
+    """
+    ordered = sorted(set(ids))
+    parts = [ordered[start : start + _ID_CHUNK] for start in range(0, len(ordered), _ID_CHUNK)]
+    survivors = component_members(conn, ordered) - set(ordered)
+    c, link = near_duplicate_clusters, near_duplicate_links
+    old_clusters = {cid for part in parts for cid in conn.execute(select(c.c.cluster_id).where(in_values(conn, c.c.record_id, part))).scalars()}
+
+    def removed(table, *columns) -> int:
+        return sum(
+            conn.execute(delete(table).where(or_(*(in_values(conn, column, part) for column in columns)))).rowcount
+            for part in parts
+        )
+
+    counts = {
+        "near_duplicate_links": removed(link, link.c.record_a, link.c.record_b),
+        "near_duplicate_clusters": removed(c, c.c.record_id),
+        "lsh_buckets": removed(lsh_buckets, lsh_buckets.c.record_id),
+        "minhash_signatures": removed(minhash_signatures, minhash_signatures.c.record_id),
+    }
+    if survivors:
+        links = links_among(conn, survivors)
+        members = survivors | {x for a, b, _ in links for x in (a, b)}
+        lengths = text_lengths(conn, members) if representative == "longest" else None
+        clusters = [k for k in cluster_records(sorted(members), links, representative, lengths) if len(k.members) > 1]
+        replace_clusters(conn, members, {rid: (k.cluster_id, rid == k.representative) for k in clusters for rid in k.members})
+    return counts, len(old_clusters)

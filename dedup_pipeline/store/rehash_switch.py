@@ -15,9 +15,10 @@ from typing import Sequence
 from sqlalchemy import Connection, and_, delete, exists, func, insert, select, text, update
 
 from dedup_pipeline.store.bulk import in_values
+from dedup_pipeline.store.neardup import remove_records
 from dedup_pipeline.store.rehash import of_record
 from dedup_pipeline.store.schema import (
-    hash_version_events, lsh_buckets, minhash_signatures, record_hashes, record_history, records, rehash_merged_records, settings,
+    hash_version_events, minhash_signatures, record_hashes, record_history, records, rehash_merged_records, settings,
 )
 from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION
 
@@ -103,29 +104,36 @@ def merged_rows(conn: Connection, old: str, active: str) -> list[tuple[int, int]
 
 def move_merged_to_history(
     conn: Connection, merged: Sequence[tuple[int, int]], old: str, active: str, event_id: int, now: datetime,
-    chunk: int = 5000,
+    representative: str, chunk: int = 5000,
 ) -> int:
     """Delete merged rows still under `old` (a concurrent crawl may have rewritten them) into `record_history`.
 
     The history row keeps the row's own key, version, digest and payload; its
     `superseded_by_batch_id` is ``retire:<old>``, and `rehash_merged_records`
-    says, per row (ids only), which row it merged into and why.
+    says, per row (ids only), which row it merged into and why. The rows
+    leave the near-duplicate index first, and the clusters they were in are
+    recomputed over the members that stay (`representative` rule).
     """
     into = dict(merged)
     moved = 0
     ids = list(into)
     for start in range(0, len(ids), chunk):
+        doomed = conn.execute(
+            select(records.c.record_id)
+            .where(in_values(conn, records.c.record_id, ids[start:start + chunk]), records.c.hash_version == old)
+            .with_for_update()
+        ).scalars().all()
+        if not doomed:
+            continue
+        remove_records(conn, doomed, representative)
         gone = conn.execute(
             delete(records)
-            .where(records.c.record_id.in_(ids[start:start + chunk]), records.c.hash_version == old)
+            .where(in_values(conn, records.c.record_id, doomed))
             .returning(
                 records.c.record_id, records.c.natural_key, records.c.hash_version, records.c.content_hash,
                 records.c.payload, records.c.last_crawled_at,
             )
         ).all()
-        if not gone:
-            continue
-        conn.execute(delete(lsh_buckets).where(in_values(conn, lsh_buckets.c.record_id, [row[0] for row in gone])))
         conn.execute(insert(record_history), [
             {"record_id": rid, "natural_key": key, "hash_version": version, "content_hash": digest, "payload": payload,
              "valid_from": crawled, "superseded_at": now, "superseded_by_batch_id": f"retire:{old}"}

@@ -10,7 +10,7 @@ from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.rehash import (
     COMPARISON_CHECK, MIGRATION_TAG, MIGRATIONS, RehashResource, rehash_migration, retire_job, switch_job,
 )
-from dedup_pipeline.defs.resources import WarehouseResource
+from dedup_pipeline.defs.resources import NearDupResource, WarehouseResource
 from dedup_pipeline.store.rehash import SHARDS
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.rehash_helpers import load_legacy_rows, migration_listing
@@ -106,7 +106,7 @@ def test_backfill_compare_switch_retire_in_dagster(legacy):
     def retire(**config):
         return retire_job.execute_in_process(
             run_config={"ops": {"retire_old_hash_version": {"config": config}}},
-            resources={"warehouse": WarehouseResource(database_url=url)}, raise_on_error=False,
+            resources={"warehouse": WarehouseResource(database_url=url), "near_dup": NearDupResource()}, raise_on_error=False,
         )
 
     assert "overlap window" in retire(version="content/1").failure_data_for_node("retire_old_hash_version").error.message

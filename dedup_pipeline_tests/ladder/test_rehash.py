@@ -14,7 +14,7 @@ from dedup_pipeline.ladder.rehash import (
 from dedup_pipeline.store import rehash as store
 from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline.store.schema import (
-    hash_version_events, lsh_buckets, record_hashes, record_history, records, rehash_merged_records,
+    hash_version_events, lsh_buckets, near_duplicate_clusters, near_duplicate_links, record_hashes, record_history, records, rehash_merged_records,
 )
 from dedup_pipeline_tests.helpers import write_batch
 from dedup_pipeline_tests.rehash_helpers import (
@@ -35,6 +35,21 @@ def hashes_of(warehouse, version):
                 .where(record_hashes.c.hash_version == version)
             )
         )
+
+
+def index_every_record_in_pairs(warehouse) -> list[tuple[int, int]]:
+    """Every record in the LSH index, and records linked and clustered two by two (ids 1+2, 3+4...)."""
+    with warehouse.engine.begin() as conn:
+        ids = sorted(conn.execute(select(records.c.record_id)).scalars())
+        pairs = list(zip(ids[0::2], ids[1::2]))
+        conn.execute(insert(lsh_buckets).from_select(["band", "bucket", "record_id"], select(literal(0), records.c.record_id, records.c.record_id)))
+        conn.execute(insert(near_duplicate_links), [
+            {"record_a": a, "record_b": b, "similarity": 0.9, "method": "minhash", "batch_id": "t"} for a, b in pairs
+        ])
+        conn.execute(insert(near_duplicate_clusters), [
+            {"record_id": x, "cluster_id": a, "is_representative": x == a} for a, b in pairs for x in (a, b)
+        ])
+    return pairs
 
 
 def stored_versions(warehouse):
@@ -150,13 +165,18 @@ def test_the_whole_migration(warehouse, tmp_path):
         retire_hash_version(warehouse, SOURCE, now=now + timedelta(hours=1))
     with pytest.raises(MigrationRefused, match="active version"):
         retire_hash_version(warehouse, TARGET, force=True, reason="no")
-    with warehouse.engine.begin() as conn:  # every record in the LSH index, which has no foreign key to records
-        conn.execute(insert(lsh_buckets).from_select(["band", "bucket", "record_id"], select(literal(0), records.c.record_id, records.c.record_id)))
+    pairs = index_every_record_in_pairs(warehouse)
     retired = retire_hash_version(warehouse, SOURCE, now=now + timedelta(hours=25))
     assert retired.merged_moved == want["rows_merged_away"]
-    with warehouse.engine.connect() as conn:  # the merged rows' buckets went with them
-        buckets = set(conn.execute(select(lsh_buckets.c.record_id)).scalars())
-        assert buckets == set(conn.execute(select(records.c.record_id)).scalars())
+    with warehouse.engine.connect() as conn:  # the merged rows left the index; the clusters they broke are gone
+        kept = set(conn.execute(select(records.c.record_id)).scalars())
+        assert set(conn.execute(select(lsh_buckets.c.record_id)).scalars()) == kept
+        clusters = sorted(conn.execute(select(
+            near_duplicate_clusters.c.cluster_id, near_duplicate_clusters.c.record_id, near_duplicate_clusters.c.is_representative,
+        )).all())
+    intact = [(a, b) for a, b in pairs if a in kept and b in kept]
+    assert any((a in kept) != (b in kept) for a, b in pairs)  # some clusters lost one of their two members
+    assert clusters == sorted(row for a, b in intact for row in ((a, a, True), (a, b, False)))
     assert hashes_of(warehouse, SOURCE) == []
     assert stored_versions(warehouse)[SOURCE] == want["unhashable"] - 1  # one became hashable in "after"
     with warehouse.engine.connect() as conn:
