@@ -17,7 +17,6 @@ from typing import Sequence
 
 import numpy as np
 
-from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, signature_from_bytes, signature_to_bytes
 from dedup_pipeline.core.lsh import band_keys
 from dedup_pipeline.core.neardup import NearDupParams, verify_pairs
@@ -183,13 +182,7 @@ def _link_and_cluster(
     mine = set(ids)
     report.near_duplicates |= {x for a, b, _ in link_rows for x in (a, b) if x in mine}
 
-    members = index.component_members(conn, mine | {x for pair in links for x in pair})
-    all_links = index.links_among(conn, members)
-    members |= {x for a, b, _ in all_links for x in (a, b)}
-    lengths = index.text_lengths(conn, members) if rule == "longest" else None
-    clusters = [c for c in cluster_records(sorted(members), all_links, rule, lengths) if len(c.members) > 1]
-    assignment = {rid: (c.cluster_id, rid == c.representative) for c in clusters for rid in c.members}
-    index.replace_clusters(conn, members, assignment)
+    clusters = index.recluster(conn, index.component_members(conn, mine | {x for pair in links for x in pair}), rule)
     report.clusters.update({c.cluster_id: len(c.members) for c in clusters if mine & set(c.members)})
 
 

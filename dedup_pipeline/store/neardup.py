@@ -306,9 +306,19 @@ def remove_records(conn: Connection, ids: Iterable[int], representative: str) ->
         "minhash_signatures": removed(minhash_signatures, minhash_signatures.c.record_id),
     }
     if survivors:
-        links = links_among(conn, survivors)
-        members = survivors | {x for a, b, _ in links for x in (a, b)}
-        lengths = text_lengths(conn, members) if representative == "longest" else None
-        clusters = [k for k in cluster_records(sorted(members), links, representative, lengths) if len(k.members) > 1]
-        replace_clusters(conn, members, {rid: (k.cluster_id, rid == k.representative) for k in clusters for rid in k.members})
+        recluster(conn, survivors, representative)
     return counts, len(old_clusters)
+
+
+def recluster(conn: Connection, members: set[int], representative: str) -> list:
+    """Recompute and store the clusters of `members` and of every record linked to them.
+
+    Returns the clusters of two or more records (`core.clustering.Cluster`);
+    the members left alone get no cluster row.
+    """
+    links = links_among(conn, members)
+    members = members | {x for a, b, _ in links for x in (a, b)}
+    lengths = text_lengths(conn, members) if representative == "longest" else None
+    clusters = [k for k in cluster_records(sorted(members), links, representative, lengths) if len(k.members) > 1]
+    replace_clusters(conn, members, {rid: (k.cluster_id, rid == k.representative) for k in clusters for rid in k.members})
+    return clusters
