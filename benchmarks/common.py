@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import time
@@ -12,7 +13,8 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+# The server the benchmarks make their scratch databases on (the tests' variable: one setting for both).
+PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 _WORDS = (
     "kettle steel whistle handle stove copper enamel lid spout base cord wooden matte glossy quiet fast boil "
     "litre compact travel family vintage modern classic induction gas electric warm cool red blue green grey"
