@@ -4,7 +4,9 @@
 
 Methods, each turning a list of texts into clusters:
 
-* ``ours-minhash``: ``cluster_near_duplicates(texts)`` with the defaults.
+* ``ours-minhash``: ``cluster_near_duplicates(texts)`` with the defaults
+  (``verify="auto"``: the estimate, and the exact Jaccard for the pairs whose
+  estimate is too close to the threshold to decide).
 * ``ours-minhash verify=exact``: the same candidates, verified by the exact
   Jaccard of the shingle sets instead of the estimate.
 * ``ours-simhash``: ``cluster_near_duplicates(texts, method="simhash")``.

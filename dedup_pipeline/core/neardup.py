@@ -4,7 +4,8 @@ Pipeline for ``method="minhash"`` (the default)::
 
     texts -> TextNormaliser.shingle_bytes -> minhash_signatures
           -> band_keys (empty documents dropped) -> candidate pairs
-          -> verify: estimated Jaccard >= threshold (or exact shingle Jaccard)
+          -> verify: similarity >= threshold (estimated Jaccard; the exact Jaccard of the
+             shingles where the estimate is too close to call, or everywhere)
           -> links (i, j, similarity) -> union-find clusters
 
 ``method="simhash"`` replaces the signature, banding and verification by
@@ -18,7 +19,7 @@ keys, then verifies them with the same code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -62,7 +63,10 @@ DEFAULT_NORMALISERS = {
 LSH_WEIGHTS = (0.05, 0.95)
 
 METHODS = ("minhash", "simhash")
-VERIFY_MODES = ("estimate", "exact")
+VERIFY_MODES = ("auto", "estimate", "exact")
+#: ``verify="auto"`` checks the exact Jaccard of pairs whose estimate lies within this many standard errors
+#: of the threshold (the estimate of J from k permutations has a standard error of sqrt(J(1-J)/k)).
+UNSURE_STANDARD_ERRORS = 2.0
 
 Link = tuple[int, int, float]
 
@@ -87,7 +91,7 @@ class NearDupParams:
     rows: int | None = None
     normaliser: TextNormaliser | None = None
     simhash_max_distance: int = 3
-    verify: str = "estimate"
+    verify: str = "auto"
     representative: str = "oldest"
 
     def __post_init__(self) -> None:
@@ -141,30 +145,53 @@ def verify_pairs(
     left: np.ndarray,
     right: np.ndarray,
     params: NearDupParams,
-    shingles: Sequence[Sequence[bytes]] | None = None,
+    shingles: Sequence[Sequence[bytes]] | Callable[[np.ndarray], Mapping[int, Sequence[bytes]]] | None = None,
 ) -> list[Link]:
     """Keep the candidate pairs whose similarity reaches ``params.threshold``.
 
-    Similarity is the estimated Jaccard of the signatures, or with
-    ``params.verify == "exact"`` the Jaccard of the shingle sets (then
-    ``shingles`` is required). Pairs involving an empty document never pass.
+    ``params.verify`` says which similarity: ``"estimate"``, the estimated
+    Jaccard of the signatures; ``"exact"``, the Jaccard of the shingle sets;
+    ``"auto"`` (the default), the estimate, except for the pairs whose
+    estimate is too close to the threshold to decide (within
+    :data:`UNSURE_STANDARD_ERRORS` standard errors), which get the exact
+    Jaccard. ``shingles`` (needed unless ``"estimate"``) is indexed by row,
+    or is a function from the rows needed to their shingles, so a caller can
+    load only those. Pairs involving an empty document never pass.
     """
     left = np.asarray(left, dtype=np.int64)
     right = np.asarray(right, dtype=np.int64)
     if params.verify == "exact":
-        if shingles is None:
-            raise ValueError('verify="exact" needs the shingles')
-        sets: dict[int, set] = {}
-        sims = np.empty(left.size, dtype=np.float64)
-        for p, (i, j) in enumerate(zip(left.tolist(), right.tolist())):
-            a = sets.setdefault(i, set(shingles[i]))
-            b = sets.setdefault(j, set(shingles[j]))
-            union = len(a | b)
-            sims[p] = len(a & b) / union if union else 0.0
+        sims = _exact_jaccard(left, right, _shingles_of(shingles, left, right))
     else:
         sims = estimated_jaccard_pairs(signatures, left, right)
+        if params.verify == "auto":
+            t = params.threshold
+            unsure = np.flatnonzero(np.abs(sims - t) < UNSURE_STANDARD_ERRORS * np.sqrt(t * (1 - t) / params.num_perm))
+            if unsure.size:
+                l, r = left[unsure], right[unsure]
+                sims[unsure] = _exact_jaccard(l, r, _shingles_of(shingles, l, r))
     keep = sims >= params.threshold
     return list(zip(left[keep].tolist(), right[keep].tolist(), sims[keep].tolist()))
+
+
+def _shingles_of(shingles, left: np.ndarray, right: np.ndarray) -> Mapping[int, Sequence[bytes]] | Sequence[Sequence[bytes]]:
+    if shingles is None:
+        raise ValueError("exact verification needs the shingles")
+    if callable(shingles):
+        return shingles(np.union1d(left, right))
+    return shingles
+
+
+def _exact_jaccard(left: np.ndarray, right: np.ndarray, shingles) -> np.ndarray:
+    """Jaccard of the shingle sets of each pair (0.0 when both are empty)."""
+    sets: dict[int, set] = {}
+    sims = np.empty(left.size, dtype=np.float64)
+    for p, (i, j) in enumerate(zip(left.tolist(), right.tolist())):
+        a = sets.setdefault(i, set(shingles[i]))
+        b = sets.setdefault(j, set(shingles[j]))
+        union = len(a | b)
+        sims[p] = len(a & b) / union if union else 0.0
+    return sims
 
 
 def minhash_links(

@@ -87,7 +87,9 @@ class NearDupResource(dg.ConfigurableResource):
     )
     simhash_max_distance: int = Field(default=3, description="SimHash: differing bits that still count as near.")
     verify: str = Field(
-        default="estimate", description="MinHash: 'estimate' (signatures) or 'exact' (Jaccard of the shingles, from the payloads)."
+        default="auto",
+        description="MinHash: 'estimate' (signatures), 'exact' (Jaccard of the shingles, from the payloads), or 'auto' "
+        "(the estimate, and the exact Jaccard where the estimate is within two standard errors of the threshold)."
     )
     representative: str = Field(default="oldest", description="Cluster representative: 'oldest' or 'longest'.")
     chunk_size: int = Field(default=2000, description="Records sketched and linked per transaction.")

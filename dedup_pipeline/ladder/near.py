@@ -78,7 +78,7 @@ def verified_similarity(blob_a: bytes, blob_b: bytes, params: NearDupParams) -> 
 class NearReport:
     batch_id: str
     method: str
-    verify: str = "estimate"
+    verify: str = "auto"
     max_bucket_size: int | None = None
     sketched: int = 0
     candidate_pairs: int = 0
@@ -145,8 +145,9 @@ def verify_candidates(conn, pairs: Sequence[tuple[int, int]], params: NearDupPar
     """The verified links (a < b) -> similarity among candidate pairs of record ids.
 
     MinHash goes through the library's :func:`verify_pairs`: estimated Jaccard
-    of the stored signatures, or with ``verify="exact"`` the Jaccard of the
-    shingles, recomputed from the stored payloads (one SELECT for the chunk).
+    of the stored signatures and, where ``verify`` asks for it, the Jaccard of
+    the shingles, recomputed from the stored payloads of just the records of
+    those pairs (one SELECT for the chunk).
     SimHash: Hamming distance of the stored fingerprints, as in the library.
     """
     ids = sorted({x for pair in pairs for x in pair})
@@ -158,10 +159,11 @@ def verify_candidates(conn, pairs: Sequence[tuple[int, int]], params: NearDupPar
         return {(min(a, b), max(a, b)): s for a, b, s in scores if s is not None}
     position = {rid: i for i, rid in enumerate(ids)}
     signatures = np.stack([signature_from_bytes(blobs[rid]) for rid in ids])
-    shingles = None
-    if params.verify == "exact":
-        payloads = index.load_payloads(conn, ids)
-        shingles = [params.normaliser.shingle_bytes(near_text(payloads[rid])) for rid in ids]
+
+    def shingles(rows: np.ndarray) -> dict[int, list[bytes]]:  # only for the pairs that need the exact Jaccard
+        payloads = index.load_payloads(conn, [ids[row] for row in rows.tolist()])
+        return {row: params.normaliser.shingle_bytes(near_text(payloads[ids[row]])) for row in rows.tolist()}
+
     unique = sorted({(min(a, b), max(a, b)) for a, b in pairs})
     left = np.array([position[a] for a, _ in unique], dtype=np.int64)
     right = np.array([position[b] for _, b in unique], dtype=np.int64)

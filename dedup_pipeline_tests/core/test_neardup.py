@@ -88,12 +88,28 @@ def test_links_are_sorted_pairs_with_similarities():
     assert all(s in {1 - d / 64 for d in range(4)} for _, _, s in simhash)  # distance <= 3
 
 
-def test_threshold_controls_linking():
+@pytest.mark.parametrize("verify", ["estimate", "exact"])
+def test_threshold_controls_linking(verify):
     texts = [ARTICLE, EDITED]
-    (link,) = near_duplicate_links(texts)
+    (link,) = near_duplicate_links(texts, NearDupParams(verify=verify))
     similarity = link[2]
-    assert cluster_near_duplicates(texts, threshold=similarity) == [0, 0]
-    assert cluster_near_duplicates(texts, threshold=min(similarity + 0.05, 1.0)) == [0, 1]
+    assert cluster_near_duplicates(texts, threshold=similarity, verify=verify) == [0, 0]
+    assert cluster_near_duplicates(texts, threshold=min(similarity + 0.05, 1.0), verify=verify) == [0, 1]
+
+
+def test_auto_verification_decides_a_pair_too_close_to_call_by_the_exact_jaccard():
+    texts = [ARTICLE, EDITED]
+    [(_, _, estimate)] = near_duplicate_links(texts, NearDupParams(verify="estimate"))
+    [(_, _, exact)] = near_duplicate_links(texts, NearDupParams(verify="exact"))
+    assert estimate != exact
+    threshold = (estimate + exact) / 2  # the estimate and the exact Jaccard fall on either side of it
+    decided = {
+        verify: near_duplicate_links(texts, NearDupParams(threshold=threshold, verify=verify))
+        for verify in ("estimate", "exact", "auto")
+    }
+    assert decided["auto"] == decided["exact"] != decided["estimate"]
+    # far from the threshold the estimate decides alone: the stored similarity is the estimate
+    assert near_duplicate_links(texts, NearDupParams(threshold=min(estimate, exact) - 0.2, verify="auto"))[0][2] == estimate
 
 
 def test_results_are_deterministic():

@@ -80,7 +80,7 @@ def _variants(seed: int, count: int) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("method, verify", [("minhash", "estimate"), ("minhash", "exact"), ("simhash", "estimate")])
+@pytest.mark.parametrize("method, verify", [("minhash", "auto"), ("minhash", "estimate"), ("minhash", "exact"), ("simhash", "estimate")])
 def test_the_warehouse_path_links_what_the_library_links(warehouse, tmp_path, method, verify):
     texts = [t for seed in (1, 2, 3) for t in _variants(seed, 6)] + [description(100 + i) for i in range(5)]
     rows = [listing(i, title="", description=t) for i, t in enumerate(texts)]
