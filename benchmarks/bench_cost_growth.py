@@ -52,7 +52,8 @@ from dedup_pipeline.ladder.near import cluster_batch, near_text, sketch  # noqa:
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
-from dedup_pipeline.store.schema import lsh_buckets, minhash_signatures, record_hashes, records  # noqa: E402
+from dedup_pipeline.store.neardup import copy_buckets  # noqa: E402
+from dedup_pipeline.store.schema import minhash_signatures, record_hashes, records  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
 
 SETTINGS = LadderResource().settings()           # the code location's defaults
@@ -192,24 +193,6 @@ def run_ladder(url: str, landing: Path, key: str) -> dict[str, float]:
 _BULK_TABLES = ("records", "record_hashes", "minhash_signatures", "lsh_buckets")
 
 
-def _copy_lsh_binary(conn, ids: list[int], buckets: np.ndarray, indexable: np.ndarray) -> None:
-    """lsh_buckets rows (int4 band, int8 bucket, int8 record_id) as one binary COPY built by numpy."""
-    keep = np.asarray(indexable, dtype=bool)
-    if not keep.any():
-        return
-    keys = np.asarray(buckets, dtype=np.int64)[keep]
-    rids = np.repeat(np.asarray(ids, dtype=np.int64)[keep], keys.shape[1])
-    rows = np.zeros(keys.size, dtype=[("n", ">i2"), ("l1", ">i4"), ("band", ">i4"), ("l2", ">i4"), ("bucket", ">i8"),
-                                      ("l3", ">i4"), ("rid", ">i8")])
-    rows["n"], rows["l1"], rows["l2"], rows["l3"] = 3, 4, 8, 8
-    rows["band"] = np.tile(np.arange(keys.shape[1], dtype=np.int32), keys.shape[0])
-    rows["bucket"], rows["rid"] = keys.reshape(-1), rids
-    payload = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8 + rows.tobytes() + b"\xff\xff"
-    cursor = conn.connection.driver_connection.cursor()
-    with cursor.copy("COPY lsh_buckets (band, bucket, record_id) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.write(payload)
-
-
 def _drop_indexes(conn) -> list[str]:
     """Drop the four tables' foreign keys, unique keys and secondary indexes (not records' primary key).
 
@@ -270,7 +253,7 @@ def add_filler(url: str, count: int, first_number: int) -> float:
             copy_rows(conn, minhash_signatures, ("record_id", "index_identity", "content_hash", "signature"), (
                 (rid, identity, bytes.fromhex(c.hashes[ACTIVE]), blob) for rid, c, blob in zip(ids, canon, sketches.blobs)
             ))
-            _copy_lsh_binary(conn, ids, sketches.buckets, sketches.indexable)
+            copy_buckets(conn, ids, sketches.buckets, sketches.indexable)
         next_id += n
         done += n
     with warehouse.engine.begin() as conn:

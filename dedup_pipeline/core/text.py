@@ -154,29 +154,24 @@ class TextNormaliser:
         """``[s.encode("utf-8") for s in self.shingles(text)]``, computed faster.
 
         The hashing in :mod:`dedup_pipeline.core.minhash` works on bytes, so
-        this skips building each shingle as ``str`` first: the text is encoded
-        once and word shingles are joined from its byte tokens.
+        this cuts the shingles from the normalised text encoded once
+        (:meth:`normalised_bytes`): word shingles are joined from its tokens.
         """
-        if self.shingle == "char":
-            norm = self.normalise(text)
-            data = norm.encode("utf-8")
-            n = self.ngram
-            if len(norm) <= n:
-                return [data] if norm else []
-            if len(data) == len(norm):  # ASCII: character and byte offsets agree
-                return [data[i : i + n] for i in range(len(data) - n + 1)]
-            return [norm[i : i + n].encode("utf-8") for i in range(len(norm) - n + 1)]
-        if self.strip_punctuation:
-            # Every non-alphanumeric character is a space by now, so a bytes
-            # split on ASCII whitespace gives exactly the tokens.
-            tokens = self._apply_rules(text).encode("utf-8").split()
-        else:
-            norm = self.normalise(text)
-            tokens = norm.encode("utf-8").split(b" ") if norm else []
+        data = self.normalised_bytes(text)
+        if not data:
+            return []
         n = self.ngram
-        if len(tokens) <= n:
-            return [b" ".join(tokens)] if tokens else []
-        return list(map(b" ".join, zip(*(tokens[i:] for i in range(n)))))
+        if self.shingle == "word":
+            tokens = data.split(b" ")
+            if len(tokens) <= n:
+                return [data]
+            return list(map(b" ".join, zip(*(tokens[i:] for i in range(n)))))
+        norm = data.decode("utf-8")
+        if len(norm) <= n:
+            return [data]
+        if len(data) == len(norm):  # ASCII: character and byte offsets agree
+            return [data[i : i + n] for i in range(len(data) - n + 1)]
+        return [norm[i : i + n].encode("utf-8") for i in range(len(norm) - n + 1)]
 
     def normalised_bytes(self, text: str) -> bytes:
         """``normalise(text).encode("utf-8")``; ASCII text takes one byte-table pass instead of rules 1-4."""

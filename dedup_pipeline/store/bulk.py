@@ -12,7 +12,7 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import BigInteger, Column, Connection, Integer, MetaData, SmallInteger, Table
+from sqlalchemy import BigInteger, Column, Connection, Integer, MetaData, SmallInteger, Table, or_
 from sqlalchemy.schema import CreateTable
 
 _temp_metadata = MetaData()
@@ -106,6 +106,25 @@ def staging_table(conn: Connection, like: Table, name: str, columns: Sequence[st
     if conn.dialect.name != "postgresql":
         conn.execute(table.delete())
     return table
+
+
+#: Values per IN list when a statement is repeated over parts: SQLite binds each value as a parameter.
+IN_CHUNK = 5000
+
+
+def chunked(values: Sequence[Any], size: int = IN_CHUNK) -> list[Sequence[Any]]:
+    return [values[start : start + size] for start in range(0, len(values), size)]
+
+
+def delete_in(conn: Connection, table: Table, columns: Sequence, values: Iterable[Any]) -> int:
+    """Delete the rows of `table` where any of `columns` holds one of `values`, IN_CHUNK values a statement.
+
+    Returns how many rows went.
+    """
+    return sum(
+        conn.execute(table.delete().where(or_(*(in_values(conn, column, part) for column in columns)))).rowcount
+        for part in chunked(sorted(set(values)))
+    )
 
 
 def in_values(conn: Connection, column, values: Sequence[Any]):

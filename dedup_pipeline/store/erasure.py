@@ -45,6 +45,7 @@ from dedup_pipeline.core.erasure import Catalogue, RawLineMatcher, Subject, Subj
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.core.url import URL_VERSION
 from dedup_pipeline.store import neardup as index
+from dedup_pipeline.store.bulk import chunked, delete_in
 from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, dedup_decisions, erasure_requests, erasure_scopes, erasure_tombstones,
     lsh_buckets, metadata, minhash_signatures, near_duplicate_clusters, near_duplicate_links, quarantine,
@@ -56,7 +57,6 @@ TOMBSTONE_KEY_ENV = "DEDUP_TOMBSTONE_KEY"
 #: Names the advisory lock that serialises erasure against ingestion (any constant works).
 _ERASURE_LOCK = 7_301_043
 ERASED = "[erased]"
-_IN_CHUNK = 5000
 _QUARANTINE_PAGE = 1000
 _MAX_ROUNDS = 20
 
@@ -202,7 +202,7 @@ def existing_fingerprints(conn: Connection, fingerprints: Sequence[bytes]) -> se
         wanted = select(piece).select_from(func.generate_series(0, len(fingerprints) - 1).alias("i"))
         return {bytes(fp) for fp in conn.execute(select(column).where(column == any_(func.array(wanted.scalar_subquery())))).scalars()}
     found: set[bytes] = set()
-    for part in _chunks(list(fingerprints)):
+    for part in chunked(list(fingerprints)):
         found |= set(conn.execute(select(column).where(column.in_(part))).scalars())
     return found
 
@@ -310,16 +310,11 @@ def _json_text(column, path: Sequence[str]):
     return cast(target.as_string(), String)
 
 
-def _chunks(values: list, size: int = _IN_CHUNK) -> Iterable[list]:
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
-
-
 def _digest_condition(version_column, digest_column, digests: dict[str, set[bytes]]):
     parts = [
         and_(version_column == version, digest_column.in_(sorted(part)))
         for version, values in digests.items()
-        for part in _chunks(sorted(values))
+        for part in chunked(sorted(values))
     ]
     return or_(false(), *parts)
 
@@ -387,7 +382,7 @@ def _find(conn: Connection, subject: Subject) -> _Found:
         found.record_ids |= new_record_ids
         found.history_ids |= new_history
         found.staged |= new_staged
-        for part in _chunks(sorted(new_record_ids)):
+        for part in chunked(sorted(new_record_ids)):
             for row in conn.execute(
                 select(records.c.natural_key, records.c.canonical_url, records.c.payload).where(records.c.record_id.in_(part))
             ):
@@ -401,7 +396,7 @@ def _find(conn: Connection, subject: Subject) -> _Found:
                 )
             ):
                 absorb(version, digest)
-        for part in _chunks(sorted(new_history)):
+        for part in chunked(sorted(new_history)):
             for row in conn.execute(
                 select(record_history.c.hash_version, record_history.c.content_hash, record_history.c.payload).where(
                     record_history.c.history_id.in_(part)
@@ -411,7 +406,7 @@ def _find(conn: Connection, subject: Subject) -> _Found:
                 for version, digest in core.payload_digests(row.payload).items():
                     absorb(version, digest)
         for batch_id, lines in _group_lines(new_staged).items():
-            for part in _chunks(lines):
+            for part in chunked(lines):
                 for row in conn.execute(
                     select(canonical_records.c.hashes, canonical_records.c.payload).where(
                         canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part)
@@ -426,7 +421,7 @@ def _find(conn: Connection, subject: Subject) -> _Found:
                 _digest_condition(record_hashes.c.hash_version, record_hashes.c.content_hash, fresh)
             )
         ).scalars()) if fresh else set()
-        history_by_id = [record_history.c.record_id.in_(part) for part in _chunks(sorted(found.record_ids))]
+        history_by_id = [record_history.c.record_id.in_(part) for part in chunked(sorted(found.record_ids))]
         new_history = set(conn.execute(
             select(record_history.c.history_id).where(
                 or_(false(), *history_by_id,
@@ -435,7 +430,7 @@ def _find(conn: Connection, subject: Subject) -> _Found:
         ).scalars())
         new_staged = set()
         for version, values in fresh.items():
-            for part in _chunks(sorted(v.hex() for v in values)):
+            for part in chunked(sorted(v.hex() for v in values)):
                 new_staged |= {tuple(row) for row in conn.execute(
                     select(canonical_records.c.batch_id, canonical_records.c.line_no).where(
                         _json_text(canonical_records.c.hashes, (version,)).in_(part)
@@ -453,16 +448,9 @@ def _group_lines(pairs: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
     return grouped
 
 
-def _delete_in(conn: Connection, table, column, values: Iterable) -> int:
-    total = 0
-    for part in _chunks(sorted(set(values))):
-        total += conn.execute(delete(table).where(column.in_(part))).rowcount
-    return total
-
-
 def _remove_decisions(conn: Connection, found: _Found) -> int:
     d = dedup_decisions
-    by_key = [d.c.natural_key.in_(part) for part in _chunks(sorted(found.keys))]
+    by_key = [d.c.natural_key.in_(part) for part in chunked(sorted(found.keys))]
     condition = or_(false(), *by_key, _digest_condition(d.c.hash_version, d.c.content_hash, found.digests))
     return conn.execute(delete(d).where(condition)).rowcount
 
@@ -483,7 +471,7 @@ def _remove_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
         after = (rows[-1].batch_id, rows[-1].line_no)
     removed = 0
     for batch_id, lines in _group_lines(matched).items():
-        for part in _chunks(lines):
+        for part in chunked(lines):
             removed += conn.execute(delete(q).where(q.c.batch_id == batch_id, q.c.line_no.in_(part))).rowcount
     return removed
 
@@ -504,9 +492,9 @@ def _sweep_other_tables(conn: Connection, found: _Found) -> dict[str, int]:
         columns = table.c
         conditions = []
         if "record_id" in columns:
-            conditions += [columns.record_id.in_(part) for part in _chunks(sorted(found.record_ids))]
+            conditions += [columns.record_id.in_(part) for part in chunked(sorted(found.record_ids))]
         if "natural_key" in columns:
-            conditions += [columns.natural_key.in_(part) for part in _chunks(sorted(found.keys))]
+            conditions += [columns.natural_key.in_(part) for part in chunked(sorted(found.keys))]
         if "hash_version" in columns and "content_hash" in columns:
             conditions.append(_digest_condition(columns.hash_version, columns.content_hash, found.digests))
         if conditions:
@@ -606,16 +594,16 @@ def erase(
     removed.update(_redact_json_columns(conn, found))
     near, clusters_recomputed = index.remove_records(conn, found.record_ids, representative)
     removed.update(near)
-    removed["record_hashes"] = _delete_in(conn, record_hashes, record_hashes.c.record_id, found.record_ids)
+    removed["record_hashes"] = delete_in(conn, record_hashes, [record_hashes.c.record_id], found.record_ids)
     history_ids = found.history_ids
-    removed["record_history"] = _delete_in(conn, record_history, record_history.c.history_id, history_ids)
-    removed["records"] = _delete_in(conn, records, records.c.record_id, found.record_ids)
+    removed["record_history"] = delete_in(conn, record_history, [record_history.c.history_id], history_ids)
+    removed["records"] = delete_in(conn, records, [records.c.record_id], found.record_ids)
     removed["canonical_records"] = sum(
         conn.execute(
             delete(canonical_records).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part))
         ).rowcount
         for batch_id, lines in _group_lines(found.staged).items()
-        for part in _chunks(lines)
+        for part in chunked(lines)
     )
     removed["dedup_decisions"] = _remove_decisions(conn, found)
     fields = {subject.scope: {subject.value}} if subject.kind is SubjectKind.FIELD else {}

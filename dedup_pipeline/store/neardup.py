@@ -16,15 +16,13 @@ import numpy as np
 from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, true
 
 from dedup_pipeline.core.clustering import cluster_records
-from dedup_pipeline.store.bulk import copy_int_columns, copy_rows, in_values
+from dedup_pipeline.store.bulk import chunked, copy_int_columns, copy_rows, delete_in, in_values
 from dedup_pipeline.store.schema import (
     lsh_buckets, minhash_signatures, near_duplicate_clusters, near_duplicate_links, records, settings,
 )
 from dedup_pipeline.store.warehouse import read_setting, upsert_ignore, utcnow
 
 INDEX_IDENTITY = "near_dup_index_identity"
-# Ids per statement: SQLite binds each id of an IN list as a parameter.
-_ID_CHUNK = 5000
 # Any constant works; it names the lock that serialises cluster rewrites across workers.
 _CLUSTER_LOCK = 7_301_042
 
@@ -66,17 +64,19 @@ def replace_sketches(
 ) -> None:
     """Store sketches and buckets for `rows`, dropping their old sketches, buckets and links."""
     ids = [row.record_id for row in rows]
-    conn.execute(delete(lsh_buckets).where(in_values(conn, lsh_buckets.c.record_id, ids)))
-    conn.execute(delete(minhash_signatures).where(in_values(conn, minhash_signatures.c.record_id, ids)))
-    conn.execute(
-        delete(near_duplicate_links).where(
-            or_(in_values(conn, near_duplicate_links.c.record_a, ids), in_values(conn, near_duplicate_links.c.record_b, ids))
-        )
-    )
+    link = near_duplicate_links
+    delete_in(conn, lsh_buckets, [lsh_buckets.c.record_id], ids)
+    delete_in(conn, minhash_signatures, [minhash_signatures.c.record_id], ids)
+    delete_in(conn, link, [link.c.record_a, link.c.record_b], ids)
     copy_rows(
         conn, minhash_signatures, ("record_id", "index_identity", "content_hash", "signature"),
         ((row.record_id, identity, row.content_hash, sig) for row, sig in zip(rows, signatures)),
     )
+    copy_buckets(conn, ids, buckets, indexable)
+
+
+def copy_buckets(conn: Connection, ids: Sequence[int], buckets: np.ndarray, indexable: np.ndarray) -> None:
+    """Append the LSH rows (band, bucket, record id) of the records `ids` that can be indexed, in one bulk write."""
     indexed = np.asarray(indexable, dtype=bool)
     keys = np.asarray(buckets, dtype=np.int64)[indexed]  # (records, bands), row-major: record by record
     owners = np.asarray(ids, dtype=np.int64)[indexed]
@@ -108,7 +108,7 @@ def candidate_partners(
             else:
                 pairs.add((mine, other))
         return sorted(pairs), sorted(capped)
-    query, capped_query = candidate_queries(ids, max_bucket_size)
+    query, capped_query = candidate_queries(conn, ids, max_bucket_size)
     pairs = [(a, b) for a, b in conn.execute(query)]
     if capped_query is None:
         return pairs, []
@@ -142,14 +142,14 @@ def capped_lateral_query(conn: Connection, ids: Sequence[int], max_bucket_size: 
     )
 
 
-def candidate_queries(ids: Sequence[int], max_bucket_size: int | None = None):
+def candidate_queries(conn: Connection, ids: Sequence[int], max_bucket_size: int | None = None):
     """The SELECTs behind :func:`candidate_partners`: (pairs query, capped-buckets query or None)."""
     mine, other = lsh_buckets.alias("mine"), lsh_buckets.alias("other")
     if max_bucket_size is None:
         query = (
             select(mine.c.record_id, other.c.record_id)
             .select_from(mine.join(other, and_(mine.c.band == other.c.band, mine.c.bucket == other.c.bucket)))
-            .where(mine.c.record_id.in_(ids), other.c.record_id != mine.c.record_id)
+            .where(in_values(conn, mine.c.record_id, ids), other.c.record_id != mine.c.record_id)
             .distinct()
         )
         return query, None
@@ -164,7 +164,7 @@ def candidate_queries(ids: Sequence[int], max_bucket_size: int | None = None):
     )
     limits = (
         select(lsh_buckets.c.record_id, lsh_buckets.c.band, lsh_buckets.c.bucket, first_excluded.label("upto"))
-        .where(lsh_buckets.c.record_id.in_(ids))
+        .where(in_values(conn, lsh_buckets.c.record_id, ids))
         .cte("limits")
         .prefix_with("MATERIALIZED", dialect="postgresql")
     )
@@ -288,22 +288,17 @@ def remove_records(conn: Connection, ids: Iterable[int], representative: str) ->
     rehash retire step delete records through this.
     """
     ordered = sorted(set(ids))
-    parts = [ordered[start : start + _ID_CHUNK] for start in range(0, len(ordered), _ID_CHUNK)]
     survivors = component_members(conn, ordered) - set(ordered)
     c, link = near_duplicate_clusters, near_duplicate_links
-    old_clusters = {cid for part in parts for cid in conn.execute(select(c.c.cluster_id).where(in_values(conn, c.c.record_id, part))).scalars()}
-
-    def removed(table, *columns) -> int:
-        return sum(
-            conn.execute(delete(table).where(or_(*(in_values(conn, column, part) for column in columns)))).rowcount
-            for part in parts
-        )
-
+    old_clusters = {
+        cid for part in chunked(ordered)
+        for cid in conn.execute(select(c.c.cluster_id).where(in_values(conn, c.c.record_id, part))).scalars()
+    }
     counts = {
-        "near_duplicate_links": removed(link, link.c.record_a, link.c.record_b),
-        "near_duplicate_clusters": removed(c, c.c.record_id),
-        "lsh_buckets": removed(lsh_buckets, lsh_buckets.c.record_id),
-        "minhash_signatures": removed(minhash_signatures, minhash_signatures.c.record_id),
+        "near_duplicate_links": delete_in(conn, link, [link.c.record_a, link.c.record_b], ordered),
+        "near_duplicate_clusters": delete_in(conn, c, [c.c.record_id], ordered),
+        "lsh_buckets": delete_in(conn, lsh_buckets, [lsh_buckets.c.record_id], ordered),
+        "minhash_signatures": delete_in(conn, minhash_signatures, [minhash_signatures.c.record_id], ordered),
     }
     if survivors:
         recluster(conn, survivors, representative)
@@ -322,3 +317,4 @@ def recluster(conn: Connection, members: set[int], representative: str) -> list:
     clusters = [k for k in cluster_records(sorted(members), links, representative, lengths) if len(k.members) > 1]
     replace_clusters(conn, members, {rid: (k.cluster_id, rid == k.representative) for k in clusters for rid in k.members})
     return clusters
+
