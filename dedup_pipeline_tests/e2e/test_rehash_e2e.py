@@ -18,10 +18,10 @@ import pytest
 from sqlalchemy import func, select
 
 from dedup_pipeline.store.schema import record_hashes
-from dedup_pipeline_tests.e2e.test_ui_browser import LOCATION, REPO, Server, wait_until
+from dedup_pipeline_tests.e2e.dagster_dev import LOCATION, REPO, Server, start_server, wait_until
 from dedup_pipeline_tests.rehash_helpers import load_legacy_rows, migration_listing
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1800)]
 JOB = "rehash_content_v2"
 COMPARISON = ["rehash_comparison_content_v2"]
 
@@ -53,9 +53,8 @@ def test_backfill_launched_over_graphql_runs_every_shard_then_the_comparison(war
     env = {k: v for k, v in os.environ.items() if k != "DEDUP_AUTOMATION"}
     env.update(DAGSTER_HOME=str(home), DEDUP_DATABASE_URL=warehouse_url, DEDUP_LANDING_DIR=str(tmp_path / "landing"),
                DEDUP_DATA_DIR=str(tmp_path / "data"), PYTHONWARNINGS="ignore")
-    server = Server(env, tmp_path / "dagster-dev.log")
+    server = start_server(env, tmp_path / "dagster-dev.log")
     try:
-        wait_until("dagster dev to answer", server.up, timeout=600)  # minutes only on a machine loaded by other work
         sets = server.graphql(
             """query($r: RepositorySelector!, $job: String!) { partitionSetsOrError(repositorySelector: $r, pipelineName: $job) {
                  ... on PartitionSets { results { name } } } }""",

@@ -17,100 +17,29 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from dedup_pipeline.demo import write_demo_crawl
+from dedup_pipeline_tests.e2e.dagster_dev import BIN, LOCATION, REPO, Server, start_server, wait_until
 from dedup_pipeline_tests.helpers import listing, write_batch
 
-pytestmark = pytest.mark.slow
+# The module's fixture boots `dagster dev` (up to two attempts of BOOT_TIMEOUT) and waits for a run.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CHROMIUM = Path(os.environ.get("DEDUP_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--no-proxy-server",
 ]
-REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "ui"
-BIN = Path(sys.executable).parent
-LOCATION = {"repositoryLocationName": "dedup_pipeline", "repositoryName": "__repository__"}
 ASSETS = ["raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters"]
 RECRAWL = "2026-11-03-shop"
 DEMO_BATCHES = ["2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(what: str, probe, timeout: float, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-class Server:
-    """`dagster dev` in its own process group on a free port, over a temporary instance."""
-
-    def __init__(self, env: dict, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
-            cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-    def up(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"dagster dev exited with {self.proc.returncode}:\n{self.log_tail()}")
-        try:
-            with urllib.request.urlopen(self.url + "/server_info", timeout=5) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def log_tail(self, lines: int = 40) -> str:
-        self.log.flush()
-        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
-
-    def graphql(self, query: str, variables: dict) -> dict:
-        request = urllib.request.Request(
-            self.url + "/graphql", data=json.dumps({"query": query, "variables": variables}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            body = json.loads(response.read())
-        assert not body.get("errors"), body
-        return body["data"]
-
-    def stop(self) -> None:
-        # The whole group (webserver, daemon, code servers). `dagster dev` does not always exit on SIGTERM or
-        # SIGINT (it ignores SIGTERM when started in the background), so the group is killed after a grace period.
-        for sig, grace in ((signal.SIGINT, 10), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=grace)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self.log.close()
 
 
 def launch_partition(server: Server, key: str) -> str:
@@ -157,24 +86,21 @@ def ui(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "DEDUP_AUTOMATION"}
     env.update(DAGSTER_HOME=str(home), DEDUP_DATABASE_URL=f"sqlite:///{tmp_path / 'warehouse.sqlite'}",
                DEDUP_LANDING_DIR=str(landing), PYTHONWARNINGS="ignore")
-    server = Server(env, ARTIFACTS / "dagster-dev.log")
+    # The demo crawl through the command line first, then the server over the same instance and warehouse.
+    cli = subprocess.run([str(BIN / "dedup-pipeline"), "run", "--json"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    summary = json.loads(cli.stdout.strip().splitlines()[-1])
+    assert [b["batch"] for b in summary["batches"]] == DEMO_BATCHES
+    assert summary["warehouse_records"] == sum(b["new"] for b in summary["batches"]) > 0
+    server = start_server(env, ARTIFACTS / "dagster-dev.log")
     try:
-        # While the server boots: the demo crawl through the command line, on the same instance and warehouse.
-        cli = subprocess.run([str(BIN / "dedup-pipeline"), "run", "--json"], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=600)
-        assert cli.returncode == 0, cli.stderr[-3000:]
-        summary = json.loads(cli.stdout.strip().splitlines()[-1])
-        assert [b["batch"] for b in summary["batches"]] == DEMO_BATCHES
-        assert summary["warehouse_records"] == sum(b["new"] for b in summary["batches"]) > 0
-        try:
-            wait_until("the dagster webserver", server.up, timeout=600, every=2)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; its log ends:\n{server.log_tail()}") from None
         # A re-crawl of 150 products, 30 of them fetched twice: big enough for the collapse check to judge.
         write_batch(landing, RECRAWL, [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)],
                     landed=time.time() - 60)
         run_id = launch_partition(server, RECRAWL)
-        assert wait_until(f"run {run_id}", lambda: run_status(server, run_id), timeout=600, every=2) == "SUCCESS"
+        status = wait_until(f"run {run_id}", lambda: run_status(server, run_id), timeout=600, every=2)
+        assert status == "SUCCESS", f"run {run_id}: {status}; the server's log ends:\n{server.log_tail()}"
         yield server
     finally:
         server.stop()
