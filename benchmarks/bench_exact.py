@@ -38,7 +38,7 @@ from benchmarks.common import crawl_with_duplicates, median, scratch_database, t
 from dedup_pipeline.core.fields import canonical_fields  # noqa: E402
 from dedup_pipeline.core.hashing import HASH_RULES  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
-from dedup_pipeline.core.records import canonicalise_record  # noqa: E402
+from dedup_pipeline.core.records import canonicalise_records  # noqa: E402
 from dedup_pipeline.ladder.exact import deduplicate_batch, deduplicate_records  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.ladder.settings import LadderSettings  # noqa: E402
@@ -54,11 +54,10 @@ VERSIONS = tuple(HASH_RULES)
 
 
 def _canonical_chunks(records: list[dict], active: str):
+    """Canonical records chunk by chunk, column-wise as the `canonical_records` asset computes them."""
     for start in range(0, len(records), SETTINGS.chunk_size):
-        yield [
-            canonicalise_record(record, start + i + 1, VERSIONS, active)
-            for i, record in enumerate(records[start : start + SETTINGS.chunk_size])
-        ]
+        chunk = records[start : start + SETTINGS.chunk_size]
+        yield canonicalise_records(chunk, range(start + 1, start + len(chunk) + 1), VERSIONS, active)
 
 
 def run_ours(records: list[dict]) -> float:

@@ -70,6 +70,19 @@ def _ascii_byte_table(casefold: bool, digits: str, strip_punctuation: bool) -> b
     return bytes(table)
 
 
+@lru_cache(maxsize=None)
+def _ascii_spacing_table(casefold: bool, digits: str, strip_punctuation: bool) -> bytes:
+    """:func:`_ascii_byte_table`, and ASCII whitespace (what ``bytes.split`` splits on) becomes a space."""
+    table = bytearray(_ascii_byte_table(casefold, digits, strip_punctuation))
+    for c in b"\t\n\r\x0b\x0c":
+        table[c] = ord(" ")
+    return bytes(table)
+
+
+#: Marks where one text ends in a buffer of many: a byte that UTF-8 never uses.
+_TEXT_END = b"\xff"
+
+
 @dataclass(frozen=True)
 class ShingleSpans:
     """The shingles of many texts as slices of one buffer (see :meth:`TextNormaliser.shingle_spans`).
@@ -183,6 +196,35 @@ class TextNormaliser:
     def _byte_table(self) -> bytes:
         return _ascii_byte_table(self.casefold, self.digits, self.strip_punctuation)
 
+    def normalised_buffer(self, texts: Sequence[str]) -> tuple[bytes, np.ndarray]:
+        """``b" ".join(map(self.normalised_bytes, texts))`` and the length of each text's part in it.
+
+        ASCII texts take rules 1-4 as one byte-table pass each (their
+        whitespace becomes spaces); rule 5 then runs once over all of them, as
+        numpy passes over the whole buffer: runs of spaces shrink to one, and
+        the spaces left next to a text's ends (which :data:`_TEXT_END` marks)
+        go. Other texts come normalised already, so the passes leave them as
+        they are.
+        """
+        if not texts:
+            return b"", np.zeros(0, dtype=np.int64)
+        table = _ascii_spacing_table(self.casefold, self.digits, self.strip_punctuation)
+        joined = _TEXT_END.join(
+            text.encode("ascii").translate(table) if text.isascii() else self.normalise(text).encode("utf-8")
+            for text in texts
+        )
+        data = np.frombuffer(joined, dtype=np.uint8)
+        not_space = data != 0x20
+        first_of_run = not_space.copy()
+        first_of_run[1:] |= not_space[:-1]
+        data = data[first_of_run]
+        end = np.concatenate(([True], data == _TEXT_END[0], [True]))
+        data = data[~((data == 0x20) & (end[:-2] | end[2:]))]
+        ends = np.flatnonzero(data == _TEXT_END[0])
+        data[ends] = 0x20
+        sizes = np.diff(np.concatenate(([-1], ends, [data.size]))) - 1
+        return data.tobytes(), sizes
+
     def shingle_spans(self, texts: Sequence[str]) -> ShingleSpans:
         """The shingles of every text as slices of their normalised UTF-8, joined by single spaces.
 
@@ -191,10 +233,8 @@ class TextNormaliser:
         one space apart), and a character n-gram too. Only the normalisation
         runs per text; the slicing is a few numpy passes over the whole buffer.
         """
-        docs = [self.normalised_bytes(text) for text in texts]
-        buffer = b" ".join(docs)
+        buffer, sizes = self.normalised_buffer(texts)
         data = np.frombuffer(buffer, dtype=np.uint8)
-        sizes = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
         doc_starts = np.cumsum(sizes + 1) - (sizes + 1)
         if self.shingle == "word":  # units are tokens; the separators are spaces like any other
             spaces = np.flatnonzero(data == 0x20)
@@ -207,7 +247,7 @@ class TextNormaliser:
             keep = np.ones(unit_starts.size, dtype=bool)
             keep[np.searchsorted(unit_starts, doc_starts[1:] - 1)] = False
         unit_starts, unit_ends = unit_starts[keep], unit_ends[keep]
-        units = np.bincount(np.searchsorted(doc_starts, unit_starts, side="right") - 1, minlength=len(docs))
+        units = np.bincount(np.searchsorted(doc_starts, unit_starts, side="right") - 1, minlength=len(sizes))
         n = self.ngram
         counts = np.where(units > n, units - n + 1, units > 0).astype(np.int64)
         first_unit = np.repeat(np.cumsum(units) - units, counts)
