@@ -136,6 +136,7 @@ def cluster_batch(
         sketches = sketch([near_text(row.payload) for row in rows], params)
         with warehouse.engine.begin() as conn:
             index.lock_clusters(conn)
+            index.plan_for_cached_tables(conn)
             index.replace_sketches(conn, identity, rows, sketches.blobs, sketches.buckets, sketches.indexable)
             _link_and_cluster(conn, [row.record_id for row in rows], params, batch_id, report, max_bucket_size)
         report.sketched += len(rows)

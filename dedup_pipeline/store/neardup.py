@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, true
+from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, true, union
 
 from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.store.bulk import chunked, copy_int_columns, copy_rows, delete_in, in_values
@@ -47,7 +47,9 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int)
     s = minhash_signatures
     query = (
         select(records.c.record_id, records.c.content_hash, records.c.payload)
-        .select_from(records.outerjoin(s, s.c.record_id == records.c.record_id))
+        # The bound on the sketches is implied by the join, but said so that their scan starts at the page,
+        # not at the first record ever sketched.
+        .select_from(records.outerjoin(s, and_(s.c.record_id == records.c.record_id, s.c.record_id > after_id)))
         .where(
             records.c.last_batch_id == batch_id,
             records.c.record_id > after_id,
@@ -208,6 +210,19 @@ def lock_clusters(conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CLUSTER_LOCK})
 
 
+#: The cost PostgreSQL's planner gives a random page read during the rung's transactions (its default, 4, is
+#: for spinning disks). The rung looks up a few thousand ids a chunk in tables that are meant to stay in cache
+#: (see deploy/README.md, sizing); at the default cost the planner reads the whole clusters table instead of
+#: probing its index, which made every chunk slower as the corpus grew.
+CACHED_RANDOM_PAGE_COST = 1.1
+
+
+def plan_for_cached_tables(conn: Connection) -> None:
+    """For the rest of this transaction, plan lookups as the index probes they should be (PostgreSQL)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(f"SET LOCAL random_page_cost = {CACHED_RANDOM_PAGE_COST}"))
+
+
 def component_members(conn: Connection, seeds: Iterable[int]) -> set[int]:
     """The seeds plus every record in a stored cluster with one of them."""
     seeds = set(seeds)
@@ -224,9 +239,11 @@ def links_among(conn: Connection, ids: Iterable[int]) -> list[tuple[int, int, fl
     if not ids:
         return []
     link = near_duplicate_links
-    query = select(link.c.record_a, link.c.record_b, link.c.similarity).where(
-        or_(in_values(conn, link.c.record_a, ids), in_values(conn, link.c.record_b, ids))
-    )
+    # A UNION of one lookup per column uses both indexes; an OR of the two is planned as a scan of every link.
+    query = union(*(
+        select(link.c.record_a, link.c.record_b, link.c.similarity).where(in_values(conn, column, ids))
+        for column in (link.c.record_a, link.c.record_b)
+    ))
     return [tuple(row) for row in conn.execute(query)]
 
 

@@ -86,7 +86,7 @@ records = Table(
     _now_column("last_landed_at", nullable=False),
     Column("last_line_no", Integer, nullable=False),
     UniqueConstraint("hash_version", "content_hash", name="uq_records_version_hash"),
-    Index("ix_records_last_batch", "last_batch_id"),
+    Index("ix_records_last_batch", "last_batch_id", "record_id"),  # a batch's records in id order, page by page
 )
 
 record_hashes = Table(
@@ -142,6 +142,10 @@ lsh_buckets = Table(
     Column("bucket", BigInteger, primary_key=True),
     Column("record_id", Id, primary_key=True),
     Index("ix_lsh_buckets_record", "record_id"),
+    # The bucket join reads the primary key with index-only scans, which touch the table too for pages the
+    # visibility map does not mark all-visible. Autovacuum's default waits for 20% new rows, so on a large index
+    # the unmarked tail grows for many batches; a fixed threshold marks it every million rows, in small runs.
+    postgresql_with={"autovacuum_vacuum_insert_scale_factor": 0, "autovacuum_vacuum_insert_threshold": 1_000_000},
 )
 
 near_duplicate_links = Table(
