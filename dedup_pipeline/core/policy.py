@@ -67,6 +67,8 @@ class ChunkPlan:
     decisions: list[tuple[CanonicalRecord, Decision]] = field(default_factory=list)
     inserts: dict[str, CanonicalRecord] = field(default_factory=dict)        # key -> final record
     updates: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)  # key -> (final, stored)
+    # key -> (re-crawl, stored): the stored content again, from a newer batch; the row's order moves to it
+    recrawls: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)
     stored_superseded: list[StoredRow] = field(default_factory=list)       # warehouse rows moved to history
     chunk_superseded: list[tuple[CanonicalRecord, CanonicalRecord]] = field(default_factory=list)  # (old, replaced by)
 
@@ -100,10 +102,16 @@ def plan_chunk(
         digest = record.hashes[active_version]
         key = record.natural_key
         previous = current.get(key)
+        order = (*batch_order, record.line_no)
         if digest in digests or digest == previous:
             plan.decisions.append((record, Decision.EXACT_DUPLICATE))
+            if digest == previous and key in stored_by_key and key not in plan.updates and key not in plan.recrawls \
+                    and tuple(batch_order) > tuple(current_order[key][:2]):
+                # The row now dates from this batch, so that an older crawl of the key replayed later (a retry,
+                # a backfill, a parallel worker) is stale against it, as it would be in landing order.
+                plan.recrawls[key] = (record, stored_by_key[key])
+                current_order[key] = order
             continue
-        order = (*batch_order, record.line_no)
         if previous is None:
             decision = Decision.NEW
         elif order < current_order[key]:

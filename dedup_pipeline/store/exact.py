@@ -72,6 +72,8 @@ _ROW_COLUMNS = (
     "natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload",
     "last_crawled_at", "last_batch_id", "last_landed_at", "last_line_no",
 )
+#: What a re-crawl of the stored content changes: when, and by which batch and line, the row was last crawled.
+_DATED_COLUMNS = ("last_crawled_at", "last_batch_id", "last_landed_at", "last_line_no")
 _HASH_COLUMNS = ("record_id", "hash_version", "content_hash", "error")
 _HISTORY_COLUMNS = (
     "record_id", "natural_key", "hash_version", "content_hash", "payload", "valid_from", "superseded_at",
@@ -114,14 +116,33 @@ def _insert_new(conn: Connection, plan: ChunkPlan, version: str, batch_id: str, 
 
 def _update_changed(conn: Connection, plan: ChunkPlan, version: str, batch_id: str, batch_time: datetime) -> None:
     """Stage the chunk's changed rows, then one UPDATE ... FROM, optimistic on the stored version."""
+    _update_stored(conn, "stage_changed_records", _ROW_COLUMNS, (
+        (*_row_values(record, version, batch_id, batch_time), stored)
+        for record, stored in plan.updates.values()
+    ), len(plan.updates))
+    ids = [stored.record_id for _, stored in plan.updates.values()]
+    conn.execute(delete(record_hashes).where(in_values(conn, record_hashes.c.record_id, ids)))
+
+
+def _date_recrawled(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
+    """Move the order and crawl time of rows this newer batch re-crawled unchanged to it; their content stays."""
+    _update_stored(conn, "stage_recrawled_records", _DATED_COLUMNS, (
+        (record.crawled_at or batch_time, batch_id, batch_time, record.line_no, stored)
+        for record, stored in plan.recrawls.values()
+    ), len(plan.recrawls))
+
+
+def _update_stored(conn: Connection, stage_name: str, columns: Sequence[str], rows, expected: int) -> None:
+    """Set `columns` of stored rows from staged values, in one UPDATE ... FROM, optimistic on the stored version.
+
+    Each of `rows` is the new values of `columns` followed by the `StoredRow` planned against. A row whose
+    stored version changed since (another worker got there first) is not updated, and the chunk is replayed.
+    """
     guard = (Column("record_id", Id), Column("old_batch_id", String(255)), Column("old_line_no", Integer))
-    stage = staging_table(conn, records, "stage_changed_records", _ROW_COLUMNS, extra=guard)
+    stage = staging_table(conn, records, stage_name, columns, extra=guard)
     copy_rows(
-        conn, stage, (*_ROW_COLUMNS, "record_id", "old_batch_id", "old_line_no"),
-        (
-            (*_row_values(record, version, batch_id, batch_time), stored.record_id, stored.order[1], stored.order[2])
-            for record, stored in plan.updates.values()
-        ),
+        conn, stage, (*columns, "record_id", "old_batch_id", "old_line_no"),
+        ((*values, stored.record_id, stored.order[1], stored.order[2]) for *values, stored in rows),
     )
     statement = (
         update(records)
@@ -130,12 +151,10 @@ def _update_changed(conn: Connection, plan: ChunkPlan, version: str, batch_id: s
             records.c.last_batch_id == stage.c.old_batch_id,
             records.c.last_line_no == stage.c.old_line_no,
         )
-        .values({name: stage.c[name] for name in _ROW_COLUMNS})
+        .values({name: stage.c[name] for name in columns})
     )
-    if conn.execute(statement).rowcount != len(plan.updates):
+    if conn.execute(statement).rowcount != expected:
         raise ChunkConflict("a stored row changed while this chunk was planned")
-    ids = [stored.record_id for _, stored in plan.updates.values()]
-    conn.execute(delete(record_hashes).where(in_values(conn, record_hashes.c.record_id, ids)))
 
 
 def _history_of_stored(conn: Connection, plan: ChunkPlan, batch_id: str, now: datetime) -> None:
@@ -173,6 +192,8 @@ def apply_plan(
         _history_of_stored(conn, plan, batch_id, now)
     if plan.updates:
         _update_changed(conn, plan, version, batch_id, batch_time)
+    if plan.recrawls:
+        _date_recrawled(conn, plan, batch_id, batch_time)
     inserted_ids = _insert_new(conn, plan, version, batch_id, batch_time) if plan.inserts else {}
 
     def current_id(key: str) -> int:

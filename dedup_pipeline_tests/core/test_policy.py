@@ -42,13 +42,26 @@ def test_an_older_batch_never_overwrites_newer_content():
     assert decisions(plan) == [(5, "stale")] and not plan.updates
 
 
+def test_a_newer_recrawl_of_the_stored_content_dates_the_row_to_its_batch():
+    stored = {"k1": StoredRow(7, "a", (T1, "b1", 3)), "k2": StoredRow(8, "c", (T2, "b2", 1))}
+    plan = plan_chunk([rec(4, "k1", "a"), rec(5, "k2", "c")], "v", stored, {"a", "c"}, (T2, "b2"))
+    assert decisions(plan) == [(4, "exact_duplicate"), (5, "exact_duplicate")]
+    # k1 was stored by an older batch: its row moves to this one; k2 by this very batch: nothing to write
+    assert plan.recrawls == {"k1": (plan.decisions[0][0], stored["k1"])}
+    assert not (plan.inserts or plan.updates or plan.stored_superseded)
+    # an older batch replayed afterwards is stale against the moved row, as in landing order
+    moved = {"k1": StoredRow(7, "a", (T2, "b2", 4))}
+    older = plan_chunk([rec(9, "k1", "x")], "v", moved, set(), (T1, "b0"))
+    assert decisions(older) == [(9, "stale")] and not older.updates
+
+
 def test_replaying_the_same_batch_plans_nothing():
     first = plan_chunk([rec(1, "k", "a"), rec(2, "k", "b")], "v", {}, set(), (T1, "b1"))
     assert decisions(first) == [(1, "new"), (2, "changed")]
     stored = {"k": StoredRow(1, "b", (T1, "b1", 2))}
     replay = plan_chunk([rec(1, "k", "a"), rec(2, "k", "b")], "v", stored, {"b"}, (T1, "b1"))
     assert decisions(replay) == [(1, "stale"), (2, "exact_duplicate")]
-    assert not (replay.inserts or replay.updates or replay.chunk_superseded or replay.stored_superseded)
+    assert not (replay.inserts or replay.updates or replay.recrawls or replay.chunk_superseded or replay.stored_superseded)
 
 
 def test_keep_first_policy_ignores_changes():

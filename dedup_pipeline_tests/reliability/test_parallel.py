@@ -91,6 +91,31 @@ def test_the_same_partition_materialised_twice_at_the_same_time(warehouse, wareh
     assert sum(both.values()) == 200 and both["new"] + both["changed"] == first["new"] + first["changed"]
 
 
+def overlapping_batches(folder):
+    """p1, p2, p3, landed in that order. p2 changes the price of every third shared key; p3 changes every fourth
+    and re-crawls the others unchanged, so some of its keys hold p1's content again after p2 changed it."""
+    write_batch(folder, "p1", [listing(n) for n in range(0, 120)], landed=1e9)
+    write_batch(folder, "p2", [listing(n, crawl_id="p2", price="2.50" if n % 3 == 0 else f"{10 + n}.90")
+                               for n in range(60, 180)], landed=1e9 + 60)
+    write_batch(folder, "p3", [listing(n, crawl_id="p3", price="3.75" if n % 4 == 0 else f"{10 + n}.90")
+                               for n in range(100, 220)], landed=1e9 + 120)
+    return folder
+
+
+def test_batches_run_out_of_landing_order_end_as_in_landing_order(tmp_path):
+    """Breaks: the batches run one after the other, but not in landing order (a retried or backfilled batch, a
+    faster worker), so p3 re-crawls p1's content unchanged before p2, landed earlier, changes it.
+
+    Must hold: the current rows (key, content, payload) equal those of a run in landing order: p2 is stale
+    against p3's re-crawl (the row is dated to p3 although its content was p1's).
+    """
+    folder = overlapping_batches(tmp_path / "landing")
+    in_order = [row[:4] for row in clean_run(tmp_path, folder, ["p1", "p2", "p3"], SETTINGS, name="in-order")["records"]]
+    for order in (["p1", "p3", "p2"], ["p3", "p2", "p1"], ["p2", "p3", "p1"]):
+        rows = [row[:4] for row in clean_run(tmp_path, folder, order, SETTINGS, name="-".join(order))["records"]]
+        assert rows == in_order, order
+
+
 def test_overlapping_batches_materialised_in_parallel(warehouse, warehouse_url, tmp_path):
     """Breaks: three overlapping batches (shared keys re-crawled unchanged, with new prices, and their own keys)
     run the whole ladder at the same time in three processes.
@@ -100,12 +125,7 @@ def test_overlapping_batches_materialised_in_parallel(warehouse, warehouse_url, 
     key once; the current rows (key, content, payload) equal a sequential run
     (the newest batch's content wins whatever order the workers took).
     """
-    folder = tmp_path / "landing"
-    write_batch(folder, "p1", [listing(n) for n in range(0, 120)], landed=1e9)
-    write_batch(folder, "p2", [listing(n, crawl_id="p2", price="2.50" if n % 3 == 0 else f"{10 + n}.90")
-                               for n in range(60, 180)], landed=1e9 + 60)
-    write_batch(folder, "p3", [listing(n, crawl_id="p3", price="3.75" if n % 4 == 0 else f"{10 + n}.90")
-                               for n in range(100, 220)], landed=1e9 + 120)
+    folder = overlapping_batches(tmp_path / "landing")
 
     results = run_in_parallel(warehouse_url, folder, [("p1", "r1"), ("p2", "r2"), ("p3", "r3")])
 
