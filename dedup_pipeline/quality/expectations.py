@@ -67,7 +67,7 @@ def canonical_suite(expected_rows: int | None = None) -> list[Expect]:
 
 
 def deduplicated_suite() -> list[Expect]:
-    """Expectations on the warehouse rows a batch wrote (see `frames.records_frame`)."""
+    """Expectations on the warehouse rows dated to a batch: stored or re-crawled unchanged by it (see `frames.records_frame`)."""
     suite = [Expect("ExpectColumnValuesToNotBeNull", {"column": c})
              for c in ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash")]
     return suite + [

@@ -1,4 +1,4 @@
-"""Warehouse integrity for the rows a batch wrote, compared against the whole warehouse.
+"""Warehouse integrity for the rows dated to a batch (stored or re-crawled unchanged by it), against the whole warehouse.
 
 The invariants (rule 2 of the design: the database is the authority):
 - one row per content: `(hash_version, content_hash)` is unique in `records`;

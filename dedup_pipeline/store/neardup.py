@@ -43,7 +43,7 @@ def claim_index(conn: Connection, identity: str) -> None:
 
 
 def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int) -> list:
-    """Records last written by this batch whose sketch is missing or was made from other content."""
+    """Records dated to this batch (stored or re-crawled by it) whose sketch is missing or was made from other content."""
     s = minhash_signatures
     query = (
         select(records.c.record_id, records.c.content_hash, records.c.payload)
@@ -261,7 +261,7 @@ def text_lengths(conn: Connection, ids: Iterable[int]) -> dict[int, int]:
 
 
 def batch_cluster_shares(conn: Connection, batch_id: str, limit: int) -> tuple[int, list[tuple[int, int, int]]]:
-    """Records last written by the batch, and its `limit` largest clusters as (cluster id, batch members, all members).
+    """Records dated to the batch, and its `limit` largest clusters as (cluster id, batch members, all members).
 
     Ids and counts only. Members of this batch are counted per cluster; the
     cluster's whole size (earlier batches included) comes alongside.
