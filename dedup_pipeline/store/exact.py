@@ -68,12 +68,9 @@ def load_state(
     return by_key, {digest.hex() for digest in stored}
 
 
-_ROW_COLUMNS = (
-    "natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload",
-    "last_crawled_at", "last_batch_id", "last_landed_at", "last_line_no",
-)
 #: What a re-crawl of the stored content changes: when, and by which batch and line, the row was last crawled.
 _DATED_COLUMNS = ("last_crawled_at", "last_batch_id", "last_landed_at", "last_line_no")
+_ROW_COLUMNS = ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload", *_DATED_COLUMNS)
 _HASH_COLUMNS = ("record_id", "hash_version", "content_hash", "error")
 _HISTORY_COLUMNS = (
     "record_id", "natural_key", "hash_version", "content_hash", "payload", "valid_from", "superseded_at",
@@ -87,8 +84,13 @@ _DECISION_COLUMNS = (
 def _row_values(record: CanonicalRecord, version: str, batch_id: str, batch_time: datetime) -> tuple:
     return (
         record.natural_key, record.canonical_url, URL_VERSION, version, bytes.fromhex(record.hashes[version]),
-        record.payload, record.crawled_at or batch_time, batch_id, batch_time, record.line_no,
+        record.payload, *_dated_values(record, batch_id, batch_time),
     )
+
+
+def _dated_values(record: CanonicalRecord, batch_id: str, batch_time: datetime) -> tuple:
+    """Values of `_DATED_COLUMNS` for a record of this batch."""
+    return record.crawled_at or batch_time, batch_id, batch_time, record.line_no
 
 
 def _hash_rows(record_id: int, record: CanonicalRecord) -> list[tuple]:
@@ -127,7 +129,7 @@ def _update_changed(conn: Connection, plan: ChunkPlan, version: str, batch_id: s
 def _date_recrawled(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
     """Move the order and crawl time of rows this newer batch re-crawled unchanged to it; their content stays."""
     _update_stored(conn, "stage_recrawled_records", _DATED_COLUMNS, (
-        (record.crawled_at or batch_time, batch_id, batch_time, record.line_no, stored)
+        (*_dated_values(record, batch_id, batch_time), stored)
         for record, stored in plan.recrawls.values()
     ), len(plan.recrawls))
 
