@@ -11,11 +11,13 @@ The result equals ``datasketch.MinHash(num_perm, seed=seed, scheme="affine32",
 hashfunc=xxh32)`` updated with the same shingles, so a signature can be
 handed to datasketch as a ``LeanMinHash`` (:func:`to_lean_minhash`).
 
-Speed comes from doing the permutations for a whole batch at once: all
-shingle hashes of a chunk of documents are concatenated, and each permutation
-is two in-place numpy passes plus one ``np.minimum.reduceat`` over the
-document offsets. The chunk size bounds memory. Hashing the shingles is one
-C call per shingle (``xxhash.xxh32_intdigest``), which is the floor.
+Speed comes from doing a chunk of documents at once, in compiled code
+(:mod:`dedup_pipeline.core.xxh32`, numba): the chunk's shingle hashes are one
+array, and one kernel call folds them into every document's permutation
+minima. From texts, the shingles are slices of the chunk's normalised text,
+hashed by a compiled XXH32 with no Python per shingle; from lists of shingles,
+hashing is one C call per shingle (``xxhash.xxh32_intdigest``). The chunk
+size bounds memory.
 
 Empty documents keep datasketch's empty sentinel (every value 0xFFFFFFFF);
 :func:`empty_mask` flags them and the similarity functions treat them as
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 from xxhash import xxh32_intdigest
 
-from dedup_pipeline.core.xxh32 import xxh32_slices
+from dedup_pipeline.core.xxh32 import minhash_minima, xxh32_slices
 
 if TYPE_CHECKING:
     from datasketch import LeanMinHash
@@ -42,8 +44,8 @@ SCHEME = "affine32"
 HASH_NAME = "xxh32"
 EMPTY_VALUE = np.uint32(0xFFFFFFFF)
 
-# Shingles per chunk: the per-permutation scratch array (256 KB) stays in the
-# L2 cache and Python overhead per chunk stays small (best of 8K..128K here).
+# Shingles per chunk of `minhash_signatures`: bounds the joined buffer (a few MB)
+# while the Python work per chunk stays small.
 DEFAULT_CHUNK = 1 << 16
 
 Shingle = str | bytes
@@ -66,16 +68,6 @@ def permutations(num_perm: int = 128, seed: int = 1) -> tuple[np.ndarray, np.nda
     a.flags.writeable = False
     b.flags.writeable = False
     return a, b
-
-
-def fmix32(h: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 32-bit finaliser, as datasketch applies it before permuting."""
-    h = np.asarray(h, dtype=np.uint32)
-    h = h ^ (h >> np.uint32(16))
-    h = h * np.uint32(0x85EBCA6B)
-    h = h ^ (h >> np.uint32(13))
-    h = h * np.uint32(0xC2B2AE35)
-    return h ^ (h >> np.uint32(16))
 
 
 def hash_documents(
@@ -137,11 +129,12 @@ def minhash_signatures(
     (hashed as UTF-8) or ``bytes``; duplicates are harmless. Documents with no
     shingle get the empty sentinel row (see :func:`empty_mask`).
     """
-    a, b = permutations(num_perm, seed)
     out = np.full((len(shingle_lists), num_perm), EMPTY_VALUE, dtype=np.uint32)
-    for start, stop, docs, offsets in document_chunks(shingle_lists, chunk_size):
+    for start, stop, docs, _ in document_chunks(shingle_lists, chunk_size):
         if docs.size:
-            out[docs] = _permuted_minima(fmix32(hash_documents(shingle_lists[start:stop])), offsets, a, b).T
+            chunk = shingle_lists[start:stop]
+            counts = np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk))
+            _minima(hash_documents(chunk), counts, num_perm, seed, out[start:stop])
     return out
 
 
@@ -151,35 +144,25 @@ def minhash_signatures_from_texts(
     """``minhash_signatures([normaliser.shingle_bytes(t) for t in texts], num_perm, seed)``, without per-shingle Python.
 
     The shingles of a chunk of texts are slices of one buffer
-    (:meth:`TextNormaliser.shingle_spans`), hashed all at once by
+    (:meth:`TextNormaliser.shingle_spans`), hashed by the compiled
     :func:`~dedup_pipeline.core.xxh32.xxh32_slices`; only the normalisation
     runs per text. The chunk bounds memory (about 300 shingles per 2 KB text).
     """
-    a, b = permutations(num_perm, seed)
     out = np.full((len(texts), num_perm), EMPTY_VALUE, dtype=np.uint32)
     for start in range(0, len(texts), texts_per_chunk):
         spans = normaliser.shingle_spans(texts[start : start + texts_per_chunk])
-        docs = np.flatnonzero(spans.counts)
-        if docs.size:
-            hashes = fmix32(xxh32_slices(spans.buffer, spans.starts, spans.lengths))
-            offsets = (np.cumsum(spans.counts) - spans.counts)[docs]
-            out[start + docs] = _permuted_minima(hashes, offsets, a, b).T
+        hashes = xxh32_slices(spans.buffer, spans.starts, spans.lengths)
+        _minima(hashes, spans.counts, num_perm, seed, out[start : start + len(spans.counts)])
     return out
 
 
-def _permuted_minima(hashes: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per permutation k and document, min of ``(a[k] * h + b[k]) mod 2**32`` over its run of ``hashes``.
-
-    Documents are the runs starting at ``offsets`` (non-empty, ascending);
-    the result has shape ``(num_perm, len(offsets))``.
-    """
-    block = np.empty((a.size, offsets.size), dtype=np.uint32)
-    scratch = np.empty_like(hashes)
-    for k in range(a.size):
-        np.multiply(hashes, a[k], out=scratch)
-        np.add(scratch, b[k], out=scratch)
-        np.minimum.reduceat(scratch, offsets, out=block[k])
-    return block
+def _minima(hashes: np.ndarray, counts: np.ndarray, num_perm: int, seed: int, out: np.ndarray) -> None:
+    """Fill the rows of ``out`` of documents with shingles: document d owns the next ``counts[d]`` hashes."""
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    if counts.sum() != hashes.size or out.shape != (counts.size, num_perm):  # the kernel checks no bounds
+        raise ValueError("counts, hashes and output rows do not match")
+    a, b = permutations(num_perm, seed)
+    minhash_minima(hashes, counts, a, b, out)
 
 
 def empty_mask(signatures: np.ndarray) -> np.ndarray:

@@ -1,105 +1,154 @@
-"""XXH32 of many byte slices of one buffer at once, with numpy.
+"""The near rung's hot loops, compiled with numba: XXH32 of byte slices, and MinHash minima over them.
 
 ``xxh32_slices(buffer, starts, lengths)[i]`` equals
 ``xxhash.xxh32_intdigest(buffer[starts[i]:starts[i] + lengths[i]])``: the
-XXH32 algorithm written out with wrapping uint32 arithmetic, vectorised over
-slices. Slices have different lengths, so each step of the algorithm runs on
-the slices that still have input for it (stripes of 16 bytes, then words of
-4, then single bytes); the work is proportional to the bytes hashed, and no
-Python code runs per slice. The MinHash signatures hash every shingle of a
-chunk of documents this way, as slices of the documents' normalised text.
+XXH32 algorithm written out once, compiled to machine code, so hashing the
+shingles of a chunk of texts (slices of their normalised text) runs no Python
+per shingle. :func:`minhash_minima` turns a chunk's shingle hashes into
+MinHash signatures.
+
+Compiling takes about a second, so the machine code is cached on disk: in
+``NUMBA_CACHE_DIR`` when it is set, else next to this file, else in the user's
+cache folder; with none of them writable, each process compiles again. Every kernel lives in this
+one module on purpose: the cache is invalidated when this file changes, not
+when a file it calls into does.
+
+Arithmetic is on ``uint64`` values masked to 32 bits: numba would promote
+mixed ``uint32``/``int`` arithmetic to ``float64``.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from xxhash import xxh32_intdigest
+from numba import njit
 
-_U = np.uint32
+
+def _compiled(**options):
+    """``numba.njit`` with the on-disk cache when there is a writable place for it, else without."""
+
+    def decorate(function):
+        try:
+            return njit(cache=True, **options)(function)
+        except RuntimeError:  # numba found no writable cache folder
+            return njit(**options)(function)
+
+    return decorate
+
+
+_U = np.uint64
+_MASK = _U(0xFFFFFFFF)
 _P1, _P2, _P3, _P4, _P5 = _U(0x9E3779B1), _U(0x85EBCA77), _U(0xC2B2AE3D), _U(0x27D4EB2F), _U(0x165667B1)
-_PAD = 16  # zero bytes after the buffer, so every 4-byte read at a valid position stays inside
+_FMIX1, _FMIX2 = _U(0x85EBCA6B), _U(0xC2B2AE35)
+_TWO_32 = _U(1 << 32)
 
 
-def _rotl(x: np.ndarray, r: int) -> np.ndarray:
-    return (x << _U(r)) | (x >> _U(32 - r))
+@_compiled(inline="always")
+def _rotl(x, r):
+    return ((x << _U(r)) | (x >> _U(32 - r))) & _MASK
 
 
-class _Reader:
-    """Little-endian uint32 reads at any byte position: the word starting at every byte, computed once.
+@_compiled(inline="always")
+def _word(data, at):
+    """The little-endian uint32 at byte ``at``."""
+    return _U(data[at]) | (_U(data[at + 1]) << _U(8)) | (_U(data[at + 2]) << _U(16)) | (_U(data[at + 3]) << _U(24))
 
-    The words are read through a view whose elements overlap (stride 1) and
-    copied into an aligned array, which random reads gather from three
-    times faster than from the view itself.
+
+@_compiled()
+def xxh32_at(data, start, length, seed):
+    """XXH32 (``seed``) of ``data[start:start + length]`` (a uint8 array), as a uint64 below 2**32."""
+    at = start
+    end = start + length
+    seed = _U(seed)
+    if length >= 16:
+        v1 = (seed + _P1 + _P2) & _MASK
+        v2 = (seed + _P2) & _MASK
+        v3 = seed
+        v4 = (seed + _TWO_32 - _P1) & _MASK
+        while at + 16 <= end:
+            v1 = (_rotl((v1 + _word(data, at) * _P2) & _MASK, 13) * _P1) & _MASK
+            v2 = (_rotl((v2 + _word(data, at + 4) * _P2) & _MASK, 13) * _P1) & _MASK
+            v3 = (_rotl((v3 + _word(data, at + 8) * _P2) & _MASK, 13) * _P1) & _MASK
+            v4 = (_rotl((v4 + _word(data, at + 12) * _P2) & _MASK, 13) * _P1) & _MASK
+            at += 16
+        h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _MASK
+    else:
+        h = (seed + _P5) & _MASK
+    h = (h + _U(length)) & _MASK
+    while at + 4 <= end:
+        h = (_rotl((h + _word(data, at) * _P3) & _MASK, 17) * _P4) & _MASK
+        at += 4
+    while at < end:
+        h = (_rotl((h + _U(data[at]) * _P5) & _MASK, 11) * _P1) & _MASK
+        at += 1
+    h ^= h >> _U(15)
+    h = (h * _P2) & _MASK
+    h ^= h >> _U(13)
+    h = (h * _P3) & _MASK
+    return h ^ (h >> _U(16))
+
+
+@_compiled(inline="always")
+def fmix32(h):
+    """MurmurHash3's 32-bit finaliser, which datasketch applies to a hash before permuting it."""
+    h ^= h >> _U(16)
+    h = (h * _FMIX1) & _MASK
+    h ^= h >> _U(13)
+    h = (h * _FMIX2) & _MASK
+    return h ^ (h >> _U(16))
+
+
+@_compiled()
+def _xxh32_each(data, starts, lengths, seed, out):
+    for i in range(starts.size):
+        out[i] = xxh32_at(data, starts[i], lengths[i], seed)
+
+
+@_compiled()
+def minhash_minima(hashes, counts, a, b, out):
+    """MinHash rows of documents whose shingle hashes are consecutive runs of ``hashes``.
+
+    Document ``d`` owns the next ``counts[d]`` hashes (raw XXH32 values); its
+    row ``out[d]`` becomes, per permutation k, the minimum over them of
+    ``(a[k] * fmix32(h) + b[k]) mod 2**32``. Rows of documents without
+    shingles are left as they are (the caller's sentinel). The inner loop
+    runs over one document's hashes for one permutation, so it vectorises.
     """
+    mixed = np.empty(max(counts.max(), 1) if counts.size else 1, dtype=np.uint32)
+    s = 0
+    for d in range(counts.size):
+        n = counts[d]
+        if n == 0:
+            continue
+        for j in range(n):
+            mixed[j] = fmix32(_U(hashes[s + j]))
+        s += n
+        for k in range(a.size):
+            ak = a[k]
+            bk = b[k]
+            low = np.uint32(0xFFFFFFFF)
+            for j in range(n):
+                low = min(low, np.uint32(ak * mixed[j] + bk))
+            out[d, k] = low
 
-    def __init__(self, buffer: bytes):
-        self.bytes = np.frombuffer(bytes(buffer) + bytes(_PAD), dtype=np.uint8)
-        overlapping = np.ndarray((len(self.bytes) - 3,), dtype="<u4", buffer=self.bytes, strides=(1,))
-        self.words = np.ascontiguousarray(overlapping, dtype=np.uint32)
 
-    def word(self, positions: np.ndarray) -> np.ndarray:
-        return self.words.take(positions)
+def _check_slices(size: int, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``starts`` and ``lengths`` as int64 arrays, refused when a slice reaches outside ``size`` bytes.
 
-    def byte(self, positions: np.ndarray) -> np.ndarray:
-        return self.bytes.take(positions).astype(np.uint32)
+    The kernel does not check bounds (that is what makes it fast), so it is called only after this check.
+    """
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    if starts.shape != lengths.shape:
+        raise ValueError("starts and lengths must have the same shape")
+    if starts.size and (starts.min() < 0 or lengths.min() < 0 or (starts + lengths).max() > size):
+        raise ValueError("a slice reaches outside the buffer")
+    return starts, lengths
 
 
 def xxh32_slices(buffer: bytes, starts: np.ndarray, lengths: np.ndarray, seed: int = 0) -> np.ndarray:
     """XXH32 (``seed``) of ``buffer[starts[i] : starts[i] + lengths[i]]`` for every i, as uint32."""
-    starts = np.asarray(starts, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if starts.shape != lengths.shape:
-        raise ValueError("starts and lengths must have the same shape")
+    starts, lengths = _check_slices(len(buffer), starts, lengths)
     out = np.empty(starts.size, dtype=np.uint32)
-    if not starts.size:
-        return out
-    if starts.min() < 0 or lengths.min() < 0 or (starts + lengths).max() > len(buffer):
-        raise ValueError("a slice reaches outside the buffer")
-    # Slices of one length take the same steps, so they are hashed together with no masking: sorted by
-    # length, each length is one contiguous run. The rare long slice is one C call of the xxhash package.
-    short = lengths <= MAX_VECTOR_LENGTH
-    for i in np.flatnonzero(~short).tolist():
-        out[i] = xxh32_intdigest(buffer[starts[i] : starts[i] + lengths[i]], seed)
-    picked = np.flatnonzero(short)
-    if not picked.size:
-        return out
-    order = picked[np.argsort(lengths[picked].astype(np.uint8), kind="stable")]
-    by_length, from_start = lengths[order], starts[order]
-    runs = np.flatnonzero(np.diff(by_length)) + 1
-    read = _Reader(buffer)
-    hashes = np.empty(order.size, dtype=np.uint32)
-    with np.errstate(over="ignore"):
-        for low, high in zip([0, *runs.tolist()], [*runs.tolist(), order.size]):
-            hashes[low:high] = _hash_one_length(read, from_start[low:high], int(by_length[low]), _U(seed))
-    out[order] = hashes
+    if starts.size:
+        _xxh32_each(np.frombuffer(buffer, dtype=np.uint8), starts, lengths, seed, out)
     return out
-
-
-#: Longest slice hashed with numpy (a word 3-gram is about 18 bytes); longer ones go one by one.
-MAX_VECTOR_LENGTH = 64
-
-
-def _hash_one_length(read: _Reader, starts: np.ndarray, length: int, seed: np.uint32) -> np.ndarray:
-    """XXH32 of the slices of ``length`` bytes at ``starts``: the algorithm's steps, each over all of them."""
-    if length >= 16:
-        v = [np.full(starts.size, x, dtype=np.uint32) for x in (seed + _P1 + _P2, seed + _P2, seed, seed - _P1)]
-        for stripe in range(length // 16):
-            for lane in range(4):
-                v[lane] = _rotl(v[lane] + read.word(starts + (16 * stripe + 4 * lane)) * _P2, 13) * _P1
-        h = _rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)
-    else:
-        h = np.full(starts.size, seed + _P5, dtype=np.uint32)
-    h += _U(length)
-    at = 16 * (length // 16)
-    for _ in range((length % 16) // 4):
-        h = _rotl(h + read.word(starts + at) * _P3, 17) * _P4
-        at += 4
-    for _ in range(length % 4):
-        h = _rotl(h + read.byte(starts + at) * _P5, 11) * _P1
-        at += 1
-    h ^= h >> _U(15)
-    h *= _P2
-    h ^= h >> _U(13)
-    h *= _P3
-    h ^= h >> _U(16)
-    return h

@@ -1,7 +1,8 @@
-"""The fast signature path (shingles as slices, XXH32 in numpy) against the per-shingle reference path."""
+"""The fast signature path (shingles as slices of one buffer, compiled XXH32 and minima) against the per-shingle reference path."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 import xxhash
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts
 from dedup_pipeline.core.text import TextNormaliser
-from dedup_pipeline.core.xxh32 import MAX_VECTOR_LENGTH, xxh32_slices
+from dedup_pipeline.core.xxh32 import xxh32_slices
 
 NORMALISERS = st.builds(
     TextNormaliser,
@@ -39,9 +40,9 @@ def test_xxh32_of_slices_equals_the_xxhash_package(data, cuts, seed):
     assert xxh32_slices(data, starts, lengths, seed).tolist() == want
 
 
-def test_long_slices_and_every_length_up_to_the_vector_limit():
+def test_every_length_through_several_stripes_and_long_slices():
     data = bytes(range(256)) * 40
-    lengths = np.array([*range(MAX_VECTOR_LENGTH + 2), 1000, 9000], dtype=np.int64)
+    lengths = np.array([*range(70), 1000, 9000], dtype=np.int64)
     starts = np.arange(lengths.size, dtype=np.int64) * 7
     want = [xxhash.xxh32_intdigest(data[a : a + n]) for a, n in zip(starts.tolist(), lengths.tolist())]
     assert xxh32_slices(data, starts, lengths).tolist() == want
@@ -85,3 +86,31 @@ def test_a_megabyte_token_is_one_shingle_hashed_exactly():
     normaliser = TextNormaliser()
     [signature] = minhash_signatures_from_texts([f"a {token} b"], normaliser, 32, 1)
     assert np.array_equal(signature, minhash_signatures([normaliser.shingle_bytes(f"a {token} b")], 32, 1)[0])
+
+
+def test_kernels_compile_without_a_writable_cache_folder(monkeypatch):
+    """A read-only install with no writable cache folder compiles in each process instead of failing to import."""
+    from dedup_pipeline.core import xxh32
+
+    def njit_without_cache_folder(*args, cache=False, **options):
+        if cache:
+            raise RuntimeError("cannot cache function: no locator available")
+        return numba.njit(*args, **options)
+
+    monkeypatch.setattr(xxh32, "njit", njit_without_cache_folder)
+
+    @xxh32._compiled()
+    def twice(x):
+        return 2 * x
+
+    assert twice(21) == 42
+
+
+def test_minima_refuse_counts_that_do_not_match_the_hashes():
+    from dedup_pipeline.core.minhash import _minima
+
+    out = np.zeros((2, 4), dtype=np.uint32)
+    with pytest.raises(ValueError, match="do not match"):
+        _minima(np.arange(5, dtype=np.uint32), np.array([2, 2]), 4, 1, out)
+    with pytest.raises(ValueError, match="do not match"):
+        _minima(np.arange(4, dtype=np.uint32), np.array([2, 2]), 8, 1, out)
