@@ -9,10 +9,10 @@ handful of statements whatever its size.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import BigInteger, Column, Connection, Integer, MetaData, SmallInteger, Table
+from sqlalchemy import JSON, BigInteger, Column, Connection, Integer, MetaData, SmallInteger, Table
 from sqlalchemy.schema import CreateTable
 
 _temp_metadata = MetaData()
@@ -25,23 +25,31 @@ def _copy_value(value: Any) -> Any:
     return value
 
 
+def _json_encoded(rows: Iterable[Sequence[Any]], positions: list[int]) -> Iterator[list[Any]]:
+    """The rows with the values at `positions` (the JSON columns) encoded; the others are left untouched."""
+    for row in rows:
+        row = list(row)
+        for i in positions:
+            row[i] = _copy_value(row[i])
+        yield row
+
+
 def copy_rows(conn: Connection, table: Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     """Append `rows` (tuples in `columns` order) to `table` in one bulk operation."""
-    rows = list(rows)
+    json_positions = [i for i, name in enumerate(columns) if isinstance(table.c[name].type, JSON)]
+    rows = list(_json_encoded(rows, json_positions) if json_positions else rows)
     if not rows:
         return
+    names = ", ".join(f'"{name}"' for name in columns)
     if conn.dialect.name == "postgresql":
         cursor = conn.connection.driver_connection.cursor()
-        names = ", ".join(f'"{name}"' for name in columns)
         with cursor.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as copy:
             for row in rows:
-                copy.write_row([_copy_value(v) for v in row])
+                copy.write_row(row)
         return
     placeholders = ", ".join("?" for _ in columns)
-    names = ", ".join(f'"{name}"' for name in columns)
     conn.connection.driver_connection.cursor().executemany(
-        f'INSERT INTO "{table.name}" ({names}) VALUES ({placeholders})',
-        [[_copy_value(v) for v in row] for row in rows],
+        f'INSERT INTO "{table.name}" ({names}) VALUES ({placeholders})', rows
     )
 
 
