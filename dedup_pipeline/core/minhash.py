@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 from xxhash import xxh32_intdigest
 
-from dedup_pipeline.core.xxh32 import minhash_minima, xxh32_slices
 
 if TYPE_CHECKING:
     from datasketch import LeanMinHash
@@ -148,6 +147,8 @@ def minhash_signatures_from_texts(
     :func:`~dedup_pipeline.core.xxh32.xxh32_slices`; only the normalisation
     runs per text. The chunk bounds memory (about 300 shingles per 2 KB text).
     """
+    from dedup_pipeline.core.xxh32 import xxh32_slices  # see _minima on this late import
+
     out = np.full((len(texts), num_perm), EMPTY_VALUE, dtype=np.uint32)
     for start in range(0, len(texts), texts_per_chunk):
         spans = normaliser.shingle_spans(texts[start : start + texts_per_chunk])
@@ -158,6 +159,10 @@ def minhash_signatures_from_texts(
 
 def _minima(hashes: np.ndarray, counts: np.ndarray, num_perm: int, seed: int, out: np.ndarray) -> None:
     """Fill the rows of ``out`` of documents with shingles: document d owns the next ``counts[d]`` hashes."""
+    # Imported here, not at the top: numba's compiler adds about 150 MB to a process, which only the
+    # processes that compute signatures should pay (not the code server, not the other rungs' steps).
+    from dedup_pipeline.core.xxh32 import minhash_minima
+
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     if counts.sum() != hashes.size or out.shape != (counts.size, num_perm):  # the kernel checks no bounds
         raise ValueError("counts, hashes and output rows do not match")
