@@ -307,6 +307,7 @@ def remove_records(conn: Connection, ids: Iterable[int], representative: str) ->
     per table and how many clusters the records were in. Erasure and the
     rehash retire step delete records through this.
     """
+    plan_for_cached_tables(conn)  # the same lookups as the rung's, so the same planning
     ordered = sorted(set(ids))
     survivors = component_members(conn, ordered) - set(ordered)
     c, link = near_duplicate_clusters, near_duplicate_links
