@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 from xxhash import xxh32_intdigest
 
-
 if TYPE_CHECKING:
     from datasketch import LeanMinHash
 
