@@ -4,7 +4,8 @@
 
 Everything runs single-threaded in one process (numpy does no threading for
 these element-wise operations, and the numba kernels are not parallel; the
-BLAS/OpenMP thread variables are set to 1 anyway; ``--pin`` also pins the process to one CPU). Times are the CPU time
+BLAS/OpenMP thread variables are set to 1 anyway; ``--pin`` also pins the
+process to one CPU). Times are the CPU time
 of the process (``time.process_time``), so other work on the machine does
 not count against either side; the wall-clock median is printed beside it.
 Every figure is the median of ``--repeat`` runs.
@@ -19,7 +20,8 @@ Two ways of counting, both printed:
 * "from text": each side starts from the raw texts. Ours runs
   ``minhash_signatures_from_texts`` (what the near-duplicate rung runs: the
   shingles are slices of the normalised text, hashed by compiled code,
-  never built one by one; the kernels are compiled before the clock starts); datasketch gets the normaliser's shingles from
+  never built one by one; the kernels are compiled before the clock starts);
+  datasketch gets the normaliser's shingles from
   ``TextNormaliser.shingle_bytes`` and then its own signature path.
 * "from shingles": each side starts from the same pre-computed lists of
   UTF-8 shingles (``bytes``, datasketch's documented input type); ours still
@@ -54,6 +56,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import numba  # noqa: E402
 import numpy as np  # noqa: E402
 import xxhash  # noqa: E402
 
@@ -229,8 +232,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.pin:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    import numba
-
     print(f"numpy {np.__version__}, numba {numba.__version__}, xxhash {xxhash.VERSION}, single-threaded, CPUs allowed: "
           f"{sorted(os.sched_getaffinity(0))}, load average {os.getloadavg()[0]:.2f}")
     docs = make_documents(args.docs)
