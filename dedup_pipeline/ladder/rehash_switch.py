@@ -22,6 +22,7 @@ from sqlalchemy import Connection, select, update
 
 from dedup_pipeline.core.hashing import hash_rule
 from dedup_pipeline.store import rehash_switch as store
+from dedup_pipeline.store.neardup import lock_clusters
 from dedup_pipeline.store.rehash import progress, unhashable_rows
 from dedup_pipeline.store.rehash_compare import latest_comparison
 from dedup_pipeline.store.schema import hash_version_events, settings
@@ -189,6 +190,10 @@ def retire_hash_version(
     now = now or utcnow()
     with warehouse.engine.begin() as conn:
         active = _lock_active(conn)
+        # Retire rewrites rows and clusters of the near-duplicate index, as erasure does: it waits for the
+        # near rung's write section, and takes the lock before it locks any record row, so no worker can hold
+        # the lock while waiting for one of those rows (a deadlock).
+        lock_clusters(conn)
         if version == active:
             raise MigrationRefused("retire", [f"{version} is the active version: switch away from it first"])
         problems = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -12,6 +13,7 @@ from dedup_pipeline.ladder.rehash import (
     MigrationRefused, backfill, backfill_shard, compare_versions, retire_hash_version, switch_hash_version,
 )
 from dedup_pipeline.store import rehash as store
+from dedup_pipeline.store.neardup import lock_clusters
 from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline.store.schema import (
     hash_version_events, lsh_buckets, near_duplicate_clusters, near_duplicate_links, record_hashes, record_history, records, rehash_merged_records,
@@ -207,3 +209,24 @@ def test_a_forced_switch_needs_a_reason_and_is_audited(warehouse):
         event = conn.execute(select(hash_version_events)).one()
     assert (event.action, event.forced, event.reason) == ("switch", True, "rule fix needed today")
     assert event.details["problems"] == report.problems
+
+
+@pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
+def test_retire_waits_for_the_near_rungs_write_section(warehouse):
+    """Retire recomputes clusters: like erasure, it takes the near index's lock before touching any row."""
+    raws = [migration_listing(n) for n in range(200)]
+    want = load_legacy_rows(warehouse, raws)
+    assert want["rows_merged_away"] > 0
+    backfill(warehouse, TARGET)
+    now = utcnow()
+    switch_hash_version(warehouse, TARGET, force=True, reason="test", overlap_hours=0, now=now)
+    with ThreadPoolExecutor(1) as pool, warehouse.engine.connect() as rung:
+        with rung.begin():
+            lock_clusters(rung)  # a near rung in the middle of writing its clusters
+            retiring = pool.submit(retire_hash_version, warehouse, SOURCE, now=now + timedelta(seconds=1))
+            time.sleep(1.5)
+            assert not retiring.done()
+            with warehouse.engine.connect() as conn:
+                assert conn.execute(select(func.count()).select_from(record_history)).scalar_one() == 0
+        retired = retiring.result(timeout=60)
+    assert retired.merged_moved == want["rows_merged_away"]
