@@ -8,12 +8,13 @@ handful of statements whatever its size.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from sqlalchemy import JSON, BigInteger, Column, Connection, Integer, MetaData, SmallInteger, Table
 from sqlalchemy.schema import CreateTable
+
+from dedup_pipeline.store import json_text
 
 _temp_metadata = MetaData()
 
@@ -21,7 +22,7 @@ _temp_metadata = MetaData()
 def _copy_value(value: Any) -> Any:
     """psycopg COPY takes bytes, str, numbers and datetimes as they are; JSON goes as text."""
     if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return json_text.dumps(value)
     return value
 
 

@@ -16,7 +16,6 @@ the comparison queries in `rehash_compare`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,6 +26,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql import ColumnElement
 
 from dedup_pipeline.core.hashing import HASH_RULES
+from dedup_pipeline.store import json_text
 from dedup_pipeline.store.schema import record_hashes, records
 from dedup_pipeline.store.warehouse import upsert_ignore
 
@@ -96,8 +96,8 @@ def page_lacking(
         .order_by(records.c.content_hash)
         .limit(limit)
     )
-    # The payload comes as JSON text, parsed here once: half the client time of the JSON type's own decoding.
-    return [PendingRow(rid, digest, json.loads(payload)) for rid, digest, payload in conn.execute(query)]
+    # The payload comes as JSON text, parsed here once: less client time than the JSON type's own decoding.
+    return [PendingRow(rid, digest, json_text.loads(payload)) for rid, digest, payload in conn.execute(query)]
 
 
 DIGEST_BYTES = 32

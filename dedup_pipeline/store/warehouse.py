@@ -11,6 +11,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
 
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
+from dedup_pipeline.store import json_text
 from dedup_pipeline.store.schema import metadata, settings
 
 DATABASE_URL_ENV = "DEDUP_DATABASE_URL"
@@ -48,16 +49,19 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
+_JSON_CODEC = {"json_serializer": json_text.dumps, "json_deserializer": json_text.loads}
+
+
 def make_engine(url: str) -> Engine:
     """An engine with the settings each backend needs for concurrent pipeline steps."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 120})
+        engine = create_engine(url, connect_args={"timeout": 120}, **_JSON_CODEC)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, **_JSON_CODEC)
 
 
 class Warehouse:
