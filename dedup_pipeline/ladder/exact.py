@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterable, Iterator
 
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import Connection, Select, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from dedup_pipeline import decision_log
@@ -71,16 +71,21 @@ class ExactReport:
         return meta
 
 
+def canonical_chunk_query(batch_id: str, after_line: int, chunk_size: int) -> Select:
+    """The batch's next `chunk_size` canonical records after line `after_line`, in line order."""
+    return (
+        select(canonical_records)
+        .where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no > after_line)
+        .order_by(canonical_records.c.line_no)
+        .limit(chunk_size)
+    )
+
+
 def iter_canonical_chunks(conn: Connection, batch_id: str, chunk_size: int) -> Iterator[list[CanonicalRecord]]:
     """The batch's canonical records in file order, a keyset-paginated chunk at a time."""
     last_line = 0
     while True:
-        rows = conn.execute(
-            select(canonical_records)
-            .where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no > last_line)
-            .order_by(canonical_records.c.line_no)
-            .limit(chunk_size)
-        ).all()
+        rows = conn.execute(canonical_chunk_query(batch_id, last_line, chunk_size)).all()
         if not rows:
             return
         yield [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Sequence
 
-from sqlalchemy import Connection, and_, delete, exists, func, insert, select, text, update
+from sqlalchemy import Connection, and_, delete, exists, func, insert, select, update
 
 from dedup_pipeline.store.bulk import in_values
 from dedup_pipeline.store.neardup import remove_records
@@ -20,7 +20,7 @@ from dedup_pipeline.store.rehash import of_record
 from dedup_pipeline.store.schema import (
     hash_version_events, minhash_signatures, record_hashes, record_history, records, rehash_merged_records, settings,
 )
-from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION
+from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, analyze
 
 
 def set_active_version(conn: Connection, version: str, now: datetime) -> None:
@@ -164,8 +164,7 @@ def refresh_statistics(conn: Connection) -> None:
     that rescans every new digest per row. (The backfill's own per-record
     probes do not depend on statistics, see `of_record`.)
     """
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("ANALYZE record_hashes, records"))
+    analyze(conn, record_hashes, records)
 
 
 # ---------------------------------------------------------------- audit

@@ -115,6 +115,12 @@ def upsert_ignore(conn: Connection, table):
     return insert(table).on_conflict_do_nothing()
 
 
+def analyze(conn: Connection, *tables) -> None:
+    """Refresh PostgreSQL's planner statistics of `tables` now, rather than after autovacuum's next nap."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("ANALYZE " + ", ".join(table.name for table in tables)))
+
+
 def lock_batch(conn: Connection, batch_id: str) -> None:
     """Serialise the rungs that rewrite one batch's staged rows (raw, canonical) until the transaction ends.
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from dedup_pipeline.core.neardup import NearDupParams
 from dedup_pipeline.ladder.canonical import canonicalise_batch
-from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.ladder.exact import canonical_chunk_query, deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings
@@ -111,3 +111,15 @@ def test_last_occurrence_in_file_order_wins(warehouse, tmp_path):
     with warehouse.engine.connect() as conn:
         assert conn.execute(select(records.c.payload)).scalar_one()["price"] == "3"
         assert sorted(p["price"] for p in conn.execute(select(record_history.c.payload)).scalars()) == ["1", "2"]
+
+
+@pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
+def test_the_exact_rung_reads_a_fresh_batch_in_index_order(warehouse, tmp_path):
+    """Each chunk's query walks the primary key: no sort of the batch's remaining lines per chunk."""
+    write_batch(tmp_path, "big", [listing(n) for n in range(3000)])
+    ingest_raw_batch(warehouse, find_batch(tmp_path, "big"))
+    canonicalise_batch(warehouse, "big", LadderSettings(chunk_size=500))
+    query = canonical_chunk_query("big", 1500, 500).compile(warehouse.engine, compile_kwargs={"literal_binds": True})
+    with warehouse.engine.connect() as conn:
+        plan = "\n".join(conn.execute(text(f"EXPLAIN {query}")).scalars())
+    assert "canonical_records_pkey" in plan and "Sort" not in plan, plan
