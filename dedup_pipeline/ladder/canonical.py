@@ -105,7 +105,7 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
     # The exact rung reads the batch back a chunk at a time in line order. Planned on statistics from before
     # the batch landed, each chunk's query sorted every remaining line of the batch (quadratic in its size).
     with warehouse.engine.begin() as conn:
-        analyze(conn, canonical_records)
+        analyze(conn, canonical_records, columns=("batch_id", "line_no"))
     return report
 
 

@@ -23,7 +23,7 @@ from dedup_pipeline.core.neardup import NearDupParams, verify_pairs
 from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.core.simhash import block_bounds, hamming_distance, simhash_fingerprints
 from dedup_pipeline.store import neardup as index
-from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline.store.warehouse import Warehouse, analyze_grown
 
 
 def near_text(payload: dict) -> str:
@@ -140,6 +140,8 @@ def cluster_batch(
             index.replace_sketches(conn, identity, rows, sketches.blobs, sketches.buckets, sketches.indexable)
             _link_and_cluster(conn, [row.record_id for row in rows], params, batch_id, report, max_bucket_size)
         report.sketched += len(rows)
+        with warehouse.engine.begin() as conn:
+            analyze_grown(conn, *index.INDEX_TABLES)
 
 
 def verify_candidates(conn, pairs: Sequence[tuple[int, int]], params: NearDupParams) -> dict[tuple[int, int], float]:
