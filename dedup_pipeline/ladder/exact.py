@@ -20,12 +20,19 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import SKIPPED
 from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state
 from dedup_pipeline.store.erasure import erased_positions
-from dedup_pipeline.store.schema import canonical_records, crawl_batches, exact_rung_runs, quarantine
+from dedup_pipeline.store.schema import (
+    canonical_records, crawl_batches, exact_rung_runs, quarantine, record_hashes, records,
+)
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable
-from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, as_utc, utcnow
+from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, analyze, analyze_grown, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 MAX_CHUNK_ATTEMPTS = 40
+#: The columns the rungs look rows up by, whose statistics `analyze_grown` refreshes (not the wide payloads).
+_LOOKED_UP = {
+    records: ("natural_key", "record_id", "last_batch_id", "hash_version", "content_hash"),
+    record_hashes: (),
+}
 
 
 @dataclass
@@ -158,6 +165,12 @@ def deduplicate_records(
     for chunk in chunks:
         report.records_in += len(chunk)
         report.decisions.update(writer.write(chunk))
+        with warehouse.engine.begin() as conn:  # the next chunk's lookups, planned on the tables as they are now
+            analyze_grown(conn, _LOOKED_UP)
+    with warehouse.engine.begin() as conn:
+        # The near rung pages through this batch's rows by (last_batch_id, record_id): planned on statistics
+        # that have never seen this batch, each page sorted every remaining row of it.
+        analyze(conn, records, columns=("last_batch_id", "record_id"))
     try:
         seen_set.flush()
     except SeenSetUnavailable:  # only the fast path's memory is lost; every decision is committed already

@@ -141,7 +141,7 @@ def cluster_batch(
             _link_and_cluster(conn, [row.record_id for row in rows], params, batch_id, report, max_bucket_size)
         report.sketched += len(rows)
         with warehouse.engine.begin() as conn:
-            analyze_grown(conn, *index.INDEX_TABLES)
+            analyze_grown(conn, {table: () for table in index.INDEX_TABLES})
 
 
 def verify_candidates(conn, pairs: Sequence[tuple[int, int]], params: NearDupParams) -> dict[tuple[int, int], float]:

@@ -164,7 +164,8 @@ def refresh_statistics(conn: Connection) -> None:
     that rescans every new digest per row. (The backfill's own per-record
     probes do not depend on statistics, see `of_record`.)
     """
-    analyze(conn, record_hashes, records)
+    analyze(conn, record_hashes)
+    analyze(conn, records)
 
 
 # ---------------------------------------------------------------- audit

@@ -6,7 +6,7 @@ import hashlib
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
@@ -116,47 +116,48 @@ def upsert_ignore(conn: Connection, table):
     return insert(table).on_conflict_do_nothing()
 
 
-def analyze(conn: Connection, *tables, columns: Sequence[str] = ()) -> None:
-    """Refresh PostgreSQL's planner statistics of `tables` now, rather than after autovacuum's next nap.
+def _analyze_statement(table, columns: Sequence[str] = ()) -> str:
+    return f"{table.name} ({', '.join(columns)})" if columns else table.name
 
-    `columns` limits the statistics to those columns (of a single table): several times cheaper on wide
-    rows, and the table's row count is refreshed all the same.
+
+def analyze(conn: Connection, table, columns: Sequence[str] = ()) -> None:
+    """Refresh PostgreSQL's planner statistics of `table` now, rather than after autovacuum's next nap.
+
+    `columns` limits the statistics to the columns lookups filter on: several
+    times cheaper on wide rows, and the table's row count is refreshed all the same.
     """
-    if conn.dialect.name != "postgresql" or not tables:
-        return
-    if columns:
-        (table,) = tables
-        conn.execute(text(f"ANALYZE {table.name} ({', '.join(columns)})"))
-    else:
-        conn.execute(text("ANALYZE " + ", ".join(table.name for table in tables)))
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("ANALYZE " + _analyze_statement(table, columns)))
 
 
-#: `analyze_grown` leaves a table alone until at least this many rows changed since its last statistics.
+#: `analyze_grown` leaves a table alone until it has at least this many rows more than its statistics counted.
 GROWTH_FLOOR = 10_000
 
 
-def analyze_grown(conn: Connection, *tables) -> list[str]:
-    """ANALYZE those of `tables` that grew by half (and `GROWTH_FLOOR` rows) since their last statistics.
+def analyze_grown(conn: Connection, tables: Mapping[Any, Sequence[str]]) -> list[str]:
+    """ANALYZE those of `tables` (table -> columns, as in `analyze`) that grew by half since their statistics.
 
     A table filled within one run (the first batch of an empty warehouse) is
     otherwise planned as the near-empty table autovacuum last saw: index
-    probes become full scans that grow with every chunk. Growth by at least
-    half again, measured by PostgreSQL's own counter, triggers it, so a growing
-    table is analysed a logarithmic number of times, and a steady one never.
-    Returns the tables analysed.
+    probes become scans that grow with every chunk. The test compares
+    PostgreSQL's live-row counter with the row count of the last statistics
+    (which a column-limited ANALYZE refreshes too): growth by half again, and
+    by `GROWTH_FLOOR` rows, so a growing table is analysed a logarithmic number
+    of times and a steady one never. Returns the names of the tables analysed.
     """
     if conn.dialect.name != "postgresql":
         return []
+    by_name = {table.name: (table, columns) for table, columns in tables.items()}
     counts = conn.execute(
         text(
-            "SELECT s.relname, c.reltuples, s.n_mod_since_analyze FROM pg_stat_user_tables s "
+            "SELECT s.relname, greatest(c.reltuples, 0), s.n_live_tup FROM pg_stat_user_tables s "
             "JOIN pg_class c ON c.oid = s.relid WHERE s.schemaname = current_schema() AND s.relname = ANY(:names)"
         ),
-        {"names": [table.name for table in tables]},
+        {"names": list(by_name)},
     ).all()
-    grown = [name for name, rows, changed in counts if changed >= max(GROWTH_FLOOR, rows / 2)]
+    grown = sorted(name for name, counted, live in counts if live - counted >= max(GROWTH_FLOOR, counted / 2))
     if grown:
-        conn.execute(text("ANALYZE " + ", ".join(grown)))
+        conn.execute(text("ANALYZE " + ", ".join(_analyze_statement(*by_name[name]) for name in grown)))
     return grown
 
 
