@@ -57,11 +57,15 @@ def loads(data: bytes | bytearray | memoryview | str):
     return json.loads(bytes(data) if isinstance(data, memoryview) else data)
 
 
+#: orjson writes datetimes, dataclasses and subclasses of the JSON types its own way; `json` decides for them.
+_PLAIN_TYPES_ONLY = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
+
+
 def dumps(value) -> str:
     """Compact JSON text of `value` (non-ASCII as it is), with the values ``json.dumps`` would write."""
     if _floats_within(value, math.inf):
         try:
-            return orjson.dumps(value).decode("utf-8")
+            return orjson.dumps(value, option=_PLAIN_TYPES_ONLY).decode("utf-8")
         except TypeError:
             pass
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

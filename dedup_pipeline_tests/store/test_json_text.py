@@ -68,6 +68,19 @@ def test_values_orjson_cannot_encode_are_written_by_the_json_module():
     assert json_text.dumps({"n": 10**40}) == '{"n":' + str(10**40) + "}"
 
 
+def test_types_json_refuses_or_writes_its_own_way_are_left_to_it():
+    from datetime import datetime, timezone
+    from enum import Enum
+
+    class Kind(str, Enum):
+        EXACT = "exact"
+
+    with pytest.raises(TypeError, match="datetime"):
+        json_text.dumps({"at": datetime(2026, 11, 30, tzinfo=timezone.utc)})  # orjson would write a string
+    value = {"kind": Kind.EXACT, 1: True}
+    assert json_text.dumps(value) == json.dumps(value, separators=(",", ":"))
+
+
 def test_json_columns_keep_huge_integers_through_both_write_paths(warehouse):
     stats = {"huge": 12345678901234567890123, "negative": -(2**70), "ratio": 0.25, "text": "caf\u00e9"}
     now = utcnow()
