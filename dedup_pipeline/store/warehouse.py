@@ -120,13 +120,34 @@ def _analyze_statement(table, columns: Sequence[str] = ()) -> str:
     return f"{table.name} ({', '.join(columns)})" if columns else table.name
 
 
+def _analysable_counts(conn: Connection, names: Sequence[str]) -> dict[str, tuple[float, int]]:
+    """Name -> (rows the last statistics counted, live rows now) of those tables this role may ANALYZE.
+
+    PostgreSQL lets only the owner of a table or of the database analyse it (and
+    a superuser); it skips any other table with a warning. The least-privilege
+    writer role (`dedup-pipeline grant-roles`) owns nothing, so under it the
+    rungs leave statistics to autovacuum, quietly.
+    """
+    rows = conn.execute(
+        text(
+            "SELECT s.relname, greatest(c.reltuples, 0), s.n_live_tup FROM pg_stat_user_tables s "
+            "JOIN pg_class c ON c.oid = s.relid "
+            "WHERE s.schemaname = current_schema() AND s.relname = ANY(:names) AND ("
+            " pg_has_role(c.relowner, 'USAGE')"
+            " OR pg_has_role((SELECT datdba FROM pg_database WHERE datname = current_database()), 'USAGE'))"
+        ),
+        {"names": list(names)},
+    ).all()
+    return {name: (counted, live) for name, counted, live in rows}
+
+
 def analyze(conn: Connection, table, columns: Sequence[str] = ()) -> None:
     """Refresh PostgreSQL's planner statistics of `table` now, rather than after autovacuum's next nap.
 
     `columns` limits the statistics to the columns lookups filter on: several
     times cheaper on wide rows, and the table's row count is refreshed all the same.
     """
-    if conn.dialect.name == "postgresql":
+    if conn.dialect.name == "postgresql" and _analysable_counts(conn, [table.name]):
         conn.execute(text("ANALYZE " + _analyze_statement(table, columns)))
 
 
@@ -148,14 +169,8 @@ def analyze_grown(conn: Connection, tables: Mapping[Any, Sequence[str]]) -> list
     if conn.dialect.name != "postgresql":
         return []
     by_name = {table.name: (table, columns) for table, columns in tables.items()}
-    counts = conn.execute(
-        text(
-            "SELECT s.relname, greatest(c.reltuples, 0), s.n_live_tup FROM pg_stat_user_tables s "
-            "JOIN pg_class c ON c.oid = s.relid WHERE s.schemaname = current_schema() AND s.relname = ANY(:names)"
-        ),
-        {"names": list(by_name)},
-    ).all()
-    grown = sorted(name for name, counted, live in counts if live - counted >= max(GROWTH_FLOOR, counted / 2))
+    counts = _analysable_counts(conn, list(by_name))
+    grown = sorted(name for name, (counted, live) in counts.items() if live - counted >= max(GROWTH_FLOOR, counted / 2))
     if grown:
         conn.execute(text("ANALYZE " + ", ".join(_analyze_statement(*by_name[name]) for name in grown)))
     return grown

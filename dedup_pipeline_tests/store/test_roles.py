@@ -21,10 +21,14 @@ from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.roles import RoleNames, grant_roles, roles_sql
-from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline.store.schema import lsh_buckets
+from dedup_pipeline.store.warehouse import GROWTH_FLOOR, Warehouse, analyze, analyze_grown
 from dedup_pipeline_tests.conftest import PG_ADMIN_URL
 from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.store.test_erasure import T0, run_ladder
+from dedup_pipeline_tests.store.test_statistics import (
+    add_buckets, counted_and_live, wait_for_live_rows, without_autovacuum,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -158,3 +162,20 @@ def test_eraser_erases_but_cannot_add_records_or_remove_tombstones(database, tmp
     assert denied(eraser, "TRUNCATE erasure_tombstones")
     with database.owner.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM erasure_tombstones")).scalar_one() == 3
+
+
+def test_under_the_writer_role_statistics_are_left_to_autovacuum_without_a_warning(database):
+    # PostgreSQL lets only an owner analyse a table; the writer owns nothing, so the rungs must not try.
+    without_autovacuum(database.owner)
+    add_buckets(database.owner, 0, GROWTH_FLOOR + 2000)
+    wait_for_live_rows(database.owner, GROWTH_FLOOR + 2000)
+    writer = database.login(database.names.writer)
+    notices = []
+    with writer.engine.begin() as conn:
+        conn.connection.driver_connection.add_notice_handler(lambda notice: notices.append(notice.message_primary))
+        assert analyze_grown(conn, {lsh_buckets: ()}) == []
+        analyze(conn, lsh_buckets)
+    assert notices == []  # PostgreSQL would have warned "only table or database owner can analyze it"
+    assert counted_and_live(database.owner)[0] <= 0  # never analysed
+    with database.owner.engine.begin() as conn:
+        assert analyze_grown(conn, {lsh_buckets: ()}) == ["lsh_buckets"]

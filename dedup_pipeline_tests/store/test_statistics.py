@@ -15,6 +15,12 @@ from dedup_pipeline.store.warehouse import GROWTH_FLOOR, Warehouse, analyze_grow
 on_postgresql = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
 
 
+def without_autovacuum(warehouse) -> None:
+    """Autovacuum would analyse the table on its own at any moment; these tests need to know who did."""
+    with warehouse.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE lsh_buckets SET (autovacuum_enabled = false)"))
+
+
 def add_buckets(warehouse, start: int, n: int) -> None:
     ids = np.arange(start, start + n, dtype=np.int64)
     with warehouse.engine.begin() as conn:
@@ -45,6 +51,7 @@ def grown(warehouse, tables) -> list[str]:
 
 @on_postgresql
 def test_a_table_is_analysed_when_it_grew_by_half_and_by_the_floor(warehouse):
+    without_autovacuum(warehouse)
     add_buckets(warehouse, 0, GROWTH_FLOOR + 2000)
     wait_for_live_rows(warehouse, GROWTH_FLOOR + 2000)
     assert grown(warehouse, {lsh_buckets: ("record_id",), minhash_signatures: ()}) == ["lsh_buckets"]  # empty: left
