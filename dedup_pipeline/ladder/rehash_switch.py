@@ -52,8 +52,14 @@ def _event_metadata(report) -> dict:
 
 
 def _lock_active(conn: Connection) -> str:
-    """The active version, with its settings row locked on PostgreSQL so switches and retires serialise."""
+    """The active version, locked for a switch or a retire, which both rewrite rows of the near-duplicate index.
+
+    The settings row is locked on PostgreSQL so switches and retires serialise. Then, before any record row,
+    the near index's lock, as erasure takes it: the step waits for a near rung's write section in progress,
+    and can never hold a row that the near rung, holding that lock, waits for (a deadlock).
+    """
     conn.execute(select(settings.c.value).where(settings.c.name == ACTIVE_HASH_VERSION).with_for_update())
+    lock_clusters(conn)
     return active_hash_version(conn)
 
 
@@ -190,10 +196,6 @@ def retire_hash_version(
     now = now or utcnow()
     with warehouse.engine.begin() as conn:
         active = _lock_active(conn)
-        # Retire rewrites rows and clusters of the near-duplicate index, as erasure does: it waits for the
-        # near rung's write section, and takes the lock before it locks any record row, so no worker can hold
-        # the lock while waiting for one of those rows (a deadlock).
-        lock_clusters(conn)
         if version == active:
             raise MigrationRefused("retire", [f"{version} is the active version: switch away from it first"])
         problems = []

@@ -211,22 +211,31 @@ def test_a_forced_switch_needs_a_reason_and_is_audited(warehouse):
     assert event.details["problems"] == report.problems
 
 
+def while_a_near_rung_writes(warehouse, step, *args, **kwargs):
+    """Run `step` while another connection holds the near index's lock, as a near rung's write section does.
+
+    Asserts that the step is still waiting when the lock is released; returns its result.
+    """
+    with ThreadPoolExecutor(1) as pool, warehouse.engine.connect() as rung:
+        with rung.begin():
+            lock_clusters(rung)
+            running = pool.submit(step, warehouse, *args, **kwargs)
+            time.sleep(1.5)
+            assert not running.done()
+        return running.result(timeout=60)
+
+
 @pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
-def test_retire_waits_for_the_near_rungs_write_section(warehouse):
-    """Retire recomputes clusters: like erasure, it takes the near index's lock before touching any row."""
+def test_switch_and_retire_wait_for_the_near_rungs_write_section(warehouse):
+    """Both rewrite rows of the near index: like erasure, they take its lock before touching any row."""
     raws = [migration_listing(n) for n in range(200)]
     want = load_legacy_rows(warehouse, raws)
     assert want["rows_merged_away"] > 0
     backfill(warehouse, TARGET)
     now = utcnow()
-    switch_hash_version(warehouse, TARGET, force=True, reason="test", overlap_hours=0, now=now)
-    with ThreadPoolExecutor(1) as pool, warehouse.engine.connect() as rung:
-        with rung.begin():
-            lock_clusters(rung)  # a near rung in the middle of writing its clusters
-            retiring = pool.submit(retire_hash_version, warehouse, SOURCE, now=now + timedelta(seconds=1))
-            time.sleep(1.5)
-            assert not retiring.done()
-            with warehouse.engine.connect() as conn:
-                assert conn.execute(select(func.count()).select_from(record_history)).scalar_one() == 0
-        retired = retiring.result(timeout=60)
+    switched = while_a_near_rung_writes(
+        warehouse, switch_hash_version, TARGET, force=True, reason="test", overlap_hours=0, now=now,
+    )
+    assert warehouse.active_hash_version() == TARGET and switched.kept_merged == want["rows_merged_away"]
+    retired = while_a_near_rung_writes(warehouse, retire_hash_version, SOURCE, now=now + timedelta(seconds=1))
     assert retired.merged_moved == want["rows_merged_away"]
