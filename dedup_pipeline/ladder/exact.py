@@ -24,7 +24,9 @@ from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, exact_rung_runs, quarantine, record_hashes, records,
 )
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable
-from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, analyze, analyze_grown, as_utc, utcnow
+from dedup_pipeline.store.warehouse import (
+    ANALYZE_FLOOR, Warehouse, active_hash_version, analyze, analyze_grown, as_utc, utcnow,
+)
 
 log = logging.getLogger(__name__)
 MAX_CHUNK_ATTEMPTS = 40
@@ -167,10 +169,11 @@ def deduplicate_records(
         report.decisions.update(writer.write(chunk))
         with warehouse.engine.begin() as conn:  # the next chunk's lookups, planned on the tables as they are now
             analyze_grown(conn, _LOOKED_UP)
-    with warehouse.engine.begin() as conn:
+    if report.records_in >= ANALYZE_FLOOR:
         # The near rung pages through this batch's rows by (last_batch_id, record_id): planned on statistics
         # that have never seen this batch, each page sorted every remaining row of it.
-        analyze(conn, records, columns=("last_batch_id", "record_id"))
+        with warehouse.engine.begin() as conn:
+            analyze(conn, records, columns=("last_batch_id", "record_id"))
     try:
         seen_set.flush()
     except SeenSetUnavailable:  # only the fast path's memory is lost; every decision is committed already

@@ -151,8 +151,8 @@ def analyze(conn: Connection, table, columns: Sequence[str] = ()) -> None:
         conn.execute(text("ANALYZE " + _analyze_statement(table, columns)))
 
 
-#: `analyze_grown` leaves a table alone until it has at least this many rows more than its statistics counted.
-GROWTH_FLOOR = 10_000
+#: Fewer new rows than this are never worth an ANALYZE: planned badly, they still cost only a few small sorts.
+ANALYZE_FLOOR = 10_000
 
 
 def analyze_grown(conn: Connection, tables: Mapping[Any, Sequence[str]]) -> list[str]:
@@ -163,14 +163,14 @@ def analyze_grown(conn: Connection, tables: Mapping[Any, Sequence[str]]) -> list
     probes become scans that grow with every chunk. The test compares
     PostgreSQL's live-row counter with the row count of the last statistics
     (which a column-limited ANALYZE refreshes too): growth by half again, and
-    by `GROWTH_FLOOR` rows, so a growing table is analysed a logarithmic number
+    by `ANALYZE_FLOOR` rows, so a growing table is analysed a logarithmic number
     of times and a steady one never. Returns the names of the tables analysed.
     """
     if conn.dialect.name != "postgresql":
         return []
     by_name = {table.name: (table, columns) for table, columns in tables.items()}
     counts = _analysable_counts(conn, list(by_name))
-    grown = sorted(name for name, (counted, live) in counts.items() if live - counted >= max(GROWTH_FLOOR, counted / 2))
+    grown = sorted(name for name, (counted, live) in counts.items() if live - counted >= max(ANALYZE_FLOOR, counted / 2))
     if grown:
         conn.execute(text("ANALYZE " + ", ".join(_analyze_statement(*by_name[name]) for name in grown)))
     return grown

@@ -22,7 +22,7 @@ from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.roles import RoleNames, grant_roles, roles_sql
 from dedup_pipeline.store.schema import lsh_buckets
-from dedup_pipeline.store.warehouse import GROWTH_FLOOR, Warehouse, analyze, analyze_grown
+from dedup_pipeline.store.warehouse import ANALYZE_FLOOR, Warehouse, analyze, analyze_grown
 from dedup_pipeline_tests.conftest import PG_ADMIN_URL
 from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.store.test_erasure import T0, run_ladder
@@ -167,8 +167,8 @@ def test_eraser_erases_but_cannot_add_records_or_remove_tombstones(database, tmp
 def test_under_the_writer_role_statistics_are_left_to_autovacuum_without_a_warning(database):
     # PostgreSQL lets only an owner analyse a table; the writer owns nothing, so the rungs must not try.
     without_autovacuum(database.owner)
-    add_buckets(database.owner, 0, GROWTH_FLOOR + 2000)
-    wait_for_live_rows(database.owner, GROWTH_FLOOR + 2000)
+    add_buckets(database.owner, 0, ANALYZE_FLOOR + 2000)
+    wait_for_live_rows(database.owner, ANALYZE_FLOOR + 2000)
     writer = database.login(database.names.writer)
     notices = []
     with writer.engine.begin() as conn:

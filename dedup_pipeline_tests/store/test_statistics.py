@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from dedup_pipeline.store.bulk import copy_int_columns
 from dedup_pipeline.store.schema import lsh_buckets, minhash_signatures
-from dedup_pipeline.store.warehouse import GROWTH_FLOOR, Warehouse, analyze_grown
+from dedup_pipeline.store.warehouse import ANALYZE_FLOOR, Warehouse, analyze_grown
 
 on_postgresql = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
 
@@ -52,21 +52,21 @@ def grown(warehouse, tables) -> list[str]:
 @on_postgresql
 def test_a_table_is_analysed_when_it_grew_by_half_and_by_the_floor(warehouse):
     without_autovacuum(warehouse)
-    add_buckets(warehouse, 0, GROWTH_FLOOR + 2000)
-    wait_for_live_rows(warehouse, GROWTH_FLOOR + 2000)
+    add_buckets(warehouse, 0, ANALYZE_FLOOR + 2000)
+    wait_for_live_rows(warehouse, ANALYZE_FLOOR + 2000)
     assert grown(warehouse, {lsh_buckets: ("record_id",), minhash_signatures: ()}) == ["lsh_buckets"]  # empty: left
-    assert counted_and_live(warehouse)[0] == GROWTH_FLOOR + 2000  # a column-limited ANALYZE counts the rows too
+    assert counted_and_live(warehouse)[0] == ANALYZE_FLOOR + 2000  # a column-limited ANALYZE counts the rows too
     assert grown(warehouse, {lsh_buckets: ("record_id",)}) == []  # at once again: nothing new
 
     add_buckets(warehouse, 10**6, 3000)  # below the floor and below half the table
-    wait_for_live_rows(warehouse, GROWTH_FLOOR + 5000)
+    wait_for_live_rows(warehouse, ANALYZE_FLOOR + 5000)
     assert grown(warehouse, {lsh_buckets: ()}) == []
-    assert counted_and_live(warehouse)[0] == GROWTH_FLOOR + 2000
+    assert counted_and_live(warehouse)[0] == ANALYZE_FLOOR + 2000
 
     add_buckets(warehouse, 2 * 10**6, 8000)  # 11,000 more than counted: past the floor and half the table
-    wait_for_live_rows(warehouse, GROWTH_FLOOR + 13000)
+    wait_for_live_rows(warehouse, ANALYZE_FLOOR + 13000)
     assert grown(warehouse, {lsh_buckets: ()}) == ["lsh_buckets"]
-    assert counted_and_live(warehouse)[0] == GROWTH_FLOOR + 13000
+    assert counted_and_live(warehouse)[0] == ANALYZE_FLOOR + 13000
 
 
 def test_nothing_to_do_on_sqlite(tmp_path):
