@@ -17,7 +17,7 @@ from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import canonical_records, crawl_batches
-from dedup_pipeline.store.warehouse import ANALYZE_FLOOR, Warehouse, active_hash_version, analyze, lock_batch
+from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, analyze_new_batch, lock_batch
 
 RUNG = "canonical"
 
@@ -102,11 +102,8 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
             raise BatchFileError(f"batch file {path} changed while it was being read: re-materialise raw_crawl_batches")
         bad.flush()
         report.quarantined = bad.count
-    # The exact rung reads the batch back a chunk at a time in line order. Planned on statistics from before
-    # the batch landed, each chunk's query sorted every remaining line of the batch (quadratic in its size).
-    if report.canonical >= ANALYZE_FLOOR:
-        with warehouse.engine.begin() as conn:
-            analyze(conn, canonical_records, columns=("batch_id", "line_no"))
+    with warehouse.engine.begin() as conn:  # the exact rung reads the batch back a chunk at a time in line order
+        analyze_new_batch(conn, canonical_records, ("batch_id", "line_no"), report.canonical)
     return report
 
 

@@ -25,7 +25,7 @@ from dedup_pipeline.store.schema import (
 )
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable
 from dedup_pipeline.store.warehouse import (
-    ANALYZE_FLOOR, Warehouse, active_hash_version, analyze, analyze_grown, as_utc, utcnow,
+    Warehouse, active_hash_version, analyze_grown, analyze_new_batch, as_utc, utcnow,
 )
 
 log = logging.getLogger(__name__)
@@ -169,11 +169,8 @@ def deduplicate_records(
         report.decisions.update(writer.write(chunk))
         with warehouse.engine.begin() as conn:  # the next chunk's lookups, planned on the tables as they are now
             analyze_grown(conn, _LOOKED_UP)
-    if report.records_in >= ANALYZE_FLOOR:
-        # The near rung pages through this batch's rows by (last_batch_id, record_id): planned on statistics
-        # that have never seen this batch, each page sorted every remaining row of it.
-        with warehouse.engine.begin() as conn:
-            analyze(conn, records, columns=("last_batch_id", "record_id"))
+    with warehouse.engine.begin() as conn:  # the near rung pages through this batch's rows by these columns
+        analyze_new_batch(conn, records, ("last_batch_id", "record_id"), report.records_in)
     try:
         seen_set.flush()
     except SeenSetUnavailable:  # only the fast path's memory is lost; every decision is committed already

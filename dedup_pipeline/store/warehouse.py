@@ -155,6 +155,16 @@ def analyze(conn: Connection, table, columns: Sequence[str] = ()) -> None:
 ANALYZE_FLOOR = 10_000
 
 
+def analyze_new_batch(conn: Connection, table, columns: Sequence[str], rows: int) -> None:
+    """`analyze` the `columns` a batch's rows are paged by, once the batch wrote `ANALYZE_FLOOR` rows or more.
+
+    Statistics that have never seen a batch id estimate its rows at a few dozen, and each page of a
+    keyset read then sorts every remaining row of the batch instead of walking the index.
+    """
+    if rows >= ANALYZE_FLOOR:
+        analyze(conn, table, columns)
+
+
 def analyze_grown(conn: Connection, tables: Mapping[Any, Sequence[str]]) -> list[str]:
     """ANALYZE those of `tables` (table -> columns, as in `analyze`) that grew by half since their statistics.
 
@@ -170,7 +180,9 @@ def analyze_grown(conn: Connection, tables: Mapping[Any, Sequence[str]]) -> list
         return []
     by_name = {table.name: (table, columns) for table, columns in tables.items()}
     counts = _analysable_counts(conn, list(by_name))
-    grown = sorted(name for name, (counted, live) in counts.items() if live - counted >= max(ANALYZE_FLOOR, counted / 2))
+    grown = sorted(
+        name for name, (counted, live) in counts.items() if live - counted >= max(ANALYZE_FLOOR, counted / 2)
+    )
     if grown:
         conn.execute(text("ANALYZE " + ", ".join(_analyze_statement(*by_name[name]) for name in grown)))
     return grown
