@@ -31,6 +31,10 @@ def _reject_constant(name: str) -> Any:
     raise RecordError(f"JSON constant {name} is not allowed")
 
 
+#: One decoder for every line: `json.loads` with these options would build a new one (and its scanner) per call.
+_DECODER = json.JSONDecoder(parse_float=json_decimal, parse_constant=_reject_constant)
+
+
 def _check_strings(value: Any, path: str = "record") -> None:
     """Refuse text that no warehouse can store exactly: NUL characters and lone surrogates."""
     if isinstance(value, str):
@@ -56,7 +60,7 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
     try:
-        value = json.loads(text, parse_float=json_decimal, parse_constant=_reject_constant)
+        value = _DECODER.decode(text)
     except RecordError:
         raise
     except json.JSONDecodeError as exc:

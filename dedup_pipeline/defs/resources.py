@@ -63,6 +63,10 @@ class LadderResource(dg.ConfigurableResource):
     min_collapse_rate: float = Field(default=0.01, description="Collapse-rate check fails below this.")
     max_collapse_rate: float = Field(default=0.95, description="Collapse-rate check fails above this.")
     min_records_for_check: int = Field(default=100, description="Smaller batches pass the collapse-rate check.")
+    canonical_workers: int = Field(
+        default=0,
+        description="Processes that canonicalise a batch of 20,000 lines or more: 0 is one per CPU, 1 keeps it in the step's process.",
+    )
 
     def settings(self) -> LadderSettings:
         return LadderSettings(
@@ -70,6 +74,7 @@ class LadderResource(dg.ConfigurableResource):
             natural_key=tuple(self.natural_key),
             hash_versions=tuple(self.hash_versions),
             policy=DuplicatePolicy(on_changed=self.on_changed, keep_history=self.keep_history),
+            canonical_workers=self.canonical_workers,
         )
 
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import delete, select
 
-from dedup_pipeline.core.errors import RecordError
-from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord, canonicalise_records, parse_line
+from dedup_pipeline.core.parallel import available_cpus, can_start_processes, ordered_map
 from dedup_pipeline.landing import BatchFileError, Fingerprint, TruncatedBatch, file_sha256, iter_lines
+from dedup_pipeline.ladder.canonical_lines import COLUMNS, CanonicalLines, canonicalise_lines
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.store.bulk import copy_rows
@@ -20,6 +21,8 @@ from dedup_pipeline.store.schema import canonical_records, crawl_batches
 from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, analyze_new_batch, lock_batch
 
 RUNG = "canonical"
+#: Lines a batch needs before its chunks go to worker processes: below it, starting them costs more than they save.
+PARALLEL_FLOOR = 20_000
 
 
 @dataclass
@@ -29,34 +32,47 @@ class CanonicalReport:
     canonical: int = 0
     quarantined: int = 0
     hash_errors: Counter = field(default_factory=Counter)  # version -> records that version could not hash
+    workers: int = 1
+
+    def add(self, chunk: CanonicalLines) -> None:
+        self.records_in += chunk.records_in
+        self.canonical += len(chunk.rows)
+        self.hash_errors.update(chunk.hash_errors)
 
     def as_metadata(self) -> dict:
         meta = {"batch_id": self.batch_id, "records_in": self.records_in, "canonical": self.canonical,
-                "quarantined": self.quarantined}
+                "quarantined": self.quarantined, "workers": self.workers}
         meta.update({f"unhashable[{v}]": n for v, n in sorted(self.hash_errors.items())})
         return meta
 
 
-def registered_file(warehouse: Warehouse, batch_id: str) -> tuple[Path, str]:
+@dataclass(frozen=True)
+class RegisteredFile:
+    path: Path
+    sha256: str
+    lines: int
+
+
+def registered_file(warehouse: Warehouse, batch_id: str) -> RegisteredFile:
     with warehouse.engine.connect() as conn:
         row = conn.execute(
-            select(crawl_batches.c.file_path, crawl_batches.c.file_sha256).where(crawl_batches.c.batch_id == batch_id)
+            select(crawl_batches.c.file_path, crawl_batches.c.file_sha256, crawl_batches.c.lines)
+            .where(crawl_batches.c.batch_id == batch_id)
         ).one_or_none()
     if row is None:
         raise BatchFileError(f"batch {batch_id!r} is not registered: materialise raw_crawl_batches first")
-    return Path(row.file_path), row.file_sha256
+    return RegisteredFile(Path(row.file_path), row.file_sha256, row.lines)
 
 
-_COLUMNS = (
-    "batch_id", "line_no", "natural_key", "canonical_url", "url_version", "hashes", "hash_errors", "payload", "crawled_at",
-)
+def worker_count(settings: LadderSettings, lines: int) -> int:
+    """Processes for a batch of `lines`: up to the setting (0: one per CPU), one per chunk at most.
 
-
-def _row(batch_id: str, record: CanonicalRecord) -> tuple:
-    return (
-        batch_id, record.line_no, record.natural_key, record.canonical_url, URL_VERSION, record.hashes,
-        record.hash_errors, record.payload, record.crawled_at,
-    )
+    1 (inline) below `PARALLEL_FLOOR`, and in a process that may not start any (a Celery prefork worker).
+    """
+    if lines < PARALLEL_FLOOR or not can_start_processes():
+        return 1
+    wanted = settings.canonical_workers or available_cpus()
+    return max(1, min(wanted, -(-lines // settings.chunk_size)))
 
 
 def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSettings) -> CanonicalReport:
@@ -66,14 +82,17 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
     lines that parse but cannot be canonicalised (no or invalid URL, missing
     natural key, active hash version not computable) are quarantined here.
     Lines are canonicalised and hashed a chunk (`settings.chunk_size`) at a
-    time, column-wise (`canonicalise_records`), and each chunk is copied in
-    one statement. One transaction, so a partition is either fully replaced
-    or untouched.
+    time, column-wise (`canonicalise_lines`); a large batch's chunks are
+    spread over worker processes (`settings.canonical_workers`) while this
+    process reads the file and copies each chunk, in file order, in one
+    statement. One transaction, so a partition is either fully replaced or
+    untouched.
     """
-    path, sha = registered_file(warehouse, batch_id)
+    registered = registered_file(warehouse, batch_id)
+    path, sha = registered.path, registered.sha256
     if file_sha256(path) != sha:
         raise BatchFileError(f"batch file {path} changed since it was registered: re-materialise raw_crawl_batches")
-    report = CanonicalReport(batch_id)
+    report = CanonicalReport(batch_id, workers=worker_count(settings, registered.lines))
     with warehouse.engine.begin() as conn:
         lock_batch(conn, batch_id)  # a second run of this partition waits, then rewrites it whole
         active = active_hash_version(conn)
@@ -82,22 +101,14 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
         clear_quarantine(conn, batch_id, RUNG)
         bad = QuarantineWriter(conn, batch_id, RUNG)
         read = Fingerprint()
-        lines = _parsed_lines(path, read)
-        while chunk := list(islice(lines, settings.chunk_size)):
-            rows: list[tuple] = []
-            results = canonicalise_records(
-                [record for _, _, record in chunk], [line_no for line_no, _, _ in chunk],
-                versions, active, settings.natural_key,
-            )
-            for (line_no, raw, _), canonical in zip(chunk, results):
-                report.records_in += 1
-                if isinstance(canonical, RecordError):
-                    bad.add(line_no, str(canonical), raw)
-                    continue
-                report.canonical += 1
-                report.hash_errors.update(canonical.hash_errors.keys())
-                rows.append(_row(batch_id, canonical))
-            copy_rows(conn, canonical_records, _COLUMNS, rows)
+        work = partial(
+            canonicalise_lines, batch_id=batch_id, versions=versions, active=active, key_fields=settings.natural_key
+        )
+        for chunk in ordered_map(work, _line_chunks(path, read, settings.chunk_size), report.workers):
+            report.add(chunk)
+            for line_no, reason, raw in chunk.quarantine:
+                bad.add(line_no, reason, raw)
+            copy_rows(conn, canonical_records, COLUMNS, chunk.rows)
         if read.hexdigest() != sha:  # the file changed while it was read: roll everything back
             raise BatchFileError(f"batch file {path} changed while it was being read: re-materialise raw_crawl_batches")
         bad.flush()
@@ -107,13 +118,18 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
     return report
 
 
-def _parsed_lines(path: Path, read: Fingerprint) -> Iterator[tuple[int, bytes, dict]]:
-    """Lines that parse; the raw rung has already quarantined the others. `read` gets the bytes they came from."""
-    try:
-        for line in iter_lines(path, read):
-            try:
-                yield line.number, line.raw, parse_line(line.raw)
-            except RecordError:
-                continue
-    except TruncatedBatch:
-        return
+def _line_chunks(path: Path, read: Fingerprint, size: int) -> Iterator[list[tuple[int, bytes]]]:
+    """(line number, raw line) pairs `size` at a time; `read` gets the bytes they came from.
+
+    A truncated tail ends the batch: the raw rung has already quarantined it.
+    """
+    def lines() -> Iterator[tuple[int, bytes]]:
+        try:
+            for line in iter_lines(path, read):
+                yield line.number, line.raw
+        except TruncatedBatch:
+            return
+
+    source = lines()
+    while chunk := list(islice(source, size)):
+        yield chunk

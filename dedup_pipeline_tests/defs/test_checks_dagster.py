@@ -82,7 +82,7 @@ def test_a_broken_canonicalisation_is_blocked_before_the_warehouse(tmp_path, mon
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b1"])
     # A canonicaliser release that stamps rows with a URL version no rule knows.
-    monkeypatch.setattr("dedup_pipeline.ladder.canonical.URL_VERSION", "url/0")
+    monkeypatch.setattr("dedup_pipeline.ladder.canonical_lines.URL_VERSION", "url/0")
     result = run(instance, url, folder, "b1")
 
     assert not result.success

@@ -1,0 +1,102 @@
+"""The canonical rung in the step's process against worker processes, on PostgreSQL, in one run.
+
+    python benchmarks/bench_canonical_workers.py [--records 100000] [--repeat 3] [--workers 2]
+
+One batch file of N records (half exact re-crawls) is registered once (the raw
+rung); then `canonicalise_batch` (read the file, parse, canonicalise, hash both
+versions, COPY into `canonical_records`, one transaction) is run over it with
+`canonical_workers=1` (inline, the baseline) and with `--workers` processes,
+alternating, each going first on every other repeat. Each run rewrites the
+partition whole, and the table's content is checked identical (an md5 over every
+row) before any figure is printed.
+
+Printed per setting: median wall seconds, records/s, and the CPU seconds of
+this process and of its worker processes (the database server's are not
+counted); then the median of the per-repeat ratios inline / workers. The CPU
+figures show what the workers cost: spreading the work adds their start-up and
+the pickling of chunks and rows, so the speed-up depends on free cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import text  # noqa: E402
+
+from benchmarks.common import crawl_with_duplicates, scratch_database, write_jsonl  # noqa: E402
+from dedup_pipeline.core.parallel import available_cpus  # noqa: E402
+from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
+from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
+from dedup_pipeline.ladder.settings import LadderSettings  # noqa: E402
+from dedup_pipeline.landing import find_batch  # noqa: E402
+from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
+
+_CONTENT = text(
+    "SELECT count(*), md5(string_agg(line_no || natural_key || hashes::text || hash_errors::text || payload::text"
+    " || coalesce(crawled_at::text, ''), ',' ORDER BY line_no)) FROM canonical_records WHERE batch_id = 'crawl'"
+)
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_run(warehouse: Warehouse, settings: LadderSettings) -> tuple[float, float, float, int, tuple]:
+    """(wall s, this process's CPU s, workers' CPU s, workers used, table content) of one canonical rung."""
+    cpu, children, wall = time.process_time(), children_cpu(), time.perf_counter()
+    report = canonicalise_batch(warehouse, "crawl", settings)
+    wall, cpu, children = time.perf_counter() - wall, time.process_time() - cpu, children_cpu() - children
+    with warehouse.engine.connect() as conn:
+        content = tuple(conn.execute(_CONTENT).one())
+    return wall, cpu, children, report.workers, content
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=available_cpus())
+    parser.add_argument("--chunk", type=int, default=5000)
+    args = parser.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-canonical-workers-"))
+    write_jsonl(crawl_with_duplicates(args.records, 0.5), folder / "crawl.jsonl")
+    os.utime(folder / "crawl.jsonl", (1e9, 1e9))
+    settings = {n: LadderSettings(chunk_size=args.chunk, canonical_workers=n) for n in (1, args.workers)}
+    runs: dict[int, list[tuple]] = {n: [] for n in settings}
+    with scratch_database() as url:
+        warehouse = Warehouse(url).create_schema()
+        ingest_raw_batch(warehouse, find_batch(folder, "crawl"))
+        for repeat in range(args.repeat):
+            order = list(settings) if repeat % 2 == 0 else list(settings)[::-1]
+            for n in order:
+                runs[n].append(timed_run(warehouse, settings[n]))
+        warehouse.dispose()
+    contents = {run[4] for values in runs.values() for run in values}
+    assert len(contents) == 1, f"the workers wrote other rows than the inline rung: {contents}"
+    assert runs[args.workers][0][3] == args.workers, "the batch did not go through the worker processes"
+
+    print(f"canonical rung, {args.records:,} records (50% exact re-crawls), chunks of {args.chunk}, "
+          f"{args.repeat} repeats, {available_cpus()} CPUs; identical rows ({next(iter(contents))[0]:,})")
+    for n, values in runs.items():
+        wall = statistics.median(v[0] for v in values)
+        label = "inline (canonical_workers=1)" if n == 1 else f"{n} worker processes"
+        print(f"  {label:30s} {wall:6.2f} s  {args.records / wall:>9,.0f} rec/s   CPU: this process "
+              f"{statistics.median(v[1] for v in values):5.2f} s, workers {statistics.median(v[2] for v in values):5.2f} s")
+    ratio = statistics.median(a[0] / b[0] for a, b in zip(runs[1], runs[args.workers]))
+    print(f"  inline / workers: {ratio:4.2f}x (median of the per-repeat ratios)")
+
+
+if __name__ == "__main__":
+    main()

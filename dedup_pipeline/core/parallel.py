@@ -1,0 +1,59 @@
+"""CPU-bound work spread over worker processes, results in input order, memory bounded.
+
+`concurrent.futures`' own `Executor.map` submits every item at once (before
+Python 3.14's `buffersize`), so a whole batch would sit in memory; `ordered_map`
+keeps at most `in_flight` items submitted and yields results in input order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Callable, Iterable, Iterator, TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def can_start_processes() -> bool:
+    """False inside a daemonic process (a Celery prefork worker, for one), which may not have children."""
+    return not multiprocessing.current_process().daemon
+
+
+def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
+    """``map(function, items)`` on `workers` processes (inline when 1), in input order.
+
+    At most two items per worker are submitted ahead of the one being yielded,
+    so memory is bounded by a few items whatever the input's length. `function`
+    must be importable by name (a module-level function or a `functools.partial`
+    of one): workers are started with "spawn", never forked from a process that
+    may hold threads, open connections or locks. An exception in a worker is
+    raised here when its result is reached; closing the generator early cancels
+    what is still queued. Where processes cannot be started (`can_start_processes`), it runs inline.
+    """
+    if workers <= 1 or not can_start_processes():
+        yield from map(function, items)
+        return
+    pending: deque[Future] = deque()
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        for item in items:
+            pending.append(pool.submit(function, item))
+            if len(pending) > 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["available_cpus", "can_start_processes", "ordered_map"]
