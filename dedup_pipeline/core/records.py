@@ -60,6 +60,8 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
     try:
+        if text.startswith("\ufeff"):  # json.loads refuses a byte-order mark; the decoder alone would not
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
         value = _DECODER.decode(text)
     except RecordError:
         raise
