@@ -104,7 +104,6 @@ class CanonicalRecord:
     hashes: dict[str, str]
     hash_errors: dict[str, str] = field(default_factory=dict)
     crawled_at: datetime | None = None
-    text: str = ""
 
 
 def natural_key_of(payload: Mapping[str, Any], canonical: str, key_fields: Sequence[str]) -> str:
@@ -147,7 +146,6 @@ def canonicalise_record(
     if active_version in errors:
         raise RecordError(errors[active_version])
     payload["url"] = canonical
-    text = " ".join(str(payload[f]) for f in TEXT_FIELDS if isinstance(payload.get(f), str) and payload[f])
     return CanonicalRecord(
         line_no=line_no,
         canonical_url=canonical,
@@ -156,7 +154,6 @@ def canonicalise_record(
         hashes=digests,
         hash_errors=errors,
         crawled_at=parse_timestamp(record.get("scraped_at")),
-        text=text,
     )
 
 
@@ -200,7 +197,6 @@ def canonicalise_records(
         payload = hashed.payloads[j]
         canonical = urls[j]
         payload["url"] = canonical
-        text = " ".join(str(t) for t in map(payload.get, TEXT_FIELDS) if isinstance(t, str) and t)
         try:
             natural_key = natural_key_of(payload, canonical, key_fields)
         except RecordError as exc:
@@ -214,7 +210,6 @@ def canonicalise_records(
             hashes={v: digests[j] for v, digests, _ in columns if digests[j] is not None},
             hash_errors=errors,
             crawled_at=parse_timestamp(records[i].get("scraped_at")),
-            text=text,
         )
     return results  # type: ignore[return-value]
 
