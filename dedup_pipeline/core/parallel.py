@@ -46,6 +46,10 @@ def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], worke
     pending: deque[Future] = deque()
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
     try:
+        # Every worker is started before the first item: a worker lost while the executor was still starting
+        # others (it starts them one per submit) left its shutdown waiting forever in our tests (Python 3.11).
+        for started in [pool.submit(os.getpid) for _ in range(workers)]:
+            started.result()
         for item in items:
             pending.append(pool.submit(function, item))
             if len(pending) > 2 * workers:

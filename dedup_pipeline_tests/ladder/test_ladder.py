@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 from sqlalchemy import func, select, text
@@ -176,3 +181,25 @@ def test_worker_count_follows_the_batch_size_and_the_setting():
     assert worker_count(LadderSettings(chunk_size=1000, canonical_workers=1), 10**6) == 1
     with pytest.raises(ValueError, match="canonical_workers"):
         LadderSettings(canonical_workers=-1)
+
+
+def test_a_worker_killed_mid_batch_fails_the_rung_and_leaves_the_partition_as_it_was(warehouse, tmp_path, monkeypatch):
+    """A worker lost (out of memory, killed) fails the step; its transaction leaves nothing half-written."""
+    write_batch(tmp_path, "killed", [listing(n) for n in range(3000)])
+    ingest_raw_batch(warehouse, find_batch(tmp_path, "killed"))
+    canonicalise_batch(warehouse, "killed", LadderSettings(chunk_size=500, canonical_workers=1))
+    before = _staged(warehouse, "killed")
+    monkeypatch.setattr(canonical, "PARALLEL_FLOOR", 100)
+
+    def kill_a_worker():
+        while len(children := multiprocessing.active_children()) < 2:
+            time.sleep(0.002)
+        os.kill(children[0].pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_a_worker, daemon=True)
+    killer.start()
+    with pytest.raises(BrokenProcessPool):
+        canonicalise_batch(warehouse, "killed", LadderSettings(chunk_size=20, canonical_workers=2))
+    killer.join(timeout=10)
+    assert _staged(warehouse, "killed") == before
+    assert not multiprocessing.active_children()
