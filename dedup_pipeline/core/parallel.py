@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -29,6 +31,22 @@ def can_start_processes() -> bool:
     return not multiprocessing.current_process().daemon
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A worker's initializer: end the worker once its parent is gone.
+
+    A parent killed outright (SIGKILL, out of memory) never tells its workers,
+    and they would wait for work forever: each holds the task queue's pipe open
+    itself, so it never sees end-of-file.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
     """``map(function, items)`` on `workers` processes (inline when 1), in input order.
 
@@ -38,13 +56,15 @@ def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], worke
     of one): workers are started with "spawn", never forked from a process that
     may hold threads, open connections or locks. An exception in a worker is
     raised here when its result is reached; closing the generator early cancels
-    what is still queued. Where processes cannot be started (`can_start_processes`), it runs inline.
+    what is still queued. Workers end by themselves if this process is killed. Where processes cannot be started (`can_start_processes`), it runs inline.
     """
     if workers <= 1 or not can_start_processes():
         yield from map(function, items)
         return
     pending: deque[Future] = deque()
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent, initargs=(os.getpid(),)
+    )
     try:
         # Every worker is started before the first item: a worker lost while the executor was still starting
         # others (it starts them one per submit) left its shutdown waiting forever in our tests (Python 3.11).

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import multiprocessing
 import operator
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from dedup_pipeline.core.parallel import available_cpus, ordered_map
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_results_come_back_in_input_order_from_worker_processes():
@@ -64,3 +71,44 @@ def test_a_daemonic_process_such_as_a_celery_worker_runs_inline():
 
 def test_available_cpus_counts_at_least_one():
     assert available_cpus() >= 1
+
+
+_PARENT = """
+import multiprocessing, threading, time
+from dedup_pipeline.core.parallel import ordered_map
+
+if __name__ == "__main__":
+    def report():
+        while len(multiprocessing.active_children()) < 2:
+            time.sleep(0.01)
+        print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+
+    threading.Thread(target=report, daemon=True).start()
+    next(ordered_map(time.sleep, [600] * 4, workers=2))
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from /proc")
+def test_workers_end_when_their_parent_is_killed(tmp_path):
+    """A step process killed outright (SIGKILL, out of memory) leaves no worker behind."""
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(workers) == 2 and all(map(_running, workers))
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_running, workers)), "a worker outlived its killed parent"
