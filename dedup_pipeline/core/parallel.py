@@ -2,7 +2,7 @@
 
 `concurrent.futures`' own `Executor.map` submits every item at once (before
 Python 3.14's `buffersize`), so a whole batch would sit in memory; `ordered_map`
-keeps at most `in_flight` items submitted and yields results in input order.
+keeps at most two items per worker submitted and yields results in input order.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], worke
     of one): workers are started with "spawn", never forked from a process that
     may hold threads, open connections or locks. An exception in a worker is
     raised here when its result is reached; closing the generator early cancels
-    what is still queued. Workers end by themselves if this process is killed. Where processes cannot be started (`can_start_processes`), it runs inline.
+    what is still queued. Workers end by themselves if this process is killed.
+    Where processes cannot be started (`can_start_processes`), it runs inline.
     """
     if workers <= 1 or not can_start_processes():
         yield from map(function, items)
