@@ -62,7 +62,9 @@ def canonical_records(
     records a non-active version could not hash (the rehash job reports them).
 
     Figures: `records_in` (= `parsed` of the raw rung) -> `canonical`, plus
-    `quarantined` here. Checks: `great_expectations_suite` (key columns not
+    `quarantined` here; `workers`: processes that canonicalised the batch (a
+    batch of 20,000 lines or more is spread over them, `canonical_workers` in
+    the ladder resource). Checks: `great_expectations_suite` (key columns not
     null, URL and digest formats, known versions, no row lost; it BLOCKS the
     warehouse write when it fails) and `quarantine_rate_under_bound` (warns
     when too many lines of the batch were quarantined; the reasons are listed).
