@@ -156,3 +156,18 @@ def test_the_collapse_check_errors_when_a_volatile_field_leaks_into_the_hash(tmp
     assert checks[-1].severity == dg.AssetCheckSeverity.ERROR and "collapsed toward zero" in leak["note"]
     assert leak["history_batches"] == 4 and leak["trailing_median"] == pytest.approx(1 / 3)
     assert leak["collapse_rate"] == 0.0 and leak["lower_bound"] == pytest.approx(1 / 12)
+
+
+def test_a_large_batch_goes_through_worker_processes_and_passes_every_check(tmp_path, monkeypatch):
+    """`canonical_workers` from the ladder resource; the asset reports the workers; the checks see every row."""
+    monkeypatch.setattr("dedup_pipeline.ladder.canonical.PARALLEL_FLOOR", 50)  # a small batch still goes to the pool
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    crawl = [listing(n) for n in range(200)] + [listing(n, crawl_id="again") for n in range(200)]  # re-crawled
+    write_batch(folder, "big", crawl, landed=1_700_000_000)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["big"])
+    result = run(instance, url, folder, "big", chunk_size=40, canonical_workers=3)  # not the default (one per CPU)
+    assert result.success
+    figures = values(result.asset_materializations_for_node("canonical_records")[0].metadata)
+    assert (figures["workers"], figures["canonical"], figures["quarantined"]) == (3, 400, 0)
+    assert {name: e.passed for (_, name), e in evaluations(result).items() if not e.passed} == {}
