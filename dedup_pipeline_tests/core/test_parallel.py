@@ -69,8 +69,15 @@ def test_a_daemonic_process_such_as_a_celery_worker_runs_inline():
     assert (allowed, results) == (False, [0, -1, -2, -3, -4])
 
 
-def test_available_cpus_counts_at_least_one():
-    assert available_cpus() >= 1
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_available_cpus_follows_the_affinity_mask_not_the_machine():
+    """A container or `taskset` limits the CPUs: one worker per CPU means per CPU this process may use."""
+    probe = (
+        "import os; from dedup_pipeline.core.parallel import available_cpus; "
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(available_cpus())"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert done.stdout.strip() == "1"
 
 
 _PARENT = """

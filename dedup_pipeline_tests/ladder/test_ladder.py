@@ -150,7 +150,7 @@ def _staged(warehouse, batch_id):
 
 
 def test_worker_processes_canonicalise_exactly_as_the_step_itself(warehouse, tmp_path, monkeypatch):
-    """Chunks spread over processes: the same rows, quarantine and counts, in file order, and no process left."""
+    """Chunks spread over processes: the same rows, quarantine and counts as inline, and no process left."""
     lines = [listing(n) for n in range(230)]
     lines[17] = '{"url": "https://shop.example.com/p/17", "title": "broken'  # the raw rung's quarantine
     lines[60] = {"title": "no url here"}  # the canonical rung's quarantine, in a later chunk
