@@ -22,30 +22,52 @@ from dedup_pipeline.core.url import URL_VERSION, canonical_url
 from dedup_pipeline.store.seen_set import DEFAULT_TTL_SECONDS, REDIS_URL_ENV, SEEN_TTL_ENV
 
 log = logging.getLogger(__name__)
+URL_PREFIX_ENV = "DEDUP_URL_PREFIX"  # the URL seen-set's key prefix, one per crawl fleet when several share a Redis
+DEFAULT_URL_PREFIX = "dedup:url"
 
 
 class UrlSeenSet:
     """Canonical URLs seen by a crawl fleet, in Redis with a TTL."""
 
-    def __init__(self, redis_url: str | None = None, ttl_seconds: int | None = None, prefix: str = "dedup:url", client=None):
+    def __init__(
+        self, redis_url: str | None = None, ttl_seconds: int | None = None, prefix: str | None = None, client=None
+    ):
         import redis
 
         url = redis_url or os.environ.get(REDIS_URL_ENV) or "redis://127.0.0.1:6379/0"
         self.client = client or redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
         self.ttl_seconds = ttl_seconds or int(os.environ.get(SEEN_TTL_ENV, DEFAULT_TTL_SECONDS))
-        self.prefix = prefix
+        self.prefix = prefix or os.environ.get(URL_PREFIX_ENV) or DEFAULT_URL_PREFIX
         self._errors = (redis.exceptions.RedisError, OSError)
 
     def key(self, url: str) -> str:
+        """The key of a URL: a digest of its `url/1` form (never the URL itself)."""
         digest = hashlib.sha256(canonical_url(url).encode("utf-8", "surrogatepass")).hexdigest()
         return f"{self.prefix}:{URL_VERSION}:{digest}"
+
+    def request_key(self, method: str, url: str, body: bytes = b"") -> str:
+        """The key of a request: its URL's (`key`) for a GET without a body.
+
+        Any other request is told apart by its method and body as well, so two
+        different form posts to one address are two requests.
+        """
+        method = method.upper()
+        if method == "GET" and not body:
+            return self.key(url)
+        identity = hashlib.sha256(method.encode() + b"\0")
+        identity.update(canonical_url(url).encode("utf-8", "surrogatepass") + b"\0")
+        identity.update(body)
+        return f"{self.prefix}:{URL_VERSION}:request:{identity.hexdigest()}"
 
     def first_time_seen_many(self, urls: Iterable[str]) -> list[bool]:
         """For each URL, True only on its first sighting within the TTL; one round trip for all of them.
 
         A URL repeated within `urls` is first seen once (its first occurrence).
         """
-        keys = [self.key(url) for url in urls]
+        return self.first_time_seen_keys([self.key(url) for url in urls])
+
+    def first_time_seen_keys(self, keys: list[str]) -> list[bool]:
+        """`first_time_seen_many` over keys made by `key` or `request_key`."""
         try:
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
@@ -73,7 +95,8 @@ def _default(redis_url: str | None, ttl_seconds: int | None) -> UrlSeenSet:
 def first_time_seen(url: str, *, redis_url: str | None = None, ttl_seconds: int | None = None) -> bool:
     """True only the first time any worker asks about this URL (in its `url/1` form) within the TTL.
 
-    Uses $DEDUP_REDIS_URL (else Redis on 127.0.0.1) and $DEDUP_SEEN_TTL_SECONDS (else 30 days).
+    Uses $DEDUP_REDIS_URL (else Redis on 127.0.0.1), $DEDUP_SEEN_TTL_SECONDS (else 30 days) and
+    $DEDUP_URL_PREFIX (else ``dedup:url``).
     """
     return _default(redis_url, ttl_seconds).first_time_seen(url)
 
@@ -81,31 +104,41 @@ def first_time_seen(url: str, *, redis_url: str | None = None, ttl_seconds: int 
 class RedisUrlDupeFilter:
     """A Scrapy dupefilter on the shared URL seen-set (set DUPEFILTER_CLASS to this class's path).
 
-    Scrapy settings: DEDUP_REDIS_URL, DEDUP_SEEN_TTL_SECONDS. Requests with
-    `dont_filter=True` never reach a dupefilter, as in Scrapy's own.
+    Scrapy settings: DEDUP_REDIS_URL, DEDUP_SEEN_TTL_SECONDS, DEDUP_URL_PREFIX (each
+    falls back to the environment variable of the same name), DUPEFILTER_DEBUG.
+    A GET request is a duplicate when its URL, in `url/1` form, was seen by any
+    crawler of the fleet (or by `first_time_seen`) within the TTL; any other
+    request (a POST, a body) when the same method, URL and body were. Requests
+    with `dont_filter=True` (Scrapy's start URLs, by default) never reach a
+    dupefilter, as with Scrapy's own. Filtered requests are counted in the
+    crawl stats as `dupefilter/filtered`, as Scrapy's own filter counts them.
     """
 
     def __init__(self, seen: UrlSeenSet, debug: bool = False):
         self.seen, self.debug = seen, debug
-
-    @classmethod
-    def from_settings(cls, settings) -> "RedisUrlDupeFilter":
-        ttl = settings.get("DEDUP_SEEN_TTL_SECONDS")
-        return cls(UrlSeenSet(settings.get("DEDUP_REDIS_URL"), int(ttl) if ttl else None), settings.getbool("DUPEFILTER_DEBUG"))
+        self._logged_once = False
 
     @classmethod
     def from_crawler(cls, crawler) -> "RedisUrlDupeFilter":
-        return cls.from_settings(crawler.settings)
+        settings = crawler.settings
+        ttl = settings.get("DEDUP_SEEN_TTL_SECONDS")
+        seen = UrlSeenSet(settings.get("DEDUP_REDIS_URL"), int(ttl) if ttl else None, settings.get("DEDUP_URL_PREFIX"))
+        return cls(seen, settings.getbool("DUPEFILTER_DEBUG"))
 
     def request_seen(self, request) -> bool:
-        return not self.seen.first_time_seen(request.url)
+        key = self.seen.request_key(request.method, request.url, request.body or b"")
+        return not self.seen.first_time_seen_keys([key])[0]
 
     def open(self) -> None:
         pass
 
     def close(self, reason: str) -> None:
-        pass
+        self.seen.client.close()
 
     def log(self, request, spider) -> None:
-        if self.debug:
-            log.debug("filtered duplicate request %s", request.url)
+        """Called by Scrapy's scheduler for each request it drops as a duplicate."""
+        if self.debug or not self._logged_once:
+            more = "" if self.debug else " - no more duplicates will be shown (see DUPEFILTER_DEBUG to show all)"
+            log.debug("Filtered duplicate request (URL seen-set): %s%s", request, more)
+            self._logged_once = True
+        spider.crawler.stats.inc_value("dupefilter/filtered")

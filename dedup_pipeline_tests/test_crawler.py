@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import threading
 import uuid
-from types import SimpleNamespace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from dedup_pipeline import first_time_seen
-from dedup_pipeline.crawler import RedisUrlDupeFilter, UrlSeenSet
+from dedup_pipeline.core.url import canonical_url
+from dedup_pipeline.crawler import UrlSeenSet
 from dedup_pipeline.crawler import _default as default_seen_set
 
 
@@ -42,13 +48,96 @@ def test_fails_open_when_redis_is_down():
     assert dead.first_time_seen_many(["https://a.example/1", "https://a.example/1"]) == [True, True]
 
 
-def test_module_function_and_scrapy_dupefilter(seen):
+def test_module_function(seen):
     url = f"https://example.org/{uuid.uuid4().hex}"
     assert first_time_seen(url) and not first_time_seen(url + "#x")
-    settings = SimpleNamespace(get=lambda name: {"DEDUP_SEEN_TTL_SECONDS": "60"}.get(name), getbool=lambda name: False)
-    dupefilter = RedisUrlDupeFilter.from_settings(settings)
-    dupefilter.seen.prefix = seen.prefix
-    request = SimpleNamespace(url="https://example.org/item?gclid=abc")
-    assert not dupefilter.request_seen(request)
-    assert dupefilter.request_seen(SimpleNamespace(url="https://EXAMPLE.org/item"))
     default_seen_set(None, None).forget([url])
+
+
+def test_prefix_from_the_environment(monkeypatch):
+    monkeypatch.setenv("DEDUP_URL_PREFIX", "fleet-b:url")
+    assert UrlSeenSet().key("https://a.example/").startswith("fleet-b:url:url/1:")
+    assert UrlSeenSet(prefix="explicit").key("https://a.example/").startswith("explicit:url/1:")
+
+
+def test_request_keys_tell_form_posts_apart_and_get_is_the_url(seen):
+    get = seen.request_key("get", "https://Shop.example/search?utm_source=x&q=1")
+    assert get == seen.key("https://shop.example/search?q=1")
+    post_a = seen.request_key("POST", "https://shop.example/search", b"q=a")
+    assert post_a == seen.request_key("POST", "https://SHOP.example/search#top", b"q=a")  # url/1 applies
+    assert len({get, post_a, seen.request_key("POST", "https://shop.example/search", b"q=b"),
+                seen.request_key("HEAD", "https://shop.example/search?q=1"),
+                seen.request_key("GET", "https://shop.example/search?q=1", b"body")}) == 5
+
+
+# ---------------------------------------------------------------- a real Scrapy crawl
+
+# Links name the same pages in several URL forms; each product page links to /p/3 twice.
+_INDEX_LINKS = ("/p/1?utm_source=mail", "/p/1?ref=home", "/p/1#reviews", "/P/1", "/p/2?b=2&a=1", "/p/2?a=1&b=2&gclid=x")
+_PRODUCT_LINKS = ("/p/3?utm_medium=email", "/p/3")
+
+
+@pytest.fixture
+def shop():
+    """A small site on 127.0.0.1 that records every request it serves (method, path, body)."""
+    served: list[tuple[str, str, bytes]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            served.append(("GET", self.path, b""))
+            path = self.path.split("?")[0]
+            links = _INDEX_LINKS if path == "/" else _PRODUCT_LINKS if path != "/p/3" else ()
+            self._page(links)
+
+        def do_POST(self):
+            served.append(("POST", self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            self._page(())
+
+        def _page(self, links):
+            body = "".join(f'<a href="{link}">x</a>' for link in links).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/", served
+    server.shutdown()
+    server.server_close()
+
+
+def _crawl(start_url: str, prefix: str) -> dict:
+    script = Path(__file__).with_name("scrapy_crawl.py")
+    done = subprocess.run(
+        [sys.executable, str(script), start_url, "redis://127.0.0.1:6379/0", prefix],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_scrapy_crawls_fetch_each_page_once_across_the_fleet(shop, seen):
+    start_url, served = shop
+    first = _crawl(start_url, seen.prefix)
+    gets = sorted(canonical_url(start_url.rstrip("/") + path) for method, path, _ in served if method == "GET")
+    base = start_url.rstrip("/")
+    # Each page once in its url/1 form; path case is identity, so /P/1 is a page of its own.
+    assert gets == sorted([start_url, f"{base}/P/1", f"{base}/p/1", f"{base}/p/2?a=1&b=2", f"{base}/p/3"])
+    # The same address posted with two bodies is two requests; the repeated body is dropped.
+    assert sorted(body for method, _, body in served if method == "POST") == [b"q=a", b"q=b"]
+    # 2 + 1 forms of /p/1 and /p/2 from the index, 5 of the 6 links to /p/3, 1 repeated post.
+    assert first["filtered"] == 9
+
+    # Another crawler of the fleet (a new process) fetches only its start page: every link is known.
+    served.clear()
+    second = _crawl(start_url, seen.prefix)
+    assert served == [("GET", "/", b"")]
+    assert second["filtered"] == len(_INDEX_LINKS) + 3
+    # The library API agrees with what the crawlers recorded.
+    assert not seen.first_time_seen(f"{base}/p/3?utm_campaign=spring#top")
