@@ -67,6 +67,16 @@ def no_stale_defs_state_storage():
     DefsStateStorage.get = original
 
 
+@pytest.fixture(autouse=True)
+def data_dir_of_its_own(tmp_path_factory, monkeypatch):
+    """Give each test a DEDUP_DATA_DIR of its own, so that nothing writes into the checkout's `.dedup`.
+
+    The embedded default keeps files there (a Bloom seen-set, for one). A test that sets the variable
+    itself still wins.
+    """
+    monkeypatch.setenv("DEDUP_DATA_DIR", str(tmp_path_factory.mktemp("dedup-data")))
+
+
 @pytest.fixture(scope="session")
 def pg_database_url():
     """A fresh PostgreSQL database for this test session, dropped at the end."""

@@ -122,9 +122,19 @@ class SeenSetResource(dg.ConfigurableResource):
 
     kind: str = Field(default="auto", description="'auto' (Redis if $DEDUP_REDIS_URL is set, else Bloom), 'redis', 'bloom' or 'none'.")
     ttl_seconds: Optional[int] = Field(default=None, description="Redis key TTL; empty means $DEDUP_SEEN_TTL_SECONDS or 30 days.")
+    bloom_capacity: Optional[int] = Field(
+        default=None,
+        description="Digests the Bloom filter is sized for (per hash version); empty means $DEDUP_BLOOM_CAPACITY or 10,000,000.",
+    )
+    bloom_error_rate: Optional[float] = Field(
+        default=None,
+        description="The Bloom filter's false-positive rate at capacity; empty means $DEDUP_BLOOM_ERROR_RATE or 0.001.",
+    )
 
     def get(self) -> SeenSet:
-        return seen_set_from_env(self.kind, ttl_seconds=self.ttl_seconds)
+        return seen_set_from_env(
+            self.kind, ttl_seconds=self.ttl_seconds, bloom_capacity=self.bloom_capacity, bloom_error_rate=self.bloom_error_rate
+        )
 
 
 def default_resources() -> dict:

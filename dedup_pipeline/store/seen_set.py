@@ -32,6 +32,10 @@ REDIS_PREFIX_ENV = "DEDUP_REDIS_PREFIX"  # one per warehouse when several share 
 SEEN_TTL_ENV = "DEDUP_SEEN_TTL_SECONDS"
 DEFAULT_TTL_SECONDS = 30 * 86400  # the seeds' 30 days: about one re-crawl cycle
 KEY_PREFIX = "dedup:seen"
+BLOOM_CAPACITY_ENV = "DEDUP_BLOOM_CAPACITY"
+BLOOM_ERROR_RATE_ENV = "DEDUP_BLOOM_ERROR_RATE"
+DEFAULT_BLOOM_CAPACITY = 10_000_000
+DEFAULT_BLOOM_ERROR_RATE = 0.001
 
 
 class SeenSetUnavailable(RuntimeError):
@@ -128,13 +132,23 @@ def _bloom_hash(item: bytes) -> int:
 class BloomSeenSet(SeenSet):
     """An in-process Bloom filter per hash version, saved in `folder` between runs.
 
-    It cannot forget (erasure relies on tombstones instead) and a digest stays
-    in it until the file is deleted; it holds only bits, no identifiers.
+    Sized for `capacity` digests at `error_rate` false positives; the file name
+    holds both, so a filter of another size starts empty beside the old file.
+    Past its capacity a filter still answers, with more false positives (each
+    costs a lookup, never a record): `flush` logs a warning. It cannot forget
+    (erasure relies on tombstones instead) and a digest stays in it until the
+    file is deleted; it holds only bits, no identifiers.
     """
 
     kind = "bloom"
 
-    def __init__(self, folder: Path, capacity: int = 10_000_000, error_rate: float = 0.001):
+    def __init__(
+        self, folder: Path, capacity: int = DEFAULT_BLOOM_CAPACITY, error_rate: float = DEFAULT_BLOOM_ERROR_RATE
+    ):
+        if capacity < 1:
+            raise ValueError(f"bloom capacity must be at least 1 digest, not {capacity}")
+        if not 0 < error_rate < 1:
+            raise ValueError(f"bloom error rate must lie strictly between 0 and 1, not {error_rate}")
         self.folder, self.capacity, self.error_rate = Path(folder), capacity, error_rate
         self._filters: dict = {}
 
@@ -174,12 +188,27 @@ class BloomSeenSet(SeenSet):
             except OSError as exc:  # a full or read-only disk: the filter stays as it was, the warehouse decides
                 temporary.unlink(missing_ok=True)
                 raise SeenSetUnavailable(f"bloom: cannot save {path.name}: {exc.strerror or exc}") from None
+            if bloom.approx_items > self.capacity:  # infinite once every bit is set
+                log.warning(
+                    "bloom seen-set %s holds about %.0f digests, over its capacity of %d: its false-positive rate is "
+                    "now above %g (each one costs a warehouse lookup, never a record). Raise the capacity "
+                    "(seen_set resource bloom_capacity, or $%s); a filter of the new size starts empty.",
+                    path.name, bloom.approx_items, self.capacity, self.error_rate, BLOOM_CAPACITY_ENV,
+                )
 
 
-def seen_set_from_env(kind: str = "auto", folder: Path | None = None, ttl_seconds: int | None = None) -> SeenSet:
+def seen_set_from_env(
+    kind: str = "auto",
+    folder: Path | None = None,
+    ttl_seconds: int | None = None,
+    bloom_capacity: int | None = None,
+    bloom_error_rate: float | None = None,
+) -> SeenSet:
     """The configured seen-set: Redis when DEDUP_REDIS_URL is set, else a Bloom file in the data folder.
 
-    `kind` forces one of "redis", "bloom", "none".
+    `kind` forces one of "redis", "bloom", "none". Arguments left as None come
+    from the environment (DEDUP_SEEN_TTL_SECONDS, DEDUP_BLOOM_CAPACITY,
+    DEDUP_BLOOM_ERROR_RATE), else the defaults.
     """
     from dedup_pipeline.store.warehouse import data_dir
 
@@ -192,7 +221,11 @@ def seen_set_from_env(kind: str = "auto", folder: Path | None = None, ttl_second
         ttl = ttl_seconds or int(os.environ.get(SEEN_TTL_ENV, DEFAULT_TTL_SECONDS))
         return RedisSeenSet(url, ttl, prefix=os.environ.get(REDIS_PREFIX_ENV, KEY_PREFIX))
     if kind == "bloom":
-        return BloomSeenSet(folder or data_dir() / "seen-sets")
+        if bloom_capacity is None:
+            bloom_capacity = int(os.environ.get(BLOOM_CAPACITY_ENV, DEFAULT_BLOOM_CAPACITY))
+        if bloom_error_rate is None:
+            bloom_error_rate = float(os.environ.get(BLOOM_ERROR_RATE_ENV, DEFAULT_BLOOM_ERROR_RATE))
+        return BloomSeenSet(folder or data_dir() / "seen-sets", bloom_capacity, bloom_error_rate)
     if kind == "none":
         return NoSeenSet()
     raise ValueError(f"unknown seen-set kind {kind!r}: use auto, redis, bloom or none")

@@ -82,6 +82,36 @@ def test_bloom_persists_between_runs(tmp_path):
     assert not any(second.maybe_seen("content/2", digests(100)))
 
 
+def test_bloom_is_sized_from_the_resource_or_the_environment(tmp_path, monkeypatch):
+    from dedup_pipeline.defs.resources import SeenSetResource
+
+    monkeypatch.setenv("DEDUP_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("DEDUP_BLOOM_CAPACITY", "5000")
+    from_env = SeenSetResource(kind="bloom").get()
+    assert (from_env.capacity, from_env.error_rate) == (5000, 0.001)
+    configured = SeenSetResource(kind="bloom", bloom_capacity=20_000, bloom_error_rate=0.01).get()
+    assert (configured.capacity, configured.error_rate) == (20_000, 0.01)
+    configured.remember("content/1", digests(10))
+    configured.flush()
+    assert [p.name for p in (tmp_path / "seen-sets").iterdir()] == ["seen-content-1-20000-0.01.bloom"]
+    with pytest.raises(ValueError, match="capacity"):
+        SeenSetResource(kind="bloom", bloom_capacity=0).get()
+    with pytest.raises(ValueError, match="error rate"):
+        SeenSetResource(kind="bloom", bloom_error_rate=1.5).get()
+
+
+def test_a_bloom_past_its_capacity_says_so(tmp_path, caplog):
+    seen = BloomSeenSet(tmp_path, capacity=100, error_rate=0.01)
+    seen.remember("content/1", digests(90))
+    with caplog.at_level("WARNING", logger="dedup_pipeline.store.seen_set"):
+        seen.flush()
+    assert not caplog.records
+    seen.remember("content/1", digests(300, "more"))
+    with caplog.at_level("WARNING", logger="dedup_pipeline.store.seen_set"):
+        seen.flush()
+    assert "over its capacity of 100" in caplog.text
+
+
 def run(warehouse, folder, key, seen_set, chunk=50):
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, LadderSettings(chunk_size=chunk))
