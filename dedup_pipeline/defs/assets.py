@@ -114,6 +114,8 @@ def deduplicated_records(
             f"seen-set {report.seen_set} unavailable for {report.seen_set_fallbacks} chunk(s): "
             "ran on the warehouse's UNIQUE index alone (slower, nothing lost)"
         )
+    if report.seen_set_over_capacity:
+        context.log.warning(report.seen_set_over_capacity)
     return dg.MaterializeResult(
         metadata={**report.as_metadata(), "dagster/row_count": report.survivors},
     )

@@ -50,6 +50,7 @@ class ExactReport:
     seen_set_false_positives: int = 0  # hits the warehouse did not confirm (Bloom false positive, stale key)
     seen_set_cold_misses: int = 0      # chunks whose misses the UNIQUE index caught (cold or flushed seen-set)
     seen_set_fallbacks: int = 0        # chunks that ran on the database alone because the seen-set was down
+    seen_set_fill: float | None = None  # a Bloom filter's digests over its capacity after the batch (None: no capacity)
 
     @property
     def duplicates(self) -> int:
@@ -58,6 +59,17 @@ class ExactReport:
     @property
     def survivors(self) -> int:
         return self.decisions[Decision.NEW.value] + self.decisions[Decision.CHANGED.value]
+
+    @property
+    def seen_set_over_capacity(self) -> str | None:
+        """A warning when the seen-set is past its capacity (more false positives, each one a lookup), else None."""
+        if self.seen_set_fill is None or self.seen_set_fill <= 1:
+            return None
+        return (
+            f"seen-set {self.seen_set} holds {self.seen_set_fill:.1f}x the digests it was sized for: it answers "
+            "'maybe seen' more often than its error rate (each a warehouse lookup, never a lost record); raise "
+            "bloom_capacity in the seen_set resource (or $DEDUP_BLOOM_CAPACITY): a filter of the new size starts empty"
+        )
 
     @property
     def collapse_rate(self) -> float:
@@ -72,6 +84,8 @@ class ExactReport:
             "seen_set_false_positives": self.seen_set_false_positives,
             "seen_set_cold_misses": self.seen_set_cold_misses, "seen_set_fallbacks": self.seen_set_fallbacks,
         }
+        if self.seen_set_fill is not None:
+            meta["seen_set_fill"] = self.seen_set_fill
         meta.update({decision.value: self.decisions[decision.value] for decision in Decision if decision != Decision.QUARANTINED})
         # The same figures under the seeds' metric names (dedup_pipeline.metrics exports their totals).
         meta["scraper_records_seen"] = self.records_in + self.quarantined
@@ -175,6 +189,9 @@ def deduplicate_records(
         seen_set.flush()
     except SeenSetUnavailable:  # only the fast path's memory is lost; every decision is committed already
         report.seen_set_fallbacks += 1
+    report.seen_set_fill = seen_set.fill(version)
+    if report.seen_set_over_capacity:
+        log.warning("batch %s: %s", batch_id, report.seen_set_over_capacity)
     if report.seen_set_fallbacks:
         log.warning(
             "seen-set %s was unavailable for %d chunk(s) of batch %s; they ran on the warehouse alone",

@@ -61,6 +61,10 @@ class SeenSet:
     def flush(self) -> None:
         """Persist whatever the backend keeps in process (end of a batch)."""
 
+    def fill(self, version: str) -> float | None:
+        """How full a fixed-size backend is (1.0: at capacity); None for a backend that has no capacity."""
+        return None
+
 
 class NoSeenSet(SeenSet):
     """Every record is checked against the database."""
@@ -134,8 +138,8 @@ class BloomSeenSet(SeenSet):
 
     Sized for `capacity` digests at `error_rate` false positives; the file name
     holds both, so a filter of another size starts empty beside the old file.
-    Past its capacity a filter still answers, with more false positives (each
-    costs a lookup, never a record): `flush` logs a warning. It cannot forget
+    Past its capacity (`fill` above 1) a filter still answers, with more false
+    positives (each costs a lookup, never a record). It cannot forget
     (erasure relies on tombstones instead) and a digest stays in it until the
     file is deleted; it holds only bits, no identifiers.
     """
@@ -188,13 +192,15 @@ class BloomSeenSet(SeenSet):
             except OSError as exc:  # a full or read-only disk: the filter stays as it was, the warehouse decides
                 temporary.unlink(missing_ok=True)
                 raise SeenSetUnavailable(f"bloom: cannot save {path.name}: {exc.strerror or exc}") from None
-            if bloom.approx_items > self.capacity:  # infinite once every bit is set
-                log.warning(
-                    "bloom seen-set %s holds about %.0f digests, over its capacity of %d: its false-positive rate is "
-                    "now above %g (each one costs a warehouse lookup, never a record). Raise the capacity "
-                    "(seen_set resource bloom_capacity, or $%s); a filter of the new size starts empty.",
-                    path.name, bloom.approx_items, self.capacity, self.error_rate, BLOOM_CAPACITY_ENV,
-                )
+
+    def fill(self, version: str) -> float | None:
+        """About how many digests the version's filter holds, over its capacity.
+
+        The estimate grows without bound as the last bits get set; it is capped
+        at the filter's size in bits (by then nearly every lookup is a hit).
+        """
+        bloom = self._filter(version)
+        return min(bloom.approx_items, bloom.size_in_bits) / self.capacity
 
 
 def seen_set_from_env(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import socket
 import threading
 import uuid
@@ -100,18 +101,6 @@ def test_bloom_is_sized_from_the_resource_or_the_environment(tmp_path, monkeypat
         SeenSetResource(kind="bloom", bloom_error_rate=1.5).get()
 
 
-def test_a_bloom_past_its_capacity_says_so(tmp_path, caplog):
-    seen = BloomSeenSet(tmp_path, capacity=100, error_rate=0.01)
-    seen.remember("content/1", digests(90))
-    with caplog.at_level("WARNING", logger="dedup_pipeline.store.seen_set"):
-        seen.flush()
-    assert not caplog.records
-    seen.remember("content/1", digests(300, "more"))
-    with caplog.at_level("WARNING", logger="dedup_pipeline.store.seen_set"):
-        seen.flush()
-    assert "over its capacity of 100" in caplog.text
-
-
 def run(warehouse, folder, key, seen_set, chunk=50):
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, LadderSettings(chunk_size=chunk))
@@ -191,6 +180,30 @@ def test_a_hung_redis_costs_one_timeout_then_the_rung_runs_on_the_warehouse(ware
     assert len(connections) == 1  # one timeout was paid; the breaker answered every later chunk at once
     assert report.decisions["exact_duplicate"] == 100 and report.decisions["new"] == 100
     assert snapshot(warehouse.engine) == _baseline(tmp_path, batches)
+
+
+def test_bloom_fill_is_its_digests_over_its_capacity(tmp_path):
+    seen = BloomSeenSet(tmp_path, capacity=1000, error_rate=0.01)
+    seen.remember("content/1", digests(500))
+    assert 0.45 < seen.fill("content/1") < 0.55
+    seen.remember("content/1", digests(1000, "more"))
+    assert seen.fill("content/1") > 1.3
+    assert seen.fill("content/2") == 0
+    assert NoSeenSet().fill("content/1") is None
+    full = BloomSeenSet(tmp_path / "full", capacity=10, error_rate=0.5)
+    full.remember("content/1", digests(1000))  # every bit set: the estimate itself would be infinite
+    assert 1 < full.fill("content/1") < math.inf
+
+
+def test_the_rung_reports_the_bloom_fill_and_warns_past_capacity(warehouse, batches, tmp_path, caplog):
+    roomy = run(warehouse, batches, "a", BloomSeenSet(tmp_path / "roomy", capacity=10_000, error_rate=0.01))
+    assert 0.015 < roomy.as_metadata()["seen_set_fill"] < 0.025  # 200 digests of 10,000
+    assert roomy.seen_set_over_capacity is None
+    with caplog.at_level("WARNING", logger="dedup_pipeline.ladder.exact"):
+        small = run(warehouse, batches, "b", BloomSeenSet(tmp_path / "small", capacity=150, error_rate=0.01))
+    assert small.seen_set_fill > 1  # 100 new and 100 re-crawled digests in a filter sized for 150
+    assert "raise bloom_capacity" in small.seen_set_over_capacity and small.seen_set_over_capacity in caplog.text
+    assert small.decisions["new"] == 100
 
 
 def test_bloom_false_positives_never_drop_a_new_record(warehouse, batches, tmp_path):
