@@ -32,6 +32,9 @@ def load_state(
 
     `check_digests` limits the digest lookup (the seen-set's hits); the others
     are assumed new, and the UNIQUE index catches them at insert if they are not.
+    A digest that one of the chunk's keys already holds (an unchanged re-crawl,
+    the common case) is known to be stored without the digest lookup, seen-set
+    hit or not.
 
     Digests are read from `record_hashes` under the active `version` only, so a
     row written under an older version (kept during a rehash migration) is
@@ -39,9 +42,9 @@ def load_state(
     of another version. A row with no digest under `version` compares unequal.
     """
     keys = sorted({record.natural_key for record in chunk})
+    chunk_digests = {record.hashes[version] for record in chunk}
     if check_digests is None:
-        check_digests = [bytes.fromhex(record.hashes[version]) for record in chunk]
-    digests = sorted(set(check_digests))
+        check_digests = [bytes.fromhex(digest) for digest in chunk_digests]
     active_hash = record_hashes.alias("active_hash")
     joined = records.outerjoin(
         active_hash, and_(active_hash.c.record_id == records.c.record_id, active_hash.c.hash_version == version)
@@ -56,16 +59,18 @@ def load_state(
             select(*columns).select_from(joined).where(in_values(conn, records.c.natural_key, keys))
         )
     }
-    stored = set()
+    stored = chunk_digests & {row.content_hash for row in by_key.values()}
+    digests = sorted({digest for digest in check_digests if digest.hex() not in stored})
     if digests:
-        stored = set(
-            conn.execute(
+        stored.update(
+            digest.hex()
+            for digest in conn.execute(
                 select(record_hashes.c.content_hash).where(
                     record_hashes.c.hash_version == version, in_values(conn, record_hashes.c.content_hash, digests)
                 )
             ).scalars()
         )
-    return by_key, {digest.hex() for digest in stored}
+    return by_key, stored
 
 
 #: What a re-crawl of the stored content changes: when, and by which batch and line, the row was last crawled.

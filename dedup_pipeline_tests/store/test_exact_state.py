@@ -1,0 +1,82 @@
+"""`load_state`: what the exact rung knows of a chunk before it plans, and how many statements it costs."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import event
+
+from dedup_pipeline.core.hashing import HASH_RULES
+from dedup_pipeline.core.records import canonicalise_records, parse_line
+from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.landing import find_batch
+from dedup_pipeline.store.exact import load_state
+from dedup_pipeline_tests.helpers import listing, write_batch
+
+# content/2 leaves the URL (the natural key) out, so one content can be stored under two keys.
+VERSION = "content/2"
+
+
+def canonical(*raw):
+    lines = [parse_line(json.dumps(record).encode()) for record in raw]
+    return canonicalise_records(lines, range(1, len(lines) + 1), tuple(HASH_RULES), "content/1")
+
+
+def selects(engine):
+    """The SELECT statements run on `engine` while the block runs, in a list filled as they go."""
+    seen: list[str] = []
+
+    def note(conn, cursor, statement, *args):
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    return seen, lambda: event.remove(engine, "before_cursor_execute", note)
+
+
+def stored_warehouse(warehouse, tmp_path):
+    write_batch(tmp_path / "landing", "a", [listing(n) for n in range(5)], landed=1e9)
+    settings = LadderSettings(chunk_size=50)
+    ingest_raw_batch(warehouse, find_batch(tmp_path / "landing", "a"))
+    canonicalise_batch(warehouse, "a", settings)
+    deduplicate_batch(warehouse, "a", "run", settings)
+    return warehouse
+
+
+def test_a_digest_its_key_holds_needs_no_digest_lookup(warehouse, tmp_path):
+    stored_warehouse(warehouse, tmp_path)
+    recrawls = canonical(listing(0, crawl_id="again"), listing(1, crawl_id="again"))
+    seen, stop = selects(warehouse.engine)
+    try:
+        with warehouse.engine.connect() as conn:
+            by_key, stored = load_state(conn, recrawls, VERSION)
+    finally:
+        stop()
+    assert stored == {record.hashes[VERSION] for record in recrawls}
+    assert set(by_key) == {record.natural_key for record in recrawls}
+    assert len(seen) == 1  # the key lookup answered for both digests
+
+
+def test_other_digests_are_looked_up_and_found_under_any_key(warehouse, tmp_path):
+    stored_warehouse(warehouse, tmp_path)
+    chunk = canonical(
+        listing(0, crawl_id="again"),  # its key holds its digest
+        listing(2, url="https://mirror.example.org/p/2"),  # listing 2's content under a key not stored
+        listing(1, title="Product 1 kettle, now in red"),  # its key holds another digest
+        listing(99),  # new
+    )
+    recrawl, mirrored, changed, new = (record.hashes[VERSION] for record in chunk)
+    seen, stop = selects(warehouse.engine)
+    try:
+        with warehouse.engine.connect() as conn:
+            _, everything = load_state(conn, chunk, VERSION)
+            _, narrowed = load_state(conn, chunk, VERSION, check_digests=[])  # a seen-set that missed them all
+    finally:
+        stop()
+    assert everything == {recrawl, mirrored}
+    assert narrowed == {recrawl}  # a miss is assumed new unless its own key holds it
+    assert len(seen) == 3  # two key lookups, one digest lookup (the narrowed call skips it)
+    assert {changed, new}.isdisjoint(everything)
