@@ -250,7 +250,7 @@ class _ChunkWriter:
                 confirmed = sum(1 for d, hit in zip(digests, hits) if hit and d.hex() in stored)
                 self.report.seen_set_hits += confirmed
                 self.report.seen_set_false_positives += sum(hits) - confirmed
-            self._remember(plan)
+            self._remember(plan, {d for d, hit in zip(digests, hits) if hit} if hits is not None else set())
             decision_log.emit(plan.decisions, self.version, self.batch_id, self.run_id, self.seen_set.kind)
             return counts
         raise RuntimeError(f"chunk of batch {self.batch_id} kept conflicting after {MAX_CHUNK_ATTEMPTS} attempts")
@@ -262,14 +262,15 @@ class _ChunkWriter:
             self.report.seen_set_fallbacks += 1
             return None
 
-    def _remember(self, plan) -> None:
-        stored_now = [
+    def _remember(self, plan, present: set[bytes]) -> None:
+        """Add the chunk's stored digests to the seen-set, except those it reported `present` (a no-op to add)."""
+        stored_now = {
             bytes.fromhex(record.hashes[self.version])
             for record, decision in plan.decisions
             if decision in (Decision.NEW, Decision.CHANGED, Decision.EXACT_DUPLICATE)
-        ]
+        }
         try:
-            self.seen_set.remember(self.version, stored_now)
+            self.seen_set.remember(self.version, sorted(stored_now - present))
         except SeenSetUnavailable:
             self.report.seen_set_fallbacks += 1
 

@@ -206,6 +206,29 @@ def test_the_rung_reports_the_bloom_fill_and_warns_past_capacity(warehouse, batc
     assert small.decisions["new"] == 100
 
 
+class RecordingBloom(BloomSeenSet):
+    """A Bloom seen-set that notes every digest the rung asks it to remember."""
+
+    def __init__(self, folder):
+        super().__init__(folder, capacity=10_000, error_rate=0.001)
+        self.remembered: list[bytes] = []
+
+    def remember(self, version, digests):
+        self.remembered += digests
+        super().remember(version, digests)
+
+
+def test_only_digests_the_seen_set_lacks_are_remembered(warehouse, batches, tmp_path):
+    seen = RecordingBloom(tmp_path / "bloom")
+    run(warehouse, batches, "a", seen)
+    assert len(seen.remembered) == len(set(seen.remembered)) == 200
+    seen.remembered.clear()
+    report = run(warehouse, batches, "b", seen)  # 100 re-crawls of batch a, 100 new listings
+    assert report.seen_set_hits == 100
+    assert len(seen.remembered) == 100  # the new ones; adding the hits again would change nothing
+    assert all(seen.maybe_seen("content/1", seen.remembered))
+
+
 def test_bloom_false_positives_never_drop_a_new_record(warehouse, batches, tmp_path):
     # A filter far too small: most lookups come back "maybe seen".
     seen = BloomSeenSet(tmp_path / "bloom", capacity=10, error_rate=0.5)
