@@ -67,13 +67,25 @@ def no_stale_defs_state_storage():
     DefsStateStorage.get = original
 
 
+@pytest.fixture(autouse=True, scope="session")
+def session_data_dir(tmp_path_factory):
+    """DEDUP_DATA_DIR for what runs before any test's own (module and session fixtures, their subprocesses).
+
+    The embedded default keeps files there (a Bloom seen-set, for one), by default in the working
+    directory: never let a test write into the checkout's `.dedup`, where `make demo` keeps its own.
+    """
+    previous = os.environ.get("DEDUP_DATA_DIR")
+    os.environ["DEDUP_DATA_DIR"] = str(tmp_path_factory.mktemp("dedup-data-session"))
+    yield
+    if previous is None:
+        del os.environ["DEDUP_DATA_DIR"]
+    else:
+        os.environ["DEDUP_DATA_DIR"] = previous
+
+
 @pytest.fixture(autouse=True)
 def data_dir_of_its_own(tmp_path_factory, monkeypatch):
-    """Give each test a DEDUP_DATA_DIR of its own, so that nothing writes into the checkout's `.dedup`.
-
-    The embedded default keeps files there (a Bloom seen-set, for one). A test that sets the variable
-    itself still wins.
-    """
+    """Give each test a DEDUP_DATA_DIR of its own (see `session_data_dir`); one it sets itself still wins."""
     monkeypatch.setenv("DEDUP_DATA_DIR", str(tmp_path_factory.mktemp("dedup-data")))
 
 

@@ -85,7 +85,7 @@ def ui(tmp_path_factory):
     write_demo_crawl(landing)
     env = {k: v for k, v in os.environ.items() if k != "DEDUP_AUTOMATION"}
     env.update(DAGSTER_HOME=str(home), DEDUP_DATABASE_URL=f"sqlite:///{tmp_path / 'warehouse.sqlite'}",
-               DEDUP_LANDING_DIR=str(landing), PYTHONWARNINGS="ignore")
+               DEDUP_LANDING_DIR=str(landing), DEDUP_DATA_DIR=str(tmp_path / "data"), PYTHONWARNINGS="ignore")
     # The demo crawl through the command line first, then the server over the same instance and warehouse.
     cli = subprocess.run([str(BIN / "dedup-pipeline"), "run", "--json"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                          capture_output=True, text=True, timeout=600)
