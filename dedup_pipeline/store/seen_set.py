@@ -155,6 +155,7 @@ class BloomSeenSet(SeenSet):
             raise ValueError(f"bloom error rate must lie strictly between 0 and 1, not {error_rate}")
         self.folder, self.capacity, self.error_rate = Path(folder), capacity, error_rate
         self._filters: dict = {}
+        self._added_to: set[str] = set()  # versions whose filter holds digests its file lacks
 
     def _path(self, version: str) -> Path:
         return self.folder / f"seen-{version.replace('/', '-')}-{self.capacity}-{self.error_rate}.bloom"
@@ -174,14 +175,19 @@ class BloomSeenSet(SeenSet):
         return [digest in bloom for digest in digests]
 
     def remember(self, version: str, digests: Sequence[bytes]) -> None:
-        self._filter(version).update(digests)
+        if digests:
+            self._filter(version).update(digests)
+            self._added_to.add(version)
 
     def flush(self) -> None:
-        """Merge with the file (another worker may have saved since we loaded) and replace it atomically."""
+        """Merge with the file (another worker may have saved since we loaded) and replace it atomically.
+
+        A filter nothing was added to since the last flush is left alone: its file has all it holds.
+        """
         from rbloom import Bloom
 
-        for version, bloom in self._filters.items():
-            path = self._path(version)
+        for version in sorted(self._added_to):
+            bloom, path = self._filters[version], self._path(version)
             temporary = path.with_suffix(f".{os.getpid()}.tmp")
             try:
                 self.folder.mkdir(parents=True, exist_ok=True)
@@ -192,6 +198,7 @@ class BloomSeenSet(SeenSet):
             except OSError as exc:  # a full or read-only disk: the filter stays as it was, the warehouse decides
                 temporary.unlink(missing_ok=True)
                 raise SeenSetUnavailable(f"bloom: cannot save {path.name}: {exc.strerror or exc}") from None
+            self._added_to.discard(version)
 
     def fill(self, version: str) -> float | None:
         """About how many digests the version's filter holds, over its capacity.

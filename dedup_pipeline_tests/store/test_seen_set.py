@@ -182,6 +182,26 @@ def test_a_hung_redis_costs_one_timeout_then_the_rung_runs_on_the_warehouse(ware
     assert snapshot(warehouse.engine) == _baseline(tmp_path, batches)
 
 
+def test_a_bloom_file_is_written_only_when_digests_were_added(tmp_path):
+    first = BloomSeenSet(tmp_path, capacity=1000, error_rate=0.01)
+    first.maybe_seen("content/1", digests(10))
+    first.remember("content/1", [])
+    first.flush()
+    assert not list(tmp_path.iterdir())  # nothing to keep
+    first.remember("content/1", digests(10))
+    first.flush()
+    [saved] = tmp_path.iterdir()
+    written = saved.stat().st_ino  # every save renames a new file into place
+    again = BloomSeenSet(tmp_path, capacity=1000, error_rate=0.01)
+    assert all(again.maybe_seen("content/1", digests(10)))  # a batch of re-crawls only looks
+    again.flush()
+    assert saved.stat().st_ino == written
+    again.remember("content/1", digests(5, "new"))
+    again.flush()
+    assert saved.stat().st_ino != written
+    assert all(BloomSeenSet(tmp_path, capacity=1000, error_rate=0.01).maybe_seen("content/1", digests(5, "new")))
+
+
 def test_bloom_fill_is_its_digests_over_its_capacity(tmp_path):
     seen = BloomSeenSet(tmp_path, capacity=1000, error_rate=0.01)
     seen.remember("content/1", digests(500))
