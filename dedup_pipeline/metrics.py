@@ -1,4 +1,4 @@
-"""Counters with the seeds' names, in the Prometheus text format (prometheus-client).
+"""Counters with the seeds' names (and the Bloom seen-set's fill), in the Prometheus text format (prometheus-client).
 
 Computed from the warehouse (the decision log, the near-duplicate links and the
 exact rung's per-run figures), so they are the same whichever worker asks and
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from prometheus_client import CollectorRegistry, Counter as PromCounter, generate_latest, write_to_textfile
+from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, generate_latest, write_to_textfile
 from sqlalchemy import Connection, func, select
 
 from dedup_pipeline.core.policy import Decision
@@ -34,9 +34,14 @@ def totals(conn: Connection) -> dict:
     quarantined = conn.execute(select(func.count()).select_from(quarantine)).scalar_one()
     flagged = conn.execute(select(func.count()).select_from(near_duplicate_links)).scalar_one()
     seen_set = Counter()
-    for (stats,) in conn.execute(select(exact_rung_runs.c.stats)):
+    fill = None  # of the latest run (None unless its seen-set has a capacity: a Bloom filter)
+    for (stats,) in conn.execute(select(exact_rung_runs.c.stats).order_by(exact_rung_runs.c.finished_at)):
         seen_set.update({name: int(stats.get(name, 0)) for name in SEEN_SET_FIGURES})
-    return {"decisions": decisions, "quarantined": quarantined, "near_duplicates_flagged": flagged, "seen_set": seen_set}
+        fill = stats.get("seen_set_fill")
+    return {
+        "decisions": decisions, "quarantined": quarantined, "near_duplicates_flagged": flagged, "seen_set": seen_set,
+        "seen_set_fill": fill,
+    }
 
 
 def registry(conn: Connection) -> CollectorRegistry:
@@ -58,6 +63,11 @@ def registry(conn: Connection) -> CollectorRegistry:
     fast = PromCounter("dedup_seen_set", "Seen-set fast path: hits confirmed, false positives caught, cold misses, fallbacks.", ["outcome"], registry=reg)
     for name in SEEN_SET_FIGURES:
         fast.labels(outcome=name.removeprefix("seen_set_")).inc(figures["seen_set"][name])
+    if figures["seen_set_fill"] is not None:
+        Gauge(
+            "dedup_seen_set_fill", "Bloom seen-set: digests over capacity after the latest batch (alert well before 1).",
+            registry=reg,
+        ).set(figures["seen_set_fill"])
     return reg
 
 

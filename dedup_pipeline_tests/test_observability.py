@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from dedup_pipeline.decision_log import iter_events
@@ -49,3 +51,4 @@ def test_decision_events_and_counters(warehouse, tmp_path, caplog):
     assert metrics[("scraper_records_stored_total", (("type", "new"),))] == 10
     assert metrics[("scraper_records_quarantined_total", ())] == 1
     assert ("dedup_seen_set_total", (("outcome", "hits"),)) in metrics
+    assert metrics[("dedup_seen_set_fill", ())] == pytest.approx(10 / 10_000_000, rel=0.2)  # 10 digests, default size
