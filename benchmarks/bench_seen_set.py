@@ -4,11 +4,13 @@
 
 Batch `a` holds N new listings; batch `b`, landed after it, re-crawls half of
 them unchanged (other volatile fields) and brings N/2 new ones. For each
-repeat and each kind (none, bloom, redis), in turn: a fresh PostgreSQL
-database, raw + canonical rungs for both batches and the exact rung for `a`
-(untimed, which also warms the seen-set), then the exact rung for `b`, timed
-(wall). Printed: the median seconds per kind and its ratio to `none`, with the
-seen-set hits, so the cost or gain of the fast path on this machine is a
+repeat and each kind (none, bloom, redis, and redis-cold: Redis with every key
+deleted after batch `a`, as after a flush or a restart without persistence),
+in turn: a fresh PostgreSQL database, raw + canonical rungs for both batches
+and the exact rung for `a` (untimed, which also warms the seen-set), then the
+exact rung for `b`, timed (wall). Printed: the median seconds per kind and its
+ratio to `none`, with the seen-set hits and the chunks replayed because the
+seen-set was cold, so the cost or gain of the fast path on this machine is a
 figure rather than a belief. The Bloom filter is sized for 1,000,000 digests
 at 0.1%; Redis keys go to a private prefix, deleted afterwards.
 """
@@ -29,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_exact import REDIS_URL, SETTINGS, _clear  # noqa: E402
 from benchmarks.common import median, product, scratch_database, timed, write_jsonl  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
-from dedup_pipeline.ladder.exact import deduplicate_batch  # noqa: E402
+from dedup_pipeline.ladder.exact import ExactReport, deduplicate_batch  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store.seen_set import BloomSeenSet, NoSeenSet, RedisSeenSet  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
 
-KINDS = ("none", "bloom", "redis")
+KINDS = ("none", "bloom", "redis", "redis-cold")
 
 
 def write_batches(folder: Path, n: int) -> None:
@@ -50,15 +52,15 @@ def write_batches(folder: Path, n: int) -> None:
 
 
 def make_seen_set(kind: str, scratch: Path):
-    if kind == "redis":
+    if kind.startswith("redis"):
         return RedisSeenSet(REDIS_URL, prefix=f"bench-seen:{uuid.uuid4().hex}")
     if kind == "bloom":
         return BloomSeenSet(Path(tempfile.mkdtemp(dir=scratch)), capacity=1_000_000, error_rate=0.001)
     return NoSeenSet()
 
 
-def time_recrawl(folder: Path, kind: str) -> tuple[float, int]:
-    """Seconds of the exact rung on batch `b` after `a`, and its seen-set hits."""
+def time_recrawl(folder: Path, kind: str) -> tuple[float, ExactReport]:
+    """Seconds of the exact rung on batch `b` after `a`, and its report."""
     with scratch_database() as url:
         warehouse = Warehouse(url).create_schema()
         seen = make_seen_set(kind, folder)
@@ -66,11 +68,13 @@ def time_recrawl(folder: Path, kind: str) -> tuple[float, int]:
             ingest_raw_batch(warehouse, find_batch(folder, key))
             canonicalise_batch(warehouse, key, SETTINGS)
         deduplicate_batch(warehouse, "a", "bench", SETTINGS, seen)
+        if kind == "redis-cold":
+            _clear(seen.client, seen.prefix)
         seconds, report = timed(deduplicate_batch, warehouse, "b", "bench", SETTINGS, seen)
         warehouse.dispose()
-        if kind == "redis":
+        if kind.startswith("redis"):
             _clear(seen.client, seen.prefix)
-    return seconds, report.seen_set_hits
+    return seconds, report
 
 
 def main() -> None:
@@ -81,12 +85,12 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="bench-seen-set-"))
     seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    hits: dict[str, int] = {}
+    reports: dict[str, ExactReport] = {}
     try:
         write_batches(folder, args.records)
         for _ in range(args.repeat):  # kinds in turn, so drift on a shared machine hits them all alike
             for kind in KINDS:
-                elapsed, hits[kind] = time_recrawl(folder, kind)
+                elapsed, reports[kind] = time_recrawl(folder, kind)
                 seconds[kind].append(elapsed)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -95,8 +99,9 @@ def main() -> None:
           f"{args.records // 2:,} new) after a stored batch, {args.repeat} repeats, median wall seconds")
     for kind in KINDS:
         runs = ", ".join(f"{s:.2f}" for s in seconds[kind])
-        print(f"  {kind:5s} {median(seconds[kind]):6.2f} s   {median(seconds[kind]) / baseline:5.2f}x none   "
-              f"hits {hits[kind]:,}   (runs: {runs})")
+        report = reports[kind]
+        print(f"  {kind:10s} {median(seconds[kind]):6.2f} s   {median(seconds[kind]) / baseline:5.2f}x none   "
+              f"hits {report.seen_set_hits:,}   cold-miss chunks {report.seen_set_cold_misses}   (runs: {runs})")
 
 
 if __name__ == "__main__":
