@@ -26,6 +26,14 @@ URL_PREFIX_ENV = "DEDUP_URL_PREFIX"  # the URL seen-set's key prefix, one per cr
 DEFAULT_URL_PREFIX = "dedup:url"
 
 
+# HSETNX, and a TTL on the hash if it has none yet (EXPIRE ... NX needs Redis 7; this runs on any).
+_ADD_REQUEST = """
+local added = redis.call('HSETNX', KEYS[1], ARGV[1], '1')
+if added == 1 and redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+return added
+"""
+
+
 class UrlSeenSet:
     """Canonical URLs seen by a crawl fleet, in Redis with a TTL."""
 
@@ -39,35 +47,41 @@ class UrlSeenSet:
         self.ttl_seconds = ttl_seconds or int(os.environ.get(SEEN_TTL_ENV, DEFAULT_TTL_SECONDS))
         self.prefix = prefix or os.environ.get(URL_PREFIX_ENV) or DEFAULT_URL_PREFIX
         self._errors = (redis.exceptions.RedisError, OSError)
+        self._add_request = self.client.register_script(_ADD_REQUEST)
 
     def key(self, url: str) -> str:
         """The key of a URL: a digest of its `url/1` form (never the URL itself)."""
         digest = hashlib.sha256(canonical_url(url).encode("utf-8", "surrogatepass")).hexdigest()
         return f"{self.prefix}:{URL_VERSION}:{digest}"
 
-    def request_key(self, method: str, url: str, body: bytes = b"") -> str:
-        """The key of a request: its URL's (`key`) for a GET without a body.
+    def first_time_seen_request(self, method: str, url: str, body: bytes = b"") -> bool:
+        """`first_time_seen` for a request: a GET without a body is its URL.
 
-        Any other request is told apart by its method and body as well, so two
-        different form posts to one address are two requests.
+        Any other request (a form POST, a body) is told apart by its method and
+        body as well, so two different posts to one address are two requests.
+        They are fields of one Redis hash beside the URL's key (a digest of
+        method and body each), so forgetting the URL forgets them too; the
+        hash expires one TTL after its first request.
         """
         method = method.upper()
         if method == "GET" and not body:
-            return self.key(url)
-        identity = hashlib.sha256(method.encode() + b"\0")
-        identity.update(canonical_url(url).encode("utf-8", "surrogatepass") + b"\0")
-        identity.update(body)
-        return f"{self.prefix}:{URL_VERSION}:request:{identity.hexdigest()}"
+            return self.first_time_seen(url)
+        field = hashlib.sha256(method.encode() + b"\0" + body).hexdigest()
+        try:
+            return bool(self._add_request(keys=[self._requests_key(url)], args=[field, self.ttl_seconds]))
+        except self._errors as exc:
+            log.warning("URL seen-set unavailable (%s): treating a %s request as first seen", type(exc).__name__, method)
+            return True
+
+    def _requests_key(self, url: str) -> str:
+        return f"{self.key(url)}:requests"
 
     def first_time_seen_many(self, urls: Iterable[str]) -> list[bool]:
         """For each URL, True only on its first sighting within the TTL; one round trip for all of them.
 
         A URL repeated within `urls` is first seen once (its first occurrence).
         """
-        return self.first_time_seen_keys([self.key(url) for url in urls])
-
-    def first_time_seen_keys(self, keys: list[str]) -> list[bool]:
-        """`first_time_seen_many` over keys made by `key` or `request_key`."""
+        keys = [self.key(url) for url in urls]
         try:
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
@@ -82,8 +96,8 @@ class UrlSeenSet:
         return self.first_time_seen_many([url])[0]
 
     def forget(self, urls: Iterable[str]) -> int:
-        """Drop URLs (an erasure request, or a forced re-crawl)."""
-        keys = [self.key(url) for url in urls]
+        """Drop URLs and their other requests (an erasure request, or a forced re-crawl); returns the keys removed."""
+        keys = [key for url in urls for key in (self.key(url), self._requests_key(url))]
         return int(self.client.delete(*keys)) if keys else 0
 
 
@@ -126,8 +140,7 @@ class RedisUrlDupeFilter:
         return cls(seen, settings.getbool("DUPEFILTER_DEBUG"))
 
     def request_seen(self, request) -> bool:
-        key = self.seen.request_key(request.method, request.url, request.body or b"")
-        return not self.seen.first_time_seen_keys([key])[0]
+        return not self.seen.first_time_seen_request(request.method, request.url, request.body or b"")
 
     def open(self) -> None:
         pass

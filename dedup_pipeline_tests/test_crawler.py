@@ -60,14 +60,28 @@ def test_prefix_from_the_environment(monkeypatch):
     assert UrlSeenSet(prefix="explicit").key("https://a.example/").startswith("explicit:url/1:")
 
 
-def test_request_keys_tell_form_posts_apart_and_get_is_the_url(seen):
-    get = seen.request_key("get", "https://Shop.example/search?utm_source=x&q=1")
-    assert get == seen.key("https://shop.example/search?q=1")
-    post_a = seen.request_key("POST", "https://shop.example/search", b"q=a")
-    assert post_a == seen.request_key("POST", "https://SHOP.example/search#top", b"q=a")  # url/1 applies
-    assert len({get, post_a, seen.request_key("POST", "https://shop.example/search", b"q=b"),
-                seen.request_key("HEAD", "https://shop.example/search?q=1"),
-                seen.request_key("GET", "https://shop.example/search?q=1", b"body")}) == 5
+def test_requests_other_than_a_plain_get_are_told_apart_by_method_and_body(seen):
+    search = "https://Shop.example/search?utm_source=x"
+    assert seen.first_time_seen_request("POST", search, b"q=a")
+    assert not seen.first_time_seen_request("post", "https://shop.example/search#top", b"q=a")  # url/1 applies
+    assert seen.first_time_seen_request("POST", search, b"q=b")
+    assert seen.first_time_seen_request("HEAD", search)
+    assert seen.first_time_seen_request("GET", search)  # a plain GET is the URL itself
+    assert not seen.first_time_seen("https://shop.example/search")
+    assert 0 < seen.client.ttl(seen.key(search) + ":requests") <= 60
+
+
+def test_forgetting_a_url_forgets_its_other_requests(seen):
+    url = "https://shop.example/account"
+    assert seen.first_time_seen(url) and seen.first_time_seen_request("POST", url, b"name=someone")
+    assert seen.forget([url]) == 2
+    assert seen.first_time_seen(url) and seen.first_time_seen_request("POST", url, b"name=someone")
+
+
+def test_a_request_fails_open_when_redis_is_down():
+    dead = UrlSeenSet("redis://127.0.0.1:1/0")
+    assert dead.first_time_seen_request("POST", "https://a.example/s", b"q=a")
+    assert dead.first_time_seen_request("POST", "https://a.example/s", b"q=a")
 
 
 # ---------------------------------------------------------------- a real Scrapy crawl
