@@ -13,7 +13,7 @@ from dedup_pipeline.quality.collapse import CollapseRules
 
 
 class ChecksResource(dg.ConfigurableResource):
-    """How strict the asset checks are: collapse-rate history and the quarantine bound."""
+    """How strict the asset checks are: collapse-rate history, the quarantine bound, the seen-set's fill."""
 
     history_window: int = Field(default=20, description="Earlier batches the collapse rate is compared against.")
     min_history: int = Field(default=3, description="Batches of history needed before the trailing median is used.")
@@ -24,6 +24,9 @@ class ChecksResource(dg.ConfigurableResource):
     jump_mads: float = Field(default=5.0, description="...and more than this many robust deviations (1.4826 x MAD) above it.")
     max_quarantine_rate: float = Field(default=0.05, description="Quarantine-rate check fails above this share of a batch's lines.")
     min_lines_for_quarantine_check: int = Field(default=20, description="Smaller batches pass the quarantine-rate check.")
+    max_seen_set_fill: float = Field(
+        default=0.9, description="Seen-set check warns when a Bloom filter holds more than this share of its capacity."
+    )
 
     def collapse_rules(self, band_low: float, band_high: float, min_records: int) -> CollapseRules:
         return CollapseRules(

@@ -18,6 +18,9 @@ downstream asset) and which only report:
 - `deduplicated_records` / `great_expectations_suite`: reports (ERROR) without
   blocking: it re-reads rows already committed; the invariants that matter for
   the next rung are the integrity check's.
+- `deduplicated_records` / `seen_set_healthy`: warns. The seen-set is only a
+  fast path: when it was down, or a Bloom filter is filling up, the batch is
+  still right, but an operator should know before the next ones slow down.
 - `near_duplicate_clusters` / `no_runaway_cluster`: **blocks**. One cluster
   holding more than `max_cluster_share` of a batch is the signature of a bug
   (a constant text, a broken normaliser) that once removed over 90% of a
@@ -39,8 +42,10 @@ from dedup_pipeline.quality.collapse import judge_collapse
 from dedup_pipeline.quality.history import batch_rates
 from dedup_pipeline.quality.integrity import check_batch_integrity
 from dedup_pipeline.quality.quarantine import quarantine_report
+from dedup_pipeline.quality.seen_set import seen_set_health
 from dedup_pipeline.store.warehouse import active_hash_version
 
+SEEN_SET_CHECK = "seen_set_healthy"
 GE_CHECK = "great_expectations_suite"
 INTEGRITY_CHECK = "warehouse_integrity"
 QUARANTINE_CHECK = "quarantine_rate_under_bound"
@@ -121,6 +126,27 @@ def quarantine_rate_under_bound(
     )
 
 
+@dg.asset_check(
+    asset=deduplicated_records, name=SEEN_SET_CHECK, partitions_def=crawl_batches_partitions,
+    description="The exact rung's seen-set answered for every chunk of the batch (no fallback to the warehouse "
+    "alone) and a Bloom filter holds at most `max_seen_set_fill` of its capacity (`checks` resource). Warns "
+    "only: the seen-set is a fast path, and the warehouse decided every record either way.",
+)
+def seen_set_healthy(
+    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, checks: ChecksResource
+) -> dg.AssetCheckResult:
+    with warehouse.get().engine.connect() as conn:
+        health = seen_set_health(conn, context.partition_key, context.run.run_id)
+    problems = health.problems(checks.max_seen_set_fill)
+    return dg.AssetCheckResult(
+        passed=not problems, severity=_WARN, metadata={**health.figures, "max_seen_set_fill": checks.max_seen_set_fill},
+        description="; ".join(problems) or (
+            f"seen-set {health.figures.get('seen_set')}: answered every chunk, within its capacity"
+            if health.run_id else "the exact rung has not run on this batch"
+        ),
+    )
+
+
 def _suite_result(report: expectations.SuiteReport, severity: dg.AssetCheckSeverity) -> dg.AssetCheckResult:
     metadata: dict = {
         "suite": report.suite, "rows": report.rows, "evaluated": len(report.outcomes), "failed": len(report.failed),
@@ -184,5 +210,5 @@ def no_runaway_cluster(
 
 ladder_checks = [
     canonical_records_suite, quarantine_rate_under_bound,
-    collapse_rate_in_band, warehouse_integrity, deduplicated_records_suite, no_runaway_cluster,
+    collapse_rate_in_band, warehouse_integrity, deduplicated_records_suite, seen_set_healthy, no_runaway_cluster,
 ]

@@ -13,7 +13,7 @@ from dedup_pipeline.defs.alerts import ladder_failure_alert
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, ladder_assets, raw_crawl_batches
 from dedup_pipeline.defs.check_settings import ChecksResource
 from dedup_pipeline.defs.checks import (
-    GE_CHECK, INTEGRITY_CHECK, QUARANTINE_CHECK, RUNAWAY_CHECK, collapse_rate_in_band, ladder_checks,
+    GE_CHECK, INTEGRITY_CHECK, QUARANTINE_CHECK, RUNAWAY_CHECK, SEEN_SET_CHECK, collapse_rate_in_band, ladder_checks,
 )
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource
@@ -25,18 +25,18 @@ from dedup_pipeline_tests.defs.test_checks_quality import sliding_batches
 from dedup_pipeline_tests.helpers import listing, write_batch
 
 
-def resources(url, folder, **ladder):
+def resources(url, folder, seen_set=None, **ladder):
     return {
         "warehouse": WarehouseResource(database_url=url), "landing": LandingResource(folder=str(folder), settle_seconds=0),
-        "ladder": LadderResource(**ladder), "near_dup": NearDupResource(), "seen_set": SeenSetResource(kind="none"),
-        "checks": ChecksResource(),
+        "ladder": LadderResource(**ladder), "near_dup": NearDupResource(),
+        "seen_set": seen_set or SeenSetResource(kind="none"), "checks": ChecksResource(),
     }
 
 
-def run(instance, url, folder, key, selection=None, **ladder):
+def run(instance, url, folder, key, selection=None, seen_set=None, **ladder):
     return dg.materialize(
         [*ladder_assets, *ladder_checks], partition_key=key, instance=instance, selection=selection,
-        resources=resources(url, folder, **ladder), raise_on_error=False,
+        resources=resources(url, folder, seen_set, **ladder), raise_on_error=False,
     )
 
 
@@ -60,7 +60,8 @@ def test_every_check_passes_on_the_demo_crawl_and_the_ui_gets_its_figures(tmp_pa
         checks = evaluations(result)
         assert set(checks) == {("canonical_records", GE_CHECK), ("canonical_records", QUARANTINE_CHECK),
                                ("deduplicated_records", COLLAPSE_CHECK), ("deduplicated_records", INTEGRITY_CHECK),
-                               ("deduplicated_records", GE_CHECK), ("near_duplicate_clusters", RUNAWAY_CHECK)}
+                               ("deduplicated_records", GE_CHECK), ("deduplicated_records", SEEN_SET_CHECK),
+                               ("near_duplicate_clusters", RUNAWAY_CHECK)}
         assert all(e.passed for e in checks.values()), {k: e.description for k, e in checks.items() if not e.passed}
         assert all(e.partition == key for e in checks.values())
 
@@ -139,6 +140,32 @@ def test_a_noisy_batch_warns_on_its_quarantine_rate(tmp_path):
     assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
     assert (meta["quarantined"], meta["lines"], meta["quarantined/raw"], meta["quarantined/canonical"]) == (10, 40, 8, 2)
     assert meta["quarantine_rate"] == pytest.approx(0.25) and "| raw | malformed JSON" in meta["top_reasons"]
+
+
+def test_the_seen_set_check_warns_when_a_bloom_fills_up_or_redis_is_down(tmp_path, monkeypatch):
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    write_batch(folder, "b1", [listing(n) for n in range(60)], landed=1e9)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b1"])
+    selection = dg.AssetSelection.assets(raw_crawl_batches, canonical_records, deduplicated_records).without_checks() | (
+        dg.AssetSelection.checks(dg.AssetCheckKey(deduplicated_records.key, SEEN_SET_CHECK)))
+
+    def seen_set_check(seen_set):
+        result = run(instance, url, folder, "b1", selection=selection, seen_set=seen_set)
+        assert result.success  # a warning, never a failed run: the warehouse decided every record
+        check = evaluations(result)[("deduplicated_records", SEEN_SET_CHECK)]
+        return check, values(check.metadata)
+
+    full, figures = seen_set_check(SeenSetResource(kind="bloom", bloom_capacity=50))  # 60 digests
+    assert not full.passed and full.severity == dg.AssetCheckSeverity.WARN and "raise bloom_capacity" in full.description
+    assert figures["seen_set_fill"] > 1 and figures["max_seen_set_fill"] == 0.9
+
+    roomy, figures = seen_set_check(SeenSetResource(kind="bloom", bloom_capacity=10_000))  # a new filter size
+    assert roomy.passed and figures["seen_set_fill"] < 0.01 and figures["seen_set_fallbacks"] == 0
+
+    monkeypatch.setenv("DEDUP_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens: a stopped Redis
+    down, figures = seen_set_check(SeenSetResource(kind="redis"))
+    assert not down.passed and "unavailable" in down.description and figures["seen_set_fallbacks"] >= 1
 
 
 def test_the_collapse_check_errors_when_a_volatile_field_leaks_into_the_hash(tmp_path):
