@@ -34,6 +34,11 @@ return added
 """
 
 
+def _requests_of(url_key: str) -> str:
+    """The key of the hash holding a URL's requests other than a plain GET, beside the URL's own key."""
+    return f"{url_key}:requests"
+
+
 class UrlSeenSet:
     """Canonical URLs seen by a crawl fleet, in Redis with a TTL."""
 
@@ -68,13 +73,10 @@ class UrlSeenSet:
             return self.first_time_seen(url)
         field = hashlib.sha256(method.encode() + b"\0" + body).hexdigest()
         try:
-            return bool(self._add_request(keys=[self._requests_key(url)], args=[field, self.ttl_seconds]))
+            return bool(self._add_request(keys=[_requests_of(self.key(url))], args=[field, self.ttl_seconds]))
         except self._errors as exc:
             log.warning("URL seen-set unavailable (%s): treating a %s request as first seen", type(exc).__name__, method)
             return True
-
-    def _requests_key(self, url: str) -> str:
-        return f"{self.key(url)}:requests"
 
     def first_time_seen_many(self, urls: Iterable[str]) -> list[bool]:
         """For each URL, True only on its first sighting within the TTL; one round trip for all of them.
@@ -97,7 +99,7 @@ class UrlSeenSet:
 
     def forget(self, urls: Iterable[str]) -> int:
         """Drop URLs and their other requests (an erasure request, or a forced re-crawl); returns the keys removed."""
-        keys = [key for url in urls for key in (self.key(url), self._requests_key(url))]
+        keys = [key for url_key in map(self.key, urls) for key in (url_key, _requests_of(url_key))]
         return int(self.client.delete(*keys)) if keys else 0
 
 
