@@ -95,12 +95,16 @@ def parse_timestamp(value: Any) -> datetime | None:
 
 @dataclass(slots=True)
 class CanonicalRecord:
-    """A record ready for the exact rung: identity, hashes and the payload to store."""
+    """A record ready for the exact rung: identity, hashes and the payload to store.
+
+    `payload` is a dict, or its JSON text when read back from `canonical_records`
+    (`store.json_text.EncodedJson`, decoded only where its fields are needed).
+    """
 
     line_no: int
     canonical_url: str
     natural_key: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] | str
     hashes: dict[str, str]
     hash_errors: dict[str, str] = field(default_factory=dict)
     crawled_at: datetime | None = None

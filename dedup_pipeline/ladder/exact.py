@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterable, Iterator
 
-from sqlalchemy import Connection, Select, delete, func, insert, select
+from sqlalchemy import Connection, Select, Text, cast, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from dedup_pipeline import decision_log
@@ -19,7 +19,9 @@ from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import SKIPPED
 from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state
+from dedup_pipeline.store import json_text
 from dedup_pipeline.store.erasure import erased_positions
+from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, exact_rung_runs, quarantine, record_hashes, records,
 )
@@ -95,17 +97,25 @@ class ExactReport:
 
 
 def canonical_chunk_query(batch_id: str, after_line: int, chunk_size: int) -> Select:
-    """The batch's next `chunk_size` canonical records after line `after_line`, in line order."""
+    """The batch's next `chunk_size` canonical records after line `after_line`, in line order, JSON as text."""
+    staged = canonical_records.c
     return (
-        select(canonical_records)
-        .where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no > after_line)
-        .order_by(canonical_records.c.line_no)
+        select(
+            staged.line_no, staged.canonical_url, staged.natural_key, cast(staged.payload, Text),
+            cast(staged.hashes, Text), cast(staged.hash_errors, Text), staged.crawled_at,
+        )
+        .where(staged.batch_id == batch_id, staged.line_no > after_line)
+        .order_by(staged.line_no)
         .limit(chunk_size)
     )
 
 
 def iter_canonical_chunks(conn: Connection, batch_id: str, chunk_size: int) -> Iterator[list[CanonicalRecord]]:
-    """The batch's canonical records in file order, a keyset-paginated chunk at a time."""
+    """The batch's canonical records in file order, a keyset-paginated chunk at a time.
+
+    Payloads stay the JSON text they were stored as (`EncodedJson`): the rung
+    writes them on unchanged, so decoding them would be wasted work.
+    """
     last_line = 0
     while True:
         rows = conn.execute(canonical_chunk_query(batch_id, last_line, chunk_size)).all()
@@ -113,10 +123,10 @@ def iter_canonical_chunks(conn: Connection, batch_id: str, chunk_size: int) -> I
             return
         yield [
             CanonicalRecord(
-                line_no=row.line_no, canonical_url=row.canonical_url, natural_key=row.natural_key,
-                payload=row.payload, hashes=row.hashes, hash_errors=row.hash_errors, crawled_at=row.crawled_at,
+                line_no=line_no, canonical_url=canonical_url, natural_key=natural_key, payload=EncodedJson(payload),
+                hashes=json_text.loads(hashes), hash_errors=json_text.loads(hash_errors), crawled_at=crawled_at,
             )
-            for row in rows
+            for line_no, canonical_url, natural_key, payload, hashes, hash_errors, crawled_at in rows
         ]
         last_line = rows[-1].line_no
 

@@ -44,6 +44,7 @@ from dedup_pipeline.core import erasure as core
 from dedup_pipeline.core.erasure import Catalogue, RawLineMatcher, Subject, SubjectKind
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.core.url import URL_VERSION
+from dedup_pipeline.store import json_text
 from dedup_pipeline.store import neardup as index
 from dedup_pipeline.store.bulk import chunked, delete_in
 from dedup_pipeline.store.schema import (
@@ -256,7 +257,7 @@ def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_i
     positions: dict[bytes, list[int]] = defaultdict(list)
     for position, record in enumerate(chunk):
         for fp in core.record_fingerprints(
-            key, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes
+            key, catalogue, record.natural_key, record.canonical_url, json_text.decoded(record.payload), record.hashes
         ):
             positions[fp].append(position)
     candidates = _maybe_tombstones(_tombstone_prefixes(conn, catalogue.generation), list(positions))

@@ -45,6 +45,24 @@ def _floats_within(value, bound: float) -> bool:
     return True
 
 
+class EncodedJson(str):
+    """JSON text as the warehouse stored it, carried as it is.
+
+    The exact rung reads each staged payload and, for a new or changed record,
+    writes it to `records` unchanged: decoding it to write it again would cost
+    more than any other step of reading a chunk. A value of this type is written
+    by `copy_rows` as the text it is; `decoded` gives its value where a step
+    needs the fields (erasure fingerprints).
+    """
+
+    __slots__ = ()
+
+
+def decoded(value):
+    """The value of an `EncodedJson` text; any other value as it is."""
+    return loads(value) if isinstance(value, EncodedJson) else value
+
+
 def loads(data: bytes | bytearray | memoryview | str):
     """The value of one JSON text, exactly as ``json.loads`` gives it."""
     try:

@@ -16,11 +16,13 @@ from dedup_pipeline.core.neardup import NearDupParams
 from dedup_pipeline.core.parallel import available_cpus
 from dedup_pipeline.ladder import canonical
 from dedup_pipeline.ladder.canonical import PARALLEL_FLOOR, canonicalise_batch, worker_count
-from dedup_pipeline.ladder.exact import canonical_chunk_query, deduplicate_batch
+from dedup_pipeline.ladder.exact import canonical_chunk_query, deduplicate_batch, iter_canonical_chunks
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
+from dedup_pipeline.store import json_text
+from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import canonical_records, dedup_decisions, quarantine, record_hashes, record_history, records
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
@@ -121,6 +123,28 @@ def test_last_occurrence_in_file_order_wins(warehouse, tmp_path):
     with warehouse.engine.connect() as conn:
         assert conn.execute(select(records.c.payload)).scalar_one()["price"] == "3"
         assert sorted(p["price"] for p in conn.execute(select(record_history.c.payload)).scalars()) == ["1", "2"]
+
+
+def test_staged_payloads_are_carried_as_their_stored_text_and_stored_unchanged(warehouse, tmp_path):
+    """The exact rung reads each payload as JSON text, never decodes it, and `records` gets the same value."""
+    odd = {"note": "Ünïcode ☕ \\ \"quoted\"", "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}
+    write_batch(tmp_path, "b", [listing(n, **odd) for n in range(12)] + [listing(3, price="7.00")])
+    ingest_raw_batch(warehouse, find_batch(tmp_path, "b"))
+    canonicalise_batch(warehouse, "b", LadderSettings(chunk_size=5))
+    with warehouse.engine.connect() as conn:
+        staged = dict(conn.execute(select(canonical_records.c.line_no, canonical_records.c.payload)).all())
+        chunks = list(iter_canonical_chunks(conn, "b", 5))
+    carried = [record for chunk in chunks for record in chunk]
+    assert [len(chunk) for chunk in chunks] == [5, 5, 3]
+    assert all(type(record.payload) is EncodedJson for record in carried)
+    assert {record.line_no: json_text.decoded(record.payload) for record in carried} == staged
+    deduplicate_batch(warehouse, "b", "run-b", LadderSettings(chunk_size=5))
+    with warehouse.engine.connect() as conn:
+        stored = dict(conn.execute(select(records.c.natural_key, records.c.payload)).all())
+        superseded = conn.execute(select(record_history.c.payload)).scalar_one()
+    assert stored == {payload["url"]: payload for line, payload in staged.items() if line != 4}
+    assert superseded == staged[4] and stored[staged[4]["url"]] == staged[13]
+    assert stored[staged[1]["url"]]["dims"][1] == 100000000000000000000000000001
 
 
 @pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
