@@ -64,11 +64,42 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listen_address(value: str) -> tuple[str, int]:
+    """`PORT` or `HOST:PORT` (IPv6 hosts in brackets) -> (host, port); the host defaults to every interface."""
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected PORT or HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _serve_metrics(warehouse, address: tuple[str, int], max_age: float) -> int:
+    import signal
+    import threading
+
+    from dedup_pipeline.metrics import serve
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server = serve(warehouse.engine, address[1], address[0], max_age)
+    host = address[0] if ":" not in address[0] else f"[{address[0]}]"
+    print(f"serving the dedup counters on http://{host}:{server.server_port}/metrics "
+          f"(read from the warehouse at most every {max_age:g} s); Ctrl-C to stop", flush=True)
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    server.shutdown()
+    return 0
+
+
 def cmd_metrics(args: argparse.Namespace) -> int:
     from dedup_pipeline.metrics import prometheus_text, write_textfile
     from dedup_pipeline.store.warehouse import Warehouse
 
-    with Warehouse().create_schema().engine.connect() as conn:
+    warehouse = Warehouse().create_schema()
+    if args.serve:
+        return _serve_metrics(warehouse, args.serve, args.max_age)
+    with warehouse.engine.connect() as conn:
         if args.textfile:
             write_textfile(conn, args.textfile)
         else:
@@ -92,7 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     decisions.add_argument("--run", help="only this Dagster run id")
     decisions.set_defaults(func=cmd_decisions)
     metrics = commands.add_parser("metrics", help="print the dedup counters in the Prometheus text format")
-    metrics.add_argument("--textfile", help="write them to this file (node_exporter textfile collector) instead")
+    output = metrics.add_mutually_exclusive_group()
+    output.add_argument("--textfile", help="write them to this file (node_exporter textfile collector) instead")
+    output.add_argument("--serve", metavar="[HOST:]PORT", type=_listen_address,
+                        help="serve them over HTTP for Prometheus to scrape, until stopped (port 0: any free port)")
+    metrics.add_argument("--max-age", type=float, default=30.0, metavar="SECONDS",
+                         help="with --serve: answer scrapes from a read of the warehouse at most this old (default 30)")
     metrics.set_defaults(func=cmd_metrics)
     return parser
 

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
 
 import pytest
+from sqlalchemy import create_engine
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -15,7 +23,8 @@ from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.metrics import prometheus_text
+from dedup_pipeline.cli import _listen_address
+from dedup_pipeline.metrics import prometheus_text, serve
 from dedup_pipeline.store.seen_set import BloomSeenSet
 from dedup_pipeline_tests.helpers import listing, write_batch
 
@@ -52,3 +61,89 @@ def test_decision_events_and_counters(warehouse, tmp_path, caplog):
     assert metrics[("scraper_records_quarantined_total", ())] == 1
     assert ("dedup_seen_set_total", (("outcome", "hits"),)) in metrics
     assert metrics[("dedup_seen_set_fill", ())] == pytest.approx(10 / 10_000_000, rel=0.2)  # 10 digests, default size
+
+
+def _ladder(warehouse, folder, batch, lines):
+    write_batch(folder, batch, lines, landed=1e9)
+    ingest_raw_batch(warehouse, find_batch(folder, batch))
+    canonicalise_batch(warehouse, batch, LadderSettings())
+    deduplicate_batch(warehouse, batch, f"run-{batch}", LadderSettings())
+
+
+def _scrape(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode("utf-8")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text) for sample in family.samples
+    }
+
+
+SEEN = ("scraper_records_seen_total", ())
+UP = ("dedup_warehouse_up", ())
+
+
+def test_the_metrics_endpoint_serves_the_warehouse_counters_at_most_max_age_old(warehouse, tmp_path):
+    _ladder(warehouse, tmp_path, "b1", [listing(n) for n in range(6)] + [listing(1, crawl_id="again")])
+    fresh = serve(warehouse.engine, 0, "127.0.0.1", max_age=0)
+    cached = serve(warehouse.engine, 0, "127.0.0.1", max_age=3600)
+    try:
+        fresh_url, cached_url = (f"http://127.0.0.1:{s.server_port}/metrics" for s in (fresh, cached))
+        first = _scrape(fresh_url)
+        assert first[UP] == 1 and first[SEEN] == 7
+        assert first[("scraper_duplicates_skipped_total", (("type", "exact"),))] == 1
+        assert _scrape(cached_url)[SEEN] == 7
+        _ladder(warehouse, tmp_path, "b2", [listing(n) for n in range(4, 9)])
+        assert _scrape(fresh_url)[SEEN] == 12  # read again at every scrape
+        assert _scrape(cached_url)[SEEN] == 7  # answered from its read of the last hour
+    finally:
+        fresh.shutdown()
+        cached.shutdown()
+
+
+def test_the_metrics_endpoint_reports_an_unreadable_warehouse_as_down(tmp_path):
+    engine = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/nowhere?connect_timeout=2")
+    server = serve(engine, 0, "127.0.0.1", max_age=3600)
+    try:
+        scraped = _scrape(f"http://127.0.0.1:{server.server_port}/metrics")
+    finally:
+        server.shutdown()
+        engine.dispose()
+    assert scraped == {UP: 0.0}  # no stale or made-up counts beside it
+
+
+@pytest.mark.parametrize("warehouse_url", ["sqlite"], indirect=True)
+def test_dedup_pipeline_metrics_serve_until_terminated(warehouse, warehouse_url, tmp_path):
+    _ladder(warehouse, tmp_path, "b1", [listing(n) for n in range(3)])
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("DEDUP_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dedup_pipeline.cli", "metrics", "--serve", "127.0.0.1:0", "--max-age", "0"],
+        env={**environment, "DEDUP_DATABASE_URL": warehouse_url}, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        banner = process.stdout.readline()
+        url = re.search(r"http://\S+/metrics", banner)
+        assert url, banner
+        assert _scrape(url.group(0))[SEEN] == 3
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stdout.close()
+        process.stderr.close()
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("9108", ("0.0.0.0", 9108)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:9108", ("::1", 9108)),
+])
+def test_metrics_listen_address(value, expected):
+    assert _listen_address(value) == expected
+
+
+@pytest.mark.parametrize("value", ["", "host", "host:port", "1:70000"])
+def test_metrics_listen_address_refuses_what_is_not_a_port(value):
+    with pytest.raises(argparse.ArgumentTypeError):
+        _listen_address(value)
