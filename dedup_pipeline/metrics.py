@@ -1,8 +1,8 @@
 """Counters with the seeds' names (and the Bloom seen-set's fill), in the Prometheus text format (prometheus-client).
 
-Computed from the warehouse (the decision log, the near-duplicate links and the
-exact rung's per-run figures), so they are the same whichever worker asks and
-survive restarts. Export them with `dedup-pipeline metrics` (stdout),
+Computed from the warehouse (the figures each run of the exact and near rungs
+keeps), so they are the same whichever worker asks, survive restarts, and never
+go down when retention or an erasure deletes rows. Export them with `dedup-pipeline metrics` (stdout),
 `dedup-pipeline metrics --textfile PATH` for node_exporter's textfile collector,
 or `dedup-pipeline metrics --serve PORT` as an HTTP endpoint for Prometheus to
 scrape (`serve`).
@@ -20,10 +20,10 @@ from prometheus_client import (
     CollectorRegistry, Counter as PromCounter, Gauge, generate_latest, start_http_server, write_to_textfile,
 )
 from prometheus_client.core import GaugeMetricFamily
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, select
 
 from dedup_pipeline.core.policy import Decision
-from dedup_pipeline.store.schema import dedup_decisions, exact_rung_runs, near_duplicate_links, quarantine
+from dedup_pipeline.store.schema import exact_rung_runs, near_rung_runs
 
 #: Decisions that skip a record, by the `type` label of scraper_duplicates_skipped_total.
 SKIPPED = {
@@ -36,21 +36,32 @@ log = logging.getLogger(__name__)
 SEEN_SET_FIGURES = ("seen_set_hits", "seen_set_false_positives", "seen_set_cold_misses", "seen_set_fallbacks")
 
 
+def _runs_summed(conn: Connection, table) -> tuple[Counter, dict]:
+    """The numeric figures of every run in `table`, summed; and the figures of the latest run."""
+    summed: Counter = Counter()
+    latest: dict = {}
+    for (stats,) in conn.execute(select(table.c.stats).order_by(table.c.finished_at)):
+        summed.update({k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        latest = stats
+    return summed, latest
+
+
 def totals(conn: Connection) -> dict:
-    """Every counter's value, read from the warehouse."""
-    decisions = Counter(dict(conn.execute(
-        select(dedup_decisions.c.decision, func.count()).group_by(dedup_decisions.c.decision)
-    ).all()))
-    quarantined = conn.execute(select(func.count()).select_from(quarantine)).scalar_one()
-    flagged = conn.execute(select(func.count()).select_from(near_duplicate_links)).scalar_one()
-    seen_set = Counter()
-    fill = None  # of the latest run (None unless its seen-set has a capacity: a Bloom filter)
-    for (stats,) in conn.execute(select(exact_rung_runs.c.stats).order_by(exact_rung_runs.c.finished_at)):
-        seen_set.update({name: int(stats.get(name, 0)) for name in SEEN_SET_FIGURES})
-        fill = stats.get("seen_set_fill")
+    """Every counter's value: sums of the rungs' run figures, which only ever grow.
+
+    Not counts of the decision log, the quarantine or the links: retention and
+    erasure delete their rows, and a counter that goes down reads to Prometheus
+    as a reset followed by a burst of every event counted since. Each run of
+    the exact rung over a batch counts its lines again, as the decision log does.
+    """
+    exact, latest = _runs_summed(conn, exact_rung_runs)
+    near, _ = _runs_summed(conn, near_rung_runs)
     return {
-        "decisions": decisions, "quarantined": quarantined, "near_duplicates_flagged": flagged, "seen_set": seen_set,
-        "seen_set_fill": fill,
+        "decisions": Counter({d.value: int(exact[d.value]) for d in Decision if d != Decision.QUARANTINED}),
+        "quarantined": int(exact["quarantined"]),
+        "near_duplicates_flagged": int(near["near_duplicates"]),
+        "seen_set": Counter({name: int(exact[name]) for name in SEEN_SET_FIGURES}),
+        "seen_set_fill": latest.get("seen_set_fill"),  # of the latest run (only a Bloom filter has a capacity)
     }
 
 
@@ -67,7 +78,7 @@ def registry(conn: Connection) -> CollectorRegistry:
     for decision in (Decision.NEW.value, Decision.CHANGED.value):
         stored.labels(type=decision).inc(figures["decisions"][decision])
     PromCounter("scraper_records_quarantined", "Lines sent to quarantine.", registry=reg).inc(figures["quarantined"])
-    PromCounter("scraper_near_duplicates_flagged", "Near-duplicate links found.", registry=reg).inc(
+    PromCounter("scraper_near_duplicates_flagged", "Records the near-duplicate rung linked to others.", registry=reg).inc(
         figures["near_duplicates_flagged"]
     )
     fast = PromCounter("dedup_seen_set", "Seen-set fast path: hits confirmed, false positives caught, cold misses, fallbacks.", ["outcome"], registry=reg)
@@ -92,9 +103,9 @@ def write_textfile(conn: Connection, path: str) -> None:
 class WarehouseCollector:
     """The counters as a prometheus-client collector: read from the warehouse at scrape time, at most every `max_age` s.
 
-    Reading the totals counts the decision log, so scrapes within `max_age`
-    seconds of the last read (several Prometheus replicas, a short scrape
-    interval) are answered from that read. `dedup_warehouse_up` is 1 when the
+    Scrapes within `max_age` seconds of the last read (several Prometheus
+    replicas, a short scrape interval) are answered from that read, so the
+    warehouse is read at most once per `max_age` whoever scrapes. `dedup_warehouse_up` is 1 when the
     figures are fresh from the warehouse; when it cannot be read, it is 0 and
     no other figure is served (never stale counts passed off as current).
     """

@@ -7,17 +7,24 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
 import urllib.request
+from datetime import timedelta
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, func, select
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from dedup_pipeline.core.erasure import Subject
+from dedup_pipeline.core.neardup import NearDupParams
 from dedup_pipeline.decision_log import iter_events
+from dedup_pipeline.ladder.erasure import erase_subject
+from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
@@ -25,7 +32,10 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.cli import _listen_address
 from dedup_pipeline.metrics import prometheus_text, serve
+from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
+from dedup_pipeline.store.schema import dedup_decisions, near_duplicate_links, quarantine
 from dedup_pipeline.store.seen_set import BloomSeenSet
+from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline_tests.helpers import listing, write_batch
 
 SECRET = "private-marker-8c1f"
@@ -147,3 +157,38 @@ def test_metrics_listen_address(value, expected):
 def test_metrics_listen_address_refuses_what_is_not_a_port(value):
     with pytest.raises(argparse.ArgumentTypeError):
         _listen_address(value)
+
+
+def _counters(warehouse) -> dict:
+    with warehouse.engine.connect() as conn:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(prometheus_text(conn)) for sample in family.samples
+            if sample.name.endswith("_total")
+        }
+
+
+def test_counters_never_go_down_when_retention_and_erasure_delete_rows(warehouse, tmp_path, monkeypatch):
+    """Prometheus reads a counter that goes down as a reset and a burst: pruning and erasing must not move them."""
+    monkeypatch.setenv(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
+    twin = listing(40, url="https://mirror.example.net/kettle-4", description=listing(4)["description"] + " today",
+                   seller_id="s-X")
+    lines = [listing(n) for n in range(8)] + [listing(1, crawl_id="again"), twin, "{broken"]
+    write_batch(tmp_path, "b1", lines, landed=1e9)
+    ingest_raw_batch(warehouse, find_batch(tmp_path, "b1"))
+    canonicalise_batch(warehouse, "b1", LadderSettings())
+    deduplicate_batch(warehouse, "b1", "run-1", LadderSettings())
+    cluster_batch(warehouse, "b1", NearDupParams(threshold=0.5), run_id="run-1")
+    before = _counters(warehouse)
+    assert before[("scraper_records_seen_total", ())] == 11
+    assert before[("scraper_records_quarantined_total", ())] == 1
+    assert before[("scraper_duplicates_skipped_total", (("type", "exact"),))] == 1
+    assert before[("scraper_near_duplicates_flagged_total", ())] >= 1
+
+    assert erase_subject(warehouse, Subject.parse("field", "s-X", field="seller_id"), "req-1").removed["records"] == 1
+    pruned = prune_retention(warehouse, RetentionSettings(decision_days=1, quarantine_days=1), now=utcnow() + timedelta(days=30))
+    with warehouse.engine.connect() as conn:  # the rows the counters once were counts of are gone
+        left = {t.name: conn.execute(select(func.count()).select_from(t)).scalar_one()
+                for t in (dedup_decisions, quarantine, near_duplicate_links)}
+    assert pruned.pruned["dedup_decisions"] >= 9 and left == {"dedup_decisions": 0, "quarantine": 0, "near_duplicate_links": 0}
+    assert _counters(warehouse) == before

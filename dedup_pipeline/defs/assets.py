@@ -150,7 +150,8 @@ def near_duplicate_clusters(
     `funnel/...` numbers are the same stages, plotted over time.
     """
     report = cluster_batch(
-        warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size, near_dup.max_bucket_size
+        warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size, near_dup.max_bucket_size,
+        context.run.run_id,
     )
     if report.capped_buckets:
         context.log.warning(

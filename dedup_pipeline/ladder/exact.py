@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterable, Iterator
 
-from sqlalchemy import Connection, Select, Text, cast, delete, func, insert, select
+from sqlalchemy import Connection, Select, Text, cast, func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from dedup_pipeline import decision_log
@@ -27,7 +27,7 @@ from dedup_pipeline.store.schema import (
 )
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable
 from dedup_pipeline.store.warehouse import (
-    Warehouse, active_hash_version, analyze_grown, analyze_new_batch, as_utc, utcnow,
+    Warehouse, active_hash_version, analyze_grown, analyze_new_batch, as_utc, record_rung_run, utcnow,
 )
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,8 @@ def deduplicate_batch(
         )
         reader.rollback()
     report.quarantined = quarantined
-    _record_run(warehouse, batch_id, run_id, report)
+    with warehouse.engine.begin() as conn:
+        record_rung_run(conn, exact_rung_runs, batch_id, run_id, report.as_metadata())
     return report
 
 
@@ -208,13 +209,6 @@ def deduplicate_records(
             seen_set.kind, report.seen_set_fallbacks, batch_id,
         )
     return report
-
-
-def _record_run(warehouse: Warehouse, batch_id: str, run_id: str, report: ExactReport) -> None:
-    stats = {key: value for key, value in report.as_metadata().items() if isinstance(value, (int, float, str))}
-    with warehouse.engine.begin() as conn:
-        conn.execute(delete(exact_rung_runs).where(exact_rung_runs.c.batch_id == batch_id, exact_rung_runs.c.run_id == run_id))
-        conn.execute(insert(exact_rung_runs).values(batch_id=batch_id, run_id=run_id, finished_at=utcnow(), stats=stats))
 
 
 @dataclass

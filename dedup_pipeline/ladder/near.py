@@ -11,6 +11,7 @@ picks up exactly the records whose sketch is missing or stale.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -23,7 +24,8 @@ from dedup_pipeline.core.neardup import NearDupParams, verify_pairs
 from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.core.simhash import block_bounds, hamming_distance, simhash_fingerprints
 from dedup_pipeline.store import neardup as index
-from dedup_pipeline.store.warehouse import Warehouse, analyze_grown
+from dedup_pipeline.store.schema import near_rung_runs
+from dedup_pipeline.store.warehouse import Warehouse, analyze_grown, record_rung_run
 
 
 def near_text(payload: dict) -> str:
@@ -114,11 +116,14 @@ def cluster_batch(
     params: NearDupParams,
     chunk_size: int = 2000,
     max_bucket_size: int | None = DEFAULT_MAX_BUCKET_SIZE,
+    run_id: str | None = None,
 ) -> NearReport:
     """Sketch, index, link and cluster the batch's new and changed records.
 
     ``max_bucket_size`` caps the partners a record meets per LSH bucket (None:
-    no cap); the capped buckets are counted in the report.
+    no cap); the capped buckets are counted in the report. The run's figures
+    are kept in `near_rung_runs` under ``run_id`` (the Dagster run; a fresh id
+    when not given).
     """
     if max_bucket_size is not None and max_bucket_size < 1:
         raise ValueError("max_bucket_size must be at least 1 (or None for no cap)")
@@ -131,7 +136,7 @@ def cluster_batch(
         with warehouse.engine.connect() as conn:
             rows = index.records_to_index(conn, batch_id, after, chunk_size)
         if not rows:
-            return report
+            break
         after = rows[-1].record_id
         sketches = sketch([near_text(row.payload) for row in rows], params)
         with warehouse.engine.begin() as conn:
@@ -142,6 +147,9 @@ def cluster_batch(
         report.sketched += len(rows)
         with warehouse.engine.begin() as conn:
             analyze_grown(conn, {table: () for table in index.INDEX_TABLES})
+    with warehouse.engine.begin() as conn:
+        record_rung_run(conn, near_rung_runs, batch_id, run_id or f"local-{uuid.uuid4().hex}", report.as_metadata())
+    return report
 
 
 def verify_candidates(conn, pairs: Sequence[tuple[int, int]], params: NearDupParams) -> dict[tuple[int, int], float]:

@@ -165,14 +165,23 @@ near_duplicate_clusters = Table(
     Column("is_representative", Boolean, nullable=False),
 )
 
-# Figures of each exact-rung run that the decision log cannot give back: seen-set hits, fallbacks, replays.
-exact_rung_runs = Table(
-    "exact_rung_runs", metadata,
-    Column("batch_id", String(255), primary_key=True),
-    Column("run_id", String(64), primary_key=True),
-    _now_column("finished_at", nullable=False),
-    Column("stats", Payload, nullable=False),
-)
+
+def _rung_runs(name: str) -> Table:
+    """Figures (counts, no keys or values) of each run of a rung over a batch, kept for the warehouse's life."""
+    return Table(
+        name, metadata,
+        Column("batch_id", String(255), primary_key=True),
+        Column("run_id", String(64), primary_key=True),
+        _now_column("finished_at", nullable=False),
+        Column("stats", Payload, nullable=False),
+    )
+
+
+# Never pruned, unlike the decision log, the quarantine and the links: the Prometheus counters are their sums
+# (dedup_pipeline/metrics.py). The exact rung's also hold what the decision log cannot give back: seen-set hits,
+# fallbacks, replays.
+exact_rung_runs = _rung_runs("exact_rung_runs")
+near_rung_runs = _rung_runs("near_rung_runs")
 
 # ---------------------------------------------------------------- rehash migration (dedup_pipeline/ladder/rehash.py)
 

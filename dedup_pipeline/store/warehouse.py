@@ -199,3 +199,13 @@ def lock_batch(conn: Connection, batch_id: str) -> None:
     if conn.dialect.name == "postgresql":
         key = int.from_bytes(hashlib.sha256(f"dedup:batch:{batch_id}".encode()).digest()[:8], "big", signed=True)
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+
+def record_rung_run(conn: Connection, table, batch_id: str, run_id: str, figures: Mapping[str, Any]) -> None:
+    """Keep the figures (numbers and labels) of run `run_id` of a rung over a batch in `table` (`exact_rung_runs`, ...).
+
+    A second execution of the same run (a step retried after the rung finished) replaces the first's figures.
+    """
+    stats = {key: value for key, value in figures.items() if isinstance(value, (int, float, str))}
+    conn.execute(table.delete().where(table.c.batch_id == batch_id, table.c.run_id == run_id))
+    conn.execute(table.insert().values(batch_id=batch_id, run_id=run_id, finished_at=utcnow(), stats=stats))
