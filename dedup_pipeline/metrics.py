@@ -2,10 +2,10 @@
 
 Computed from the warehouse (the figures each run of the exact and near rungs
 keeps), so they are the same whichever worker asks, survive restarts, and never
-go down when retention or an erasure deletes rows. Export them with `dedup-pipeline metrics` (stdout),
-`dedup-pipeline metrics --textfile PATH` for node_exporter's textfile collector,
-or `dedup-pipeline metrics --serve PORT` as an HTTP endpoint for Prometheus to
-scrape (`serve`).
+go down when retention or an erasure deletes rows. Export them with
+`dedup-pipeline metrics` (stdout), `dedup-pipeline metrics --textfile PATH` for
+node_exporter's textfile collector, or `dedup-pipeline metrics --serve PORT` as
+an HTTP endpoint for Prometheus to scrape (`serve`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from sqlalchemy import Connection, Engine, select
 from dedup_pipeline.core.policy import Decision
 from dedup_pipeline.store.schema import exact_rung_runs, near_rung_runs
 
+log = logging.getLogger(__name__)
+
 #: Decisions that skip a record, by the `type` label of scraper_duplicates_skipped_total.
 SKIPPED = {
     Decision.EXACT_DUPLICATE.value: "exact",
@@ -32,7 +34,6 @@ SKIPPED = {
     Decision.CHANGE_IGNORED.value: "change_ignored",
     Decision.ERASED.value: "erased",
 }
-log = logging.getLogger(__name__)
 SEEN_SET_FIGURES = ("seen_set_hits", "seen_set_false_positives", "seen_set_cold_misses", "seen_set_fallbacks")
 
 
@@ -105,9 +106,10 @@ class WarehouseCollector:
 
     Scrapes within `max_age` seconds of the last read (several Prometheus
     replicas, a short scrape interval) are answered from that read, so the
-    warehouse is read at most once per `max_age` whoever scrapes. `dedup_warehouse_up` is 1 when the
-    figures are fresh from the warehouse; when it cannot be read, it is 0 and
-    no other figure is served (never stale counts passed off as current).
+    warehouse is read at most once per `max_age` whoever scrapes.
+    `dedup_warehouse_up` is 1 when the figures were read from the warehouse;
+    when it cannot be read, it is 0 and no other figure is served (never
+    stale counts passed off as current).
     """
 
     def __init__(self, engine: Engine, max_age: float = 30.0) -> None:

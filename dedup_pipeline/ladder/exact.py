@@ -18,9 +18,9 @@ from dedup_pipeline.core.policy import Decision, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import SKIPPED
-from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.erasure import erased_positions
+from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, exact_rung_runs, quarantine, record_hashes, records,
