@@ -16,10 +16,8 @@ import time
 from collections import Counter
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import (
-    CollectorRegistry, Counter as PromCounter, Gauge, generate_latest, start_http_server, write_to_textfile,
-)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import Connection, Engine, select
 
 from dedup_pipeline.core.policy import Decision
@@ -66,30 +64,57 @@ def totals(conn: Connection) -> dict:
     }
 
 
-def registry(conn: Connection) -> CollectorRegistry:
-    """A registry holding the counters, ready to print or write."""
+def _counter(name: str, documentation: str, values: dict[tuple[str, ...], float], labels: tuple[str, ...] = ()):
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for label_values, value in values.items():
+        family.add_metric(list(label_values), value)
+    return family
+
+
+def families(conn: Connection) -> list[Metric]:
+    """The counters (and the Bloom fill gauge) as metric families, read from the warehouse.
+
+    Built as families, not as prometheus-client `Counter` objects: those would
+    add a `_created` sample stamped with the moment of this read, which is not
+    when anything was created and changes at every read.
+    """
     figures = totals(conn)
-    reg = CollectorRegistry()
-    seen = PromCounter("scraper_records_seen", "Records that reached the dedup ladder (decided or quarantined).", registry=reg)
-    seen.inc(sum(figures["decisions"].values()) + figures["quarantined"])
-    skipped = PromCounter("scraper_duplicates_skipped", "Records skipped, by duplicate type.", ["type"], registry=reg)
-    for decision, label in SKIPPED.items():
-        skipped.labels(type=label).inc(figures["decisions"][decision])
-    stored = PromCounter("scraper_records_stored", "Records written to the warehouse, by kind.", ["type"], registry=reg)
-    for decision in (Decision.NEW.value, Decision.CHANGED.value):
-        stored.labels(type=decision).inc(figures["decisions"][decision])
-    PromCounter("scraper_records_quarantined", "Lines sent to quarantine.", registry=reg).inc(figures["quarantined"])
-    PromCounter("scraper_near_duplicates_flagged", "Records the near-duplicate rung linked to others.", registry=reg).inc(
-        figures["near_duplicates_flagged"]
-    )
-    fast = PromCounter("dedup_seen_set", "Seen-set fast path: hits confirmed, false positives caught, cold misses, fallbacks.", ["outcome"], registry=reg)
-    for name in SEEN_SET_FIGURES:
-        fast.labels(outcome=name.removeprefix("seen_set_")).inc(figures["seen_set"][name])
+    decisions = figures["decisions"]
+    found = [
+        _counter("scraper_records_seen", "Records that reached the dedup ladder (decided or quarantined).",
+                 {(): sum(decisions.values()) + figures["quarantined"]}),
+        _counter("scraper_duplicates_skipped", "Records skipped, by duplicate type.",
+                 {(label,): decisions[decision] for decision, label in SKIPPED.items()}, ("type",)),
+        _counter("scraper_records_stored", "Records written to the warehouse, by kind.",
+                 {(d,): decisions[d] for d in (Decision.NEW.value, Decision.CHANGED.value)}, ("type",)),
+        _counter("scraper_records_quarantined", "Lines sent to quarantine.", {(): figures["quarantined"]}),
+        _counter("scraper_near_duplicates_flagged", "Records the near-duplicate rung linked to others.",
+                 {(): figures["near_duplicates_flagged"]}),
+        _counter("dedup_seen_set", "Seen-set fast path: hits confirmed, false positives caught, cold misses, fallbacks.",
+                 {(name.removeprefix("seen_set_"),): figures["seen_set"][name] for name in SEEN_SET_FIGURES}, ("outcome",)),
+    ]
     if figures["seen_set_fill"] is not None:
-        Gauge(
+        found.append(GaugeMetricFamily(
             "dedup_seen_set_fill", "Bloom seen-set: digests over capacity after the latest batch (alert well before 1).",
-            registry=reg,
-        ).set(figures["seen_set_fill"])
+            value=figures["seen_set_fill"],
+        ))
+    return found
+
+
+class _Read:
+    """A collector of families read once."""
+
+    def __init__(self, found: list[Metric]) -> None:
+        self.found = found
+
+    def collect(self):
+        return iter(self.found)
+
+
+def registry(conn: Connection) -> CollectorRegistry:
+    """A registry holding the counters as read now, ready to print or write."""
+    reg = CollectorRegistry()
+    reg.register(_Read(families(conn)))
     return reg
 
 
@@ -123,15 +148,15 @@ class WarehouseCollector:
             if time.monotonic() - self._read_at >= self.max_age:
                 try:
                     with self.engine.connect() as conn:
-                        self._families = list(registry(conn).collect())
+                        self._families = families(conn)
                     self._read_at = time.monotonic()
                 except Exception:  # noqa: BLE001 - any failure to read is reported as the warehouse being down
                     log.exception("metrics: could not read the warehouse")
                     self._families, self._read_at = [], -float("inf")
-            families = self._families
+            found = self._families
         up = GaugeMetricFamily("dedup_warehouse_up", "1 if the figures were read from the warehouse, 0 if it could not be read.")
-        up.add_metric([], 1 if families else 0)
-        return iter([up, *families])
+        up.add_metric([], 1 if found else 0)
+        return iter([up, *found])
 
 
 def serve(engine: Engine, port: int, address: str = "0.0.0.0", max_age: float = 30.0) -> WSGIServer:
