@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import warnings
@@ -137,7 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     # Dagster flags preview/beta APIs it uses itself (partitioned asset checks); the UI shows them, the CLI need not.
     warnings.filterwarnings("ignore", message=r".*currently in (preview|beta).*")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # The reader went away (`dedup-pipeline decisions | head`): stop without a traceback, as other Unix
+        # tools do, and with a failure status (the output was cut short). stdout goes to /dev/null so that the
+        # interpreter's own final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

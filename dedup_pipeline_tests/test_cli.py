@@ -50,3 +50,30 @@ def test_demo_prints_the_decision_table(tmp_path):
     syndication = rows["2026-11-02-syndication"]
     assert int(syndication[-1]) > 0  # syndicated copies are linked as near duplicates
     assert "warehouse records:" in result.stdout
+
+
+def test_decisions_piped_into_a_reader_that_stops_early_ends_without_a_traceback(tmp_path):
+    """`dedup-pipeline decisions | head -1`: the reader closes the pipe long before the log is printed."""
+    from dedup_pipeline.ladder.canonical import canonicalise_batch
+    from dedup_pipeline.ladder.exact import deduplicate_batch
+    from dedup_pipeline.ladder.raw import ingest_raw_batch
+    from dedup_pipeline.ladder.settings import LadderSettings
+    from dedup_pipeline.landing import find_batch
+    from dedup_pipeline.store.warehouse import Warehouse
+
+    write_batch(tmp_path / "landing", "a", [listing(n) for n in range(2000)], landed=1e9)  # ~600 KB of events
+    warehouse = Warehouse(f"sqlite:///{tmp_path / '.dedup' / 'warehouse.sqlite'}").create_schema()
+    ingest_raw_batch(warehouse, find_batch(tmp_path / "landing", "a"))
+    canonicalise_batch(warehouse, "a", LadderSettings())
+    deduplicate_batch(warehouse, "a", "run-a", LadderSettings())
+    warehouse.dispose()
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("DEDUP_", "DAGSTER_HOME"))}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dedup_pipeline.cli", "decisions"], cwd=tmp_path, env=environment,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert json.loads(process.stdout.readline())["line_no"] == 1
+    process.stdout.close()  # as `head` does once it has its line
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 1  # cut short: a failure status, but no traceback
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
