@@ -10,6 +10,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from sqlalchemy.exc import OperationalError
+
 from dedup_pipeline.erasure_cli import add_commands as add_privacy_commands
 from dedup_pipeline.runner import LadderSummary, ensure_dagster_home
 
@@ -145,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         # tools do, and with a failure status (the output was cut short). stdout goes to /dev/null so that the
         # interpreter's own final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (OSError, OperationalError) as exc:  # the environment, not the code: a path, a port, the warehouse
+        reason = exc.orig if isinstance(exc, OperationalError) else exc
+        print(f"dedup-pipeline {args.command}: error: {reason}".rstrip(), file=sys.stderr)
         return 1
 
 

@@ -77,3 +77,12 @@ def test_decisions_piped_into_a_reader_that_stops_early_ends_without_a_traceback
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=60) == 1  # cut short: a failure status, but no traceback
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_an_unwritable_path_or_an_unreachable_warehouse_is_one_line_of_error_not_a_traceback(tmp_path):
+    missing = run_cli(["metrics", "--textfile", str(tmp_path / "no" / "such" / "dir" / "dedup.prom")], cwd=tmp_path)
+    down = run_cli(["metrics"], cwd=tmp_path, DEDUP_DATABASE_URL="postgresql+psycopg://postgres@127.0.0.1:1/nowhere")
+    for result, reason in ((missing, "No such file or directory"), (down, "connection failed")):
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.startswith("dedup-pipeline metrics: error: ") and reason in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
