@@ -13,8 +13,11 @@ import subprocess
 import sys
 import urllib.request
 from datetime import timedelta
+from pathlib import Path
 
+import promql_parser
 import pytest
+import yaml
 from sqlalchemy import create_engine, func, select
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -193,3 +196,28 @@ def test_counters_never_go_down_when_retention_and_erasure_delete_rows(warehouse
                 for t in (dedup_decisions, quarantine, near_duplicate_links)}
     assert pruned.pruned["dedup_decisions"] >= 9 and left == {"dedup_decisions": 0, "quarantine": 0, "near_duplicate_links": 0}
     assert _counters(warehouse) == before
+
+
+ALERT_RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "dedup-alerts.yml"
+
+
+@pytest.mark.parametrize("warehouse_url", ["sqlite"], indirect=True)
+def test_the_shipped_alert_rules_parse_and_name_only_metrics_the_exporter_serves(warehouse, tmp_path):
+    lines = [listing(n) for n in range(5)] + [listing(1, crawl_id="again"), "{broken"]
+    write_batch(tmp_path, "b1", lines, landed=1e9)
+    ingest_raw_batch(warehouse, find_batch(tmp_path, "b1"))
+    canonicalise_batch(warehouse, "b1", LadderSettings())
+    deduplicate_batch(warehouse, "b1", "run-1", LadderSettings(), BloomSeenSet(tmp_path / "bloom"))
+    server = serve(warehouse.engine, 0, "127.0.0.1", max_age=0)
+    try:
+        served = {name for name, _ in _scrape(f"http://127.0.0.1:{server.server_port}/metrics")}
+    finally:
+        server.shutdown()
+    rules = [rule for group in yaml.safe_load(ALERT_RULES.read_text())["groups"] for rule in group["rules"]]
+    assert len(rules) == 6
+    for rule in rules:
+        promql_parser.parse(rule["expr"])  # raises ValueError on a syntax error
+        named = set(re.findall(r"\b(?:scraper|dedup)_[a-z_]+\b", rule["expr"]))
+        assert named and named <= served, (rule["alert"], named - served)
+        assert rule["labels"]["severity"] in {"warning", "critical"}
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
