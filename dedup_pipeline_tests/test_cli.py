@@ -86,3 +86,17 @@ def test_an_unwritable_path_or_an_unreachable_warehouse_is_one_line_of_error_not
         assert result.returncode == 1, result.stderr
         assert result.stderr.startswith("dedup-pipeline metrics: error: ") and reason in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_the_kubernetes_exporter_runs_a_command_the_cli_accepts():
+    import yaml
+
+    from dedup_pipeline.cli import build_parser
+
+    manifest = Path(__file__).resolve().parent.parent / "deploy" / "k8s" / "metrics-exporter.yaml"
+    deployment = next(doc for doc in yaml.safe_load_all(manifest.read_text()) if doc["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    program, *args = container["command"]
+    parsed = build_parser().parse_args(args)
+    assert program == "dedup-pipeline" and parsed.command == "metrics"
+    assert parsed.serve[1] == container["ports"][0]["containerPort"]
