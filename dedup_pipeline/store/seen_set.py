@@ -76,8 +76,34 @@ return #KEYS
 """
 
 
+def redis_errors() -> tuple[type[BaseException], ...]:
+    """What redis-py raises when the server is down, slow or refuses: the seen-sets fail open on these."""
+    import redis
+
+    return redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError
+
+
+def redis_client(url: str, timeout: float = 1.0, detect: bool = True):
+    """A redis-py client for `url`: a cluster client for a Redis Cluster node, else a plain one.
+
+    The server is asked once (INFO cluster); `detect=False` skips that and gives
+    a plain client. A cluster client sends each key to the node that holds its
+    slot, so many keys still go out as one round trip per node. Raises what
+    redis-py raises (`redis_errors`) when the server cannot be reached.
+    """
+    import redis
+    from redis.cluster import RedisCluster
+
+    options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
+    client = redis.Redis.from_url(url, **options)
+    if not detect or client.info("cluster").get("cluster_enabled") != 1:
+        return client
+    client.close()
+    return RedisCluster.from_url(url, **options)
+
+
 class RedisSeenSet(SeenSet):
-    """Digests as Redis keys with a TTL, shared by every worker."""
+    """Digests as Redis keys with a TTL, shared by every worker; on a single Redis or a Redis Cluster."""
 
     kind = "redis"
 
@@ -85,14 +111,23 @@ class RedisSeenSet(SeenSet):
         self, url: str, ttl_seconds: int = DEFAULT_TTL_SECONDS, timeout: float = 1.0, retry_after: float = 15.0,
         prefix: str = KEY_PREFIX,
     ):
-        import redis
+        from redis.cluster import RedisCluster
 
         self.prefix = prefix
-        self._errors = (redis.exceptions.RedisError, OSError)
-        self.client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        self._errors = redis_errors()
         self.ttl_seconds = ttl_seconds
         self.retry_after = retry_after
         self._down_until = 0.0
+        try:
+            self.client = redis_client(url, timeout)
+        except self._errors as exc:
+            # Not reachable now: that was the one timeout, so the breaker starts open. A plain client serves
+            # when it answers again; a cluster is recognised at the next start (until then its nodes refuse
+            # other slots' keys, which is a fallback too).
+            log.warning("redis seen-set not reached (%s): the warehouse decides alone for now", type(exc).__name__)
+            self.client = redis_client(url, timeout, detect=False)
+            self._down_until = time.monotonic() + retry_after
+        self.cluster = isinstance(self.client, RedisCluster)
         self._set_nx_ex = self.client.register_script(_SET_NX_EX)
 
     def key(self, version: str, digest: bytes) -> str:
@@ -112,15 +147,23 @@ class RedisSeenSet(SeenSet):
     def maybe_seen(self, version: str, digests: Sequence[bytes]) -> list[bool]:
         if not digests:
             return []
-        values = self._call(lambda: self.client.mget([self.key(version, d) for d in digests]))
+        keys = [self.key(version, d) for d in digests]
+        values = self._call(lambda: self.client.mget_nonatomic(keys) if self.cluster else self.client.mget(keys))
         return [value is not None for value in values]
 
     def remember(self, version: str, digests: Sequence[bytes]) -> None:
-        """SET NX EX for every digest of a chunk in one Lua call (one round trip, one command)."""
+        """SET NX EX for every digest of a chunk: one Lua call (one round trip, one command), or on a cluster,
+        whose script keys must share a slot, one pipeline per node."""
         if not digests:
             return
         keys = [self.key(version, d) for d in digests]
-        self._call(lambda: self._set_nx_ex(keys=keys, args=[self.ttl_seconds]))
+        self._call(lambda: self._set_nx_ex(keys=keys, args=[self.ttl_seconds]) if not self.cluster else self._set_each(keys))
+
+    def _set_each(self, keys: list[str]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.set(key, b"1", nx=True, ex=self.ttl_seconds)
+        pipe.execute()
 
     def forget(self, version: str, digests: Sequence[bytes]) -> int:
         if not digests:
