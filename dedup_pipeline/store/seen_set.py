@@ -83,23 +83,62 @@ def redis_errors() -> tuple[type[BaseException], ...]:
     return redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError
 
 
+SENTINEL_SCHEME = "redis+sentinel://"
+
+
 def redis_client(url: str, timeout: float = 1.0, detect: bool = True):
     """A redis-py client for `url`: a cluster client for a Redis Cluster node, else a plain one.
 
     The server is asked once (INFO cluster); `detect=False` skips that and gives
     a plain client. A cluster client sends each key to the node that holds its
-    slot, so many keys still go out as one round trip per node. Raises what
-    redis-py raises (`redis_errors`) when the server cannot be reached.
+    slot, so many keys still go out as one round trip per node. A
+    `redis+sentinel://` URL gives a client of the master that Sentinel names,
+    which follows a failover (`sentinel_client`). Raises what redis-py raises
+    (`redis_errors`) when the server cannot be reached.
     """
     import redis
     from redis.cluster import RedisCluster
 
     options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
+    if url.startswith(SENTINEL_SCHEME):
+        return sentinel_client(url, options)
     client = redis.Redis.from_url(url, **options)
     if not detect or client.info("cluster").get("cluster_enabled") != 1:
         return client
     client.close()
     return RedisCluster.from_url(url, **options)
+
+
+def sentinel_client(url: str, options: dict):
+    """The master of a Sentinel-monitored Redis, from `redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]`.
+
+    The hosts are the Sentinels (port 26379 unless given); the password is the
+    master's. The client asks the Sentinels for the master at connection time,
+    so after a failover it reconnects to the new master.
+    """
+    from urllib.parse import unquote
+
+    from redis.sentinel import Sentinel
+
+    location, _, path = url.removeprefix(SENTINEL_SCHEME).partition("/")
+    userinfo, _, hosts = location.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    service, _, database = path.partition("/")
+    sentinels = [_host_and_port(host, 26379) for host in hosts.split(",") if host]
+    if not sentinels or not service or not (database or "0").isdigit():
+        raise ValueError(f"expected {SENTINEL_SCHEME}host[:port][,host[:port]...]/service[/db], got {url!r}")
+    return Sentinel(sentinels, sentinel_kwargs=options, **options).master_for(
+        unquote(service), db=int(database or 0), username=unquote(user) or None, password=unquote(password) or None,
+        **options,
+    )
+
+
+def _host_and_port(text: str, default_port: int) -> tuple[str, int]:
+    """`host`, `host:port`, `[ipv6]` or `[ipv6]:port`."""
+    host, colon, port = text.rpartition(":")
+    if colon and port.isdigit() and (not host.startswith("[") or host.endswith("]")):
+        return host.strip("[]"), int(port)
+    return text.strip("[]"), default_port
 
 
 class RedisSeenSet(SeenSet):
