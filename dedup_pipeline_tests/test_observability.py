@@ -198,11 +198,16 @@ def test_counters_never_go_down_when_retention_and_erasure_delete_rows(warehouse
     assert _counters(warehouse) == before
 
 
-ALERT_RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "dedup-alerts.yml"
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+EXPORTED_NAME = re.compile(r"\b(?:scraper|dedup)_[a-z_]+\b")
 
 
-@pytest.mark.parametrize("warehouse_url", ["sqlite"], indirect=True)
-def test_the_shipped_alert_rules_parse_and_name_only_metrics_the_exporter_serves(warehouse, tmp_path):
+@pytest.fixture
+def served_metric_names(tmp_path):
+    """The sample names the exporter serves after a batch on a Bloom seen-set (so its fill gauge is there too)."""
+    from dedup_pipeline.store.warehouse import Warehouse
+
+    warehouse = Warehouse(f"sqlite:///{tmp_path / 'served.sqlite'}").create_schema()
     lines = [listing(n) for n in range(5)] + [listing(1, crawl_id="again"), "{broken"]
     write_batch(tmp_path, "b1", lines, landed=1e9)
     ingest_raw_batch(warehouse, find_batch(tmp_path, "b1"))
@@ -210,14 +215,34 @@ def test_the_shipped_alert_rules_parse_and_name_only_metrics_the_exporter_serves
     deduplicate_batch(warehouse, "b1", "run-1", LadderSettings(), BloomSeenSet(tmp_path / "bloom"))
     server = serve(warehouse.engine, 0, "127.0.0.1", max_age=0)
     try:
-        served = {name for name, _ in _scrape(f"http://127.0.0.1:{server.server_port}/metrics")}
+        yield {name for name, _ in _scrape(f"http://127.0.0.1:{server.server_port}/metrics")}
     finally:
         server.shutdown()
-    rules = [rule for group in yaml.safe_load(ALERT_RULES.read_text())["groups"] for rule in group["rules"]]
+        warehouse.dispose()
+
+
+def _check_expression(expr: str, served: set[str]) -> None:
+    promql_parser.parse(expr)  # raises ValueError on a syntax error
+    named = set(EXPORTED_NAME.findall(expr))
+    assert named and named <= served, (expr, named - served)
+
+
+def test_the_shipped_alert_rules_parse_and_name_only_metrics_the_exporter_serves(served_metric_names):
+    rules = [rule for group in yaml.safe_load((DEPLOY / "prometheus" / "dedup-alerts.yml").read_text())["groups"]
+             for rule in group["rules"]]
     assert len(rules) == 6
     for rule in rules:
-        promql_parser.parse(rule["expr"])  # raises ValueError on a syntax error
-        named = set(re.findall(r"\b(?:scraper|dedup)_[a-z_]+\b", rule["expr"]))
-        assert named and named <= served, (rule["alert"], named - served)
+        _check_expression(rule["expr"], served_metric_names)
         assert rule["labels"]["severity"] in {"warning", "critical"}
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+
+def test_the_shipped_dashboard_queries_parse_and_name_only_metrics_the_exporter_serves(served_metric_names):
+    dashboard = json.loads((DEPLOY / "grafana" / "dedup-dashboard.json").read_text())
+    targets = [target for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(dashboard["panels"]) == 8 and len({panel["id"] for panel in dashboard["panels"]}) == 8
+    for target in targets:
+        _check_expression(target["expr"], served_metric_names)
+    named = {name for target in targets for name in EXPORTED_NAME.findall(target["expr"])}
+    # every counter and gauge of the exporter is on the dashboard
+    assert named == {name for name in served_metric_names if not name.endswith("_created")}
