@@ -108,7 +108,7 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
             report.add(chunk)
             for line_no, reason, raw in chunk.quarantine:
                 bad.add(line_no, reason, raw)
-            copy_rows(conn, canonical_records, COLUMNS, chunk.rows)
+            copy_rows(conn, canonical_records, COLUMNS, chunk.rows, json_as_text=True)
         if read.hexdigest() != sha:  # the file changed while it was read: roll everything back
             raise BatchFileError(f"batch file {path} changed while it was being read: re-materialise raw_crawl_batches")
         bad.flush()

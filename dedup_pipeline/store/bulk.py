@@ -35,9 +35,15 @@ def _json_encoded(rows: Iterable[Sequence[Any]], positions: list[int]) -> Iterat
         yield row
 
 
-def copy_rows(conn: Connection, table: Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Append `rows` (tuples in `columns` order) to `table` in one bulk operation."""
-    json_positions = [i for i, name in enumerate(columns) if isinstance(table.c[name].type, JSON)]
+def copy_rows(
+    conn: Connection, table: Table, columns: Sequence[str], rows: Iterable[Sequence[Any]], json_as_text: bool = False
+) -> None:
+    """Append `rows` (tuples in `columns` order) to `table` in one bulk operation.
+
+    Values of JSON columns are encoded here, unless `json_as_text` says the
+    rows hold them as JSON text already (a worker process encoded them).
+    """
+    json_positions = [] if json_as_text else [i for i, name in enumerate(columns) if isinstance(table.c[name].type, JSON)]
     rows = list(_json_encoded(rows, json_positions) if json_positions else rows)
     if not rows:
         return

@@ -25,3 +25,20 @@ def test_integer_columns_arrive_exactly_including_the_int64_extremes(warehouse):
 def test_a_float_column_is_refused_before_anything_is_sent(warehouse):
     with warehouse.engine.begin() as conn, pytest.raises(TypeError, match="not an integer column"):
         copy_int_columns(conn, near_duplicate_links, {"similarity": np.array([1])})
+
+
+def test_json_columns_take_values_or_with_json_as_text_the_text_a_worker_encoded(warehouse):
+    """Both arrive as the same JSON value; `json_as_text` only spares the pass over every row."""
+    from datetime import datetime, timezone
+
+    from dedup_pipeline.store.bulk import copy_rows
+    from dedup_pipeline.store.schema import exact_rung_runs
+
+    now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    columns = ("batch_id", "run_id", "finished_at", "stats")
+    with warehouse.engine.begin() as conn:
+        copy_rows(conn, exact_rung_runs, columns, [("a", "r", now, {"n": 1, "s": "ü"})])
+        copy_rows(conn, exact_rung_runs, columns, [("b", "r", now, '{"n": 2, "s": "ü"}')], json_as_text=True)
+    with warehouse.engine.connect() as conn:
+        stored = conn.execute(select(exact_rung_runs.c.stats).order_by(exact_rung_runs.c.batch_id)).scalars().all()
+    assert stored == [{"n": 1, "s": "ü"}, {"n": 2, "s": "ü"}]
