@@ -83,7 +83,7 @@ def cmd_grant_roles(args: argparse.Namespace) -> int:
 
     warehouse = Warehouse().create_schema()
     try:
-        names = grant_roles(warehouse.engine, RoleNames(args.writer, args.analyst, args.eraser))
+        names = grant_roles(warehouse.engine, RoleNames(args.writer, args.analyst, args.eraser, args.monitor))
     except (RuntimeError, ValueError) as exc:
         print(f"dedup-pipeline grant-roles: {exc}", file=sys.stderr)
         return 2
@@ -116,8 +116,9 @@ def add_commands(commands) -> None:
     prune.add_argument("--json", action="store_true", help="print one JSON object")
     prune.set_defaults(func=cmd_prune)
 
-    grant = commands.add_parser("grant-roles", help="PostgreSQL: create the writer, analyst and eraser roles and apply their grants")
+    grant = commands.add_parser("grant-roles", help="PostgreSQL: create the writer, analyst, eraser and monitor roles and apply their grants")
     grant.add_argument("--writer", default="dedup_writer")
     grant.add_argument("--analyst", default="dedup_analyst")
     grant.add_argument("--eraser", default="dedup_eraser")
+    grant.add_argument("--monitor", default="dedup_monitor", help="the metrics exporter's role")
     grant.set_defaults(func=cmd_grant_roles)

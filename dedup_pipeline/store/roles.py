@@ -30,13 +30,17 @@ class RoleNames:
     writer: str = "dedup_writer"
     analyst: str = "dedup_analyst"
     eraser: str = "dedup_eraser"
+    monitor: str = "dedup_monitor"
+
+    def all(self) -> list[str]:
+        return [self.writer, self.analyst, self.eraser, self.monitor]
 
     def __post_init__(self) -> None:
-        for name in (self.writer, self.analyst, self.eraser):
+        for name in self.all():
             if not _ROLE_NAME.fullmatch(name):
                 raise ValueError(f"role names are lower-case identifiers ([a-z_][a-z0-9_]*), got {name!r}")
-        if len({self.writer, self.analyst, self.eraser}) != 3:
-            raise ValueError("the three roles need three different names")
+        if len(set(self.all())) != len(self.all()):
+            raise ValueError("the four roles need four different names")
 
 
 def roles_sql(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
@@ -45,6 +49,7 @@ def roles_sql(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
     columns = [c.name for c in records.columns if c.name not in ANALYST_HIDDEN_COLUMNS]
     identifiers = {
         "writer": quote(names.writer), "analyst": quote(names.analyst), "eraser": quote(names.eraser),
+        "monitor": quote(names.monitor),
         "database": quote(engine.url.database), "analyst_record_columns": ", ".join(quote(c) for c in columns),
     }
     script = resources.files("dedup_pipeline.store").joinpath("roles.sql").read_text()
@@ -80,4 +85,4 @@ def grant_roles(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
     with engine.begin() as conn:
         for statement in roles_sql(engine, names):
             conn.execute(text(statement))
-    return [names.writer, names.analyst, names.eraser]
+    return names.all()

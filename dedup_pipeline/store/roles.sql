@@ -9,12 +9,13 @@
 DO $$ BEGIN CREATE ROLE ${writer} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
 DO $$ BEGIN CREATE ROLE ${analyst} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
 DO $$ BEGIN CREATE ROLE ${eraser} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+DO $$ BEGIN CREATE ROLE ${monitor} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
 
 -- Start from nothing: no table is readable by PUBLIC, and earlier grants to the three roles are reset.
 REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA public FROM ${writer}, ${analyst}, ${eraser};
-REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM ${writer}, ${analyst}, ${eraser};
-GRANT USAGE ON SCHEMA public TO ${writer}, ${analyst}, ${eraser};
+REVOKE ALL ON ALL TABLES IN SCHEMA public FROM ${writer}, ${analyst}, ${eraser}, ${monitor};
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM ${writer}, ${analyst}, ${eraser}, ${monitor};
+GRANT USAGE ON SCHEMA public TO ${writer}, ${analyst}, ${eraser}, ${monitor};
 
 -- Pipeline writer: reads and writes every pipeline table (the ladder, retention, the rehash jobs).
 -- It reads tombstones (ingestion checks them) but can neither add nor remove one, and cannot read
@@ -42,3 +43,7 @@ GRANT SELECT ON dedup_settings, crawl_batches TO ${eraser};
 GRANT SELECT, INSERT ON erasure_tombstones, erasure_scopes TO ${eraser};
 GRANT SELECT, INSERT, UPDATE ON erasure_requests TO ${eraser};
 GRANT USAGE ON SEQUENCE erasure_requests_erasure_id_seq TO ${eraser};
+
+-- Monitor: the metrics exporter (`dedup-pipeline metrics`). The rungs' run figures (counts, no key or
+-- value) and the settings; nothing else.
+GRANT SELECT ON exact_rung_runs, near_rung_runs, dedup_settings TO ${monitor};

@@ -20,6 +20,7 @@ from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
+from dedup_pipeline.metrics import prometheus_text
 from dedup_pipeline.store.roles import RoleNames, grant_roles, roles_sql
 from dedup_pipeline.store.schema import lsh_buckets
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR, Warehouse, analyze, analyze_grown
@@ -66,7 +67,7 @@ def database(tmp_path, monkeypatch):
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     tag = uuid.uuid4().hex[:10]
     name = f"dedup_roles_{tag}"
-    names = RoleNames(f"t{tag}_writer", f"t{tag}_analyst", f"t{tag}_eraser")
+    names = RoleNames(f"t{tag}_writer", f"t{tag}_analyst", f"t{tag}_eraser", f"t{tag}_monitor")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     db = Database(admin, name, names)
@@ -81,7 +82,7 @@ def database(tmp_path, monkeypatch):
             warehouse.dispose()
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            for role in [*db.logins.values(), names.writer, names.analyst, names.eraser]:
+            for role in [*db.logins.values(), *names.all()]:
                 conn.connection.driver_connection.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
         admin.dispose()
 
@@ -107,9 +108,9 @@ def test_group_roles_cannot_log_in_and_the_sql_holds_no_credential(database):
     with database.admin.connect() as conn:
         rows = conn.execute(
             text("SELECT rolname, rolcanlogin, rolpassword IS NULL FROM pg_authid WHERE rolname = ANY(:names)"),
-            {"names": [database.names.writer, database.names.analyst, database.names.eraser]},
+            {"names": database.names.all()},
         ).all()
-    assert sorted(rows) == sorted((name, False, True) for name in (database.names.writer, database.names.analyst, database.names.eraser))
+    assert sorted(rows) == sorted((name, False, True) for name in database.names.all())
     assert not any("PASSWORD" in statement.upper() for statement in roles_sql(database.owner.engine, database.names))
 
 
@@ -162,6 +163,18 @@ def test_eraser_erases_but_cannot_add_records_or_remove_tombstones(database, tmp
     assert denied(eraser, "TRUNCATE erasure_tombstones")
     with database.owner.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM erasure_tombstones")).scalar_one() == 3
+
+
+def test_monitor_exports_the_counters_and_reads_nothing_else(database, tmp_path):
+    crawl(database.owner, tmp_path)
+    monitor = database.login(database.names.monitor)
+    monitor.create_schema()  # what `dedup-pipeline metrics` does first: no DDL or write on an existing schema
+    with monitor.engine.connect() as conn:
+        assert "scraper_records_seen_total 7.0" in prometheus_text(conn)
+    for table in ("records", *PERSONAL_TABLES, "near_duplicate_links", "near_duplicate_clusters", "crawl_batches"):
+        assert denied(monitor, f"SELECT count(*) FROM {table}"), table
+    assert denied(monitor, "UPDATE exact_rung_runs SET stats = '{}'")
+    assert denied(monitor, "DELETE FROM near_rung_runs")
 
 
 def test_under_the_writer_role_statistics_are_left_to_autovacuum_without_a_warning(database):
