@@ -3,7 +3,7 @@
 -- Applied by `dedup-pipeline grant-roles` (dedup_pipeline/store/roles.py) as the schema owner, after
 -- the schema exists; idempotent, so run it again after every upgrade that adds tables. The {placeholders}
 -- are role, database and column names, quoted as identifiers by the loader; this file
--- holds no value and no credential. The three roles are NOLOGIN groups: give each service or person
+-- holds no value and no credential. The four roles are NOLOGIN groups: give each service or person
 -- their own LOGIN role, with a password or certificate from your secret store, and GRANT it one group.
 
 DO $$ BEGIN CREATE ROLE ${writer} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
@@ -11,7 +11,7 @@ DO $$ BEGIN CREATE ROLE ${analyst} NOLOGIN; EXCEPTION WHEN duplicate_object OR u
 DO $$ BEGIN CREATE ROLE ${eraser} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
 DO $$ BEGIN CREATE ROLE ${monitor} NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
 
--- Start from nothing: no table is readable by PUBLIC, and earlier grants to the three roles are reset.
+-- Start from nothing: no table is readable by PUBLIC, and earlier grants to the four roles are reset.
 REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA public FROM ${writer}, ${analyst}, ${eraser}, ${monitor};
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM ${writer}, ${analyst}, ${eraser}, ${monitor};
