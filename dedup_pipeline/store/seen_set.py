@@ -10,7 +10,8 @@ and the exact rung carries on against the database alone (fails open).
 Three implementations behind one interface:
 - `RedisSeenSet`: one key per digest, written with SET NX EX (a TTL, so the set
   is never an unbounded store of identifiers); every call is one pipelined
-  round trip for a whole chunk;
+  round trip for a whole chunk (one per node on a Redis Cluster); on a single
+  Redis, a Redis Cluster or a master that Sentinel fails over (`redis_client`);
 - `BloomSeenSet`: an in-process rbloom filter per hash version, sized from the
   expected count and false-positive rate, saved to a file between runs;
 - `NoSeenSet`: every lookup goes to the database.
@@ -142,7 +143,7 @@ def _host_and_port(text: str, default_port: int) -> tuple[str, int]:
 
 
 class RedisSeenSet(SeenSet):
-    """Digests as Redis keys with a TTL, shared by every worker; on a single Redis or a Redis Cluster."""
+    """Digests as Redis keys with a TTL, shared by every worker; on a single Redis, a cluster or behind Sentinel."""
 
     kind = "redis"
 
