@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import Iterable
 
 from dedup_pipeline.core.url import URL_VERSION, canonical_url
-from dedup_pipeline.store.seen_set import DEFAULT_TTL_SECONDS, REDIS_URL_ENV, SEEN_TTL_ENV, redis_client, redis_errors
+from dedup_pipeline.store.seen_set import DEFAULT_TTL_SECONDS, REDIS_URL_ENV, SEEN_TTL_ENV, connect_redis, redis_errors
 
 log = logging.getLogger(__name__)
 URL_PREFIX_ENV = "DEDUP_URL_PREFIX"  # the URL seen-set's key prefix, one per crawl fleet when several share a Redis
@@ -49,11 +49,8 @@ class UrlSeenSet:
         self.ttl_seconds = ttl_seconds or int(os.environ.get(SEEN_TTL_ENV, DEFAULT_TTL_SECONDS))
         self.prefix = prefix or os.environ.get(URL_PREFIX_ENV) or DEFAULT_URL_PREFIX
         self._errors = redis_errors()
-        try:
-            self.client = client or redis_client(url)  # a single Redis or a Redis Cluster
-        except self._errors as exc:  # fail open: URLs count as first seen until Redis answers
-            log.warning("URL seen-set: redis not reached (%s)", type(exc).__name__)
-            self.client = redis_client(url, detect=False)
+        # A single Redis, a cluster or behind Sentinel; unreachable, URLs count as first seen until it answers.
+        self.client = client or connect_redis(url)[0]
         self._add_request = self.client.register_script(_ADD_REQUEST)
 
     def key(self, url: str) -> str:

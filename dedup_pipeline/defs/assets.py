@@ -109,13 +109,8 @@ def deduplicated_records(
     report = deduplicate_batch(
         warehouse.get(), context.partition_key, context.run.run_id, ladder.settings(), seen_set.get()
     )
-    if report.seen_set_fallbacks:
-        context.log.warning(
-            f"seen-set {report.seen_set} unavailable for {report.seen_set_fallbacks} chunk(s): "
-            "ran on the warehouse's UNIQUE index alone (slower, nothing lost)"
-        )
-    if report.seen_set_over_capacity:
-        context.log.warning(report.seen_set_over_capacity)
+    for warning in report.seen_set_warnings:
+        context.log.warning(warning)
     return dg.MaterializeResult(
         metadata={**report.as_metadata(), "dagster/row_count": report.survivors},
     )

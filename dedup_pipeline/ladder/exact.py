@@ -25,7 +25,7 @@ from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, exact_rung_runs, quarantine, record_hashes, records,
 )
-from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable
+from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable, fallback_warning
 from dedup_pipeline.store.warehouse import (
     Warehouse, active_hash_version, analyze_grown, analyze_new_batch, as_utc, record_rung_run, utcnow,
 )
@@ -72,6 +72,12 @@ class ExactReport:
             "'maybe seen' more often than its error rate (each a warehouse lookup, never a lost record); raise "
             "bloom_capacity in the seen_set resource (or $DEDUP_BLOOM_CAPACITY): a filter of the new size starts empty"
         )
+
+    @property
+    def seen_set_warnings(self) -> list[str]:
+        """What an operator should know about the seen-set after this batch (the rung logs it, the asset too)."""
+        warnings = [fallback_warning(self.seen_set, self.seen_set_fallbacks)] if self.seen_set_fallbacks else []
+        return warnings + ([self.seen_set_over_capacity] if self.seen_set_over_capacity else [])
 
     @property
     def collapse_rate(self) -> float:
@@ -201,13 +207,8 @@ def deduplicate_records(
     except SeenSetUnavailable:  # only the fast path's memory is lost; every decision is committed already
         report.seen_set_fallbacks += 1
     report.seen_set_fill = seen_set.fill(version)
-    if report.seen_set_over_capacity:
-        log.warning("batch %s: %s", batch_id, report.seen_set_over_capacity)
-    if report.seen_set_fallbacks:
-        log.warning(
-            "seen-set %s was unavailable for %d chunk(s) of batch %s; they ran on the warehouse alone",
-            seen_set.kind, report.seen_set_fallbacks, batch_id,
-        )
+    for warning in report.seen_set_warnings:
+        log.warning("batch %s: %s", batch_id, warning)
     return report
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, select
 
 from dedup_pipeline.store.schema import exact_rung_runs
+from dedup_pipeline.store.seen_set import fallback_warning
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,7 @@ class SeenSetHealth:
         found = []
         fallbacks, fill = self.figures.get("seen_set_fallbacks", 0), self.figures.get("seen_set_fill")
         if fallbacks:
-            found.append(
-                f"seen-set {self.figures.get('seen_set')} unavailable for {fallbacks} chunk(s): "
-                "they ran on the warehouse alone (slower, nothing lost)"
-            )
+            found.append(fallback_warning(self.figures.get("seen_set"), fallbacks))
         if fill is not None and fill > max_fill:
             found.append(f"Bloom seen-set at {fill:.2f} of its capacity (bound {max_fill:g}): raise bloom_capacity")
         return found

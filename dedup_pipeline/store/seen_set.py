@@ -43,6 +43,14 @@ class SeenSetUnavailable(RuntimeError):
     """The seen-set backend cannot answer now; use the database."""
 
 
+def fallback_warning(kind: str, chunks: int) -> str:
+    """What an operator is told when `chunks` chunks of a batch ran without the seen-set."""
+    return (
+        f"seen-set {kind} unavailable for {chunks} chunk(s): they ran on the warehouse's UNIQUE index alone "
+        "(slower, nothing lost)"
+    )
+
+
 class SeenSet:
     """The interface: `maybe_seen`, `remember`, `forget`, `flush`."""
 
@@ -110,6 +118,18 @@ def redis_client(url: str, timeout: float = 1.0, detect: bool = True):
     return RedisCluster.from_url(url, **options)
 
 
+def connect_redis(url: str, timeout: float = 1.0) -> tuple[object, bool]:
+    """`redis_client(url)`, failing open: (client, True); or, when Redis cannot be reached now, a plain
+    client that serves once it answers, and False (a cluster is recognised at the next start; until then its
+    nodes refuse other slots' keys, which the seen-sets treat as unavailable too)."""
+    try:
+        return redis_client(url, timeout), True
+    except redis_errors() as exc:
+        log.warning("redis at %s not reached (%s): the seen-set is unavailable for now", url.split("@")[-1],
+                    type(exc).__name__)
+        return redis_client(url, timeout, detect=False), False
+
+
 def sentinel_client(url: str, options: dict):
     """The master of a Sentinel-monitored Redis, from `redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]`.
 
@@ -158,14 +178,8 @@ class RedisSeenSet(SeenSet):
         self.ttl_seconds = ttl_seconds
         self.retry_after = retry_after
         self._down_until = 0.0
-        try:
-            self.client = redis_client(url, timeout)
-        except self._errors as exc:
-            # Not reachable now: that was the one timeout, so the breaker starts open. A plain client serves
-            # when it answers again; a cluster is recognised at the next start (until then its nodes refuse
-            # other slots' keys, which is a fallback too).
-            log.warning("redis seen-set not reached (%s): the warehouse decides alone for now", type(exc).__name__)
-            self.client = redis_client(url, timeout, detect=False)
+        self.client, reached = connect_redis(url, timeout)
+        if not reached:  # that was the one timeout: the breaker starts open
             self._down_until = time.monotonic() + retry_after
         self.cluster = isinstance(self.client, RedisCluster)
         self._set_nx_ex = self.client.register_script(_SET_NX_EX)
