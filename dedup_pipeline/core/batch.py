@@ -43,7 +43,7 @@ from decimal import Decimal
 from operator import itemgetter
 from typing import Any, Mapping, Sequence
 
-from dedup_pipeline.core.errors import RecordError
+from dedup_pipeline.core.errors import NESTING_TOO_DEEP, RecordError
 from dedup_pipeline.core.fields import NUMERIC_FIELDS, UPPER_CASE_FIELDS, VOLATILE_FIELDS, canonical_fields, field_value
 from dedup_pipeline.core.hashing import IDENTITY_FIELDS, compute_hashes, content_v1_field, hash_rule
 from dedup_pipeline.core.numbers import currency_exponent, plain_decimal
@@ -144,10 +144,13 @@ def _per_record(record: Mapping[str, Any], i: int, versions: Sequence[str], out:
     """The per-record path, for the records the column code hands over."""
     try:
         payload = canonical_fields(record)
+        digests, errors = compute_hashes(payload, versions)
     except RecordError as exc:
         out.failures[i] = exc
         return
-    digests, errors = compute_hashes(payload, versions)
+    except RecursionError:  # a record built in memory; parse_line refuses lines nested this deep
+        out.failures[i] = RecordError(NESTING_TOO_DEEP)
+        return
     out.payloads[i] = payload
     for version in versions:
         out.digests[version][i] = digests.get(version)

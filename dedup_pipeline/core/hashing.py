@@ -105,15 +105,14 @@ def _v2_text(record: Mapping[str, Any], field: str) -> str | None:
 
 def _v2_price_minor(record: Mapping[str, Any]) -> int | str:
     if record.get("price_minor") is not None:
-        raw, field = record["price_minor"], "price_minor"
-        minor = parse_decimal(raw, field).normalize()
+        minor = parse_decimal(record["price_minor"], "price_minor")
     elif record.get("price") is not None:
         price = parse_decimal(record["price"], "price")
         minor = to_minor_units(price, record.get("currency") if isinstance(record.get("currency"), str) else None)
     else:
         raise RecordError("content/2: missing identity field 'price'")
     if isinstance(minor, Decimal) and minor == minor.to_integral_value():
-        minor = int(minor)
+        minor = int(minor)  # exact: no rounding to the decimal context's 28 digits
     return minor if isinstance(minor, int) else plain_decimal(minor)
 
 

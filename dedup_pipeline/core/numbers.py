@@ -90,6 +90,8 @@ def to_minor_units(price: Decimal, currency: str | None) -> int | Decimal:
     """Price in the currency's minor unit: an int when exact, else the exact Decimal (never rounded)."""
     sign, digits, exponent = price.as_tuple()
     minor = Decimal((sign, digits, exponent + currency_exponent(currency)))
+    if not fits_exactly(minor):  # a price within the digit limit can exceed it in minor units
+        raise RecordError(f"price: out of range in minor units (more than {MAX_NUMBER_DIGITS} digits)")
     if minor == minor.to_integral_value():
         return int(minor)
     return minor

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from dedup_pipeline.core.batch import hash_records
-from dedup_pipeline.core.errors import RecordError
+from dedup_pipeline.core.errors import MAX_NESTING, NESTING_TOO_DEEP, RecordError
 from dedup_pipeline.core.fields import RECORD_VERSION, canonical_fields
 from dedup_pipeline.core.hashing import compute_hashes
 from dedup_pipeline.core.numbers import OUT_OF_RANGE, json_decimal
@@ -53,6 +53,18 @@ def _check_strings(value: Any, path: str = "record") -> None:
             _check_strings(item, path)
 
 
+def _nested_deeper_than(record: dict, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels deep in `record` (walked without recursion)."""
+    pending = [(record, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value)
+                       if isinstance(child, (dict, list)))
+    return False
+
+
 def parse_line(raw: bytes) -> dict[str, Any]:
     """One JSON Lines record as a dict, numbers read exactly (Decimal, never float)."""
     try:
@@ -68,11 +80,13 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise RecordError(f"malformed JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}") from None
     except RecursionError:
-        raise RecordError("malformed JSON: nesting too deep") from None
+        raise RecordError(NESTING_TOO_DEEP) from None
     except ValueError:  # an integer beyond Python's int <-> str digit limit
         raise RecordError(OUT_OF_RANGE) from None
     if not isinstance(value, dict):
         raise RecordError(f"a record must be a JSON object, got {type(value).__name__}")
+    if text.count("[") + text.count("{") > MAX_NESTING and _nested_deeper_than(value, MAX_NESTING):
+        raise RecordError(NESTING_TOO_DEEP)
     if "\\u" in text or "\\U" in text:  # escapes are the only way to smuggle NUL or lone surrogates in
         for key, item in value.items():
             _check_strings(key, "record key")
@@ -86,11 +100,11 @@ def parse_timestamp(value: Any) -> datetime | None:
         return None
     try:
         parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
+        if parsed.tzinfo is None:
+            return parsed.replace(tzinfo=timezone.utc)
+        return parsed.astimezone(timezone.utc)
+    except (ValueError, OverflowError):  # OverflowError: in UTC it falls outside years 1-9999 ("0001-01-01T00:00+01:00")
         return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
 
 
 @dataclass(slots=True)
@@ -124,6 +138,19 @@ def natural_key_of(payload: Mapping[str, Any], canonical: str, key_fields: Seque
     return key
 
 
+def _canonical_url_of(record: Mapping[str, Any]) -> str:
+    """The record's URL in `url/1` form; RecordError when it is missing, not text or not canonicalisable."""
+    url = record.get("url")
+    if url is None or (isinstance(url, str) and not url.strip()):
+        raise RecordError("missing url")
+    if not isinstance(url, str):
+        raise RecordError(f"url must be text, got {type(url).__name__}")
+    try:
+        return canonicalize_url_strict(url)
+    except UrlError as exc:
+        raise RecordError(f"invalid url: {exc}") from None
+
+
 def canonicalise_record(
     record: Mapping[str, Any],
     line_no: int,
@@ -138,15 +165,12 @@ def canonicalise_record(
     that fail are kept as `hash_errors` (reported by the rehash job, never
     silently given a hash).
     """
-    url = record.get("url")
-    if not isinstance(url, str) or not url.strip():
-        raise RecordError("missing url")
+    canonical = _canonical_url_of(record)
     try:
-        canonical = canonicalize_url_strict(url)
-    except UrlError as exc:
-        raise RecordError(f"invalid url: {exc}") from None
-    payload = canonical_fields(record)
-    digests, errors = compute_hashes(payload, hash_versions)
+        payload = canonical_fields(record)
+        digests, errors = compute_hashes(payload, hash_versions)
+    except RecursionError:  # a record built in memory; parse_line refuses lines nested this deep
+        raise RecordError(NESTING_TOO_DEEP) from None
     if active_version in errors:
         raise RecordError(errors[active_version])
     payload["url"] = canonical
@@ -178,14 +202,10 @@ def canonicalise_records(
     todo: list[int] = []
     urls: list[str] = []
     for i, record in enumerate(records):
-        url = record.get("url")
-        if not isinstance(url, str) or not url.strip():
-            results[i] = RecordError("missing url")
-            continue
         try:
-            urls.append(canonicalize_url_strict(url))
-        except UrlError as exc:
-            results[i] = RecordError(f"invalid url: {exc}")
+            urls.append(_canonical_url_of(record))
+        except RecordError as exc:
+            results[i] = exc
             continue
         todo.append(i)
     hashed = hash_records([records[i] for i in todo], hash_versions, urls=urls)

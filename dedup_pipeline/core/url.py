@@ -8,14 +8,18 @@ path case, trailing slashes, ``+`` versus ``%20``, ``%2F`` versus ``/`` and
 
 Rules of ``url/1`` (changing any of them means bumping :data:`URL_VERSION`):
 
-* surrounding whitespace stripped; embedded tab, CR and LF removed (as
-  browsers do);
+* surrounding whitespace stripped, Unicode whitespace included (as
+  ``str.strip``: a scraped link's trailing no-break space is an artefact of
+  text extraction, not part of the address); embedded tab, CR and LF removed
+  (as browsers do);
 * only ``http`` and ``https`` are canonicalised; the scheme is lowercased;
 * the host is lowercased; a non-ASCII host is converted to punycode with
   IDNA 2008 / UTS #46 non-transitional processing (what browsers do, so
   ``faß.de`` and ``fass.de`` stay distinct); IPv6 literals keep their
   brackets and are lowercased (not compressed); a trailing dot is kept;
-  userinfo is kept exactly as written.  Other hosts must be RFC 3986
+  userinfo is kept as written, except that characters RFC 3986 does not
+  allow in it (space, controls, ``@``, non-ASCII, ...) are percent-encoded
+  as UTF-8, so the result is always a valid URL.  Other hosts must be RFC 3986
   registered names (letters, digits, ``-._~!$&'()*+,;=``); percent-encoded
   hosts are refused rather than guessed at;
 * the default port (80 for http, 443 for https) and an empty port are
@@ -162,6 +166,7 @@ _IPV6_CHARS = re.compile(r"[0-9a-f:.]+").fullmatch
 _FIX_ESCAPES = re.compile(rf"%(?!{_NORMAL_ESCAPE_TAIL})(?:[0-9A-Fa-f]{{2}})?").sub
 _ENCODE_IN_PATH = re.compile(f"[^{_PATH_CHARS}%]+").sub
 _ENCODE_IN_QUERY = re.compile(f"[^{_QUERY_CHARS}%]+").sub
+_ENCODE_IN_USERINFO = re.compile(rf"[^A-Za-z0-9\-._~{_SUB_DELIMS}:%]+").sub
 
 _DROP_TAB_CR_LF = str.maketrans("", "", "\t\r\n")
 _DEFAULT_PORT = {"http": "80", "https": "443"}
@@ -302,8 +307,8 @@ def _scheme_and_authority_start(s: str) -> tuple[str, int]:
 def _canonical_authority(authority: str, scheme: str) -> str:
     """Return ``[userinfo@]host[:port]`` in canonical form."""
     userinfo, at, hostport = authority.rpartition("@")
-    if not userinfo.isascii():
-        _reject_lone_surrogates(userinfo)
+    if userinfo:
+        userinfo = _ENCODE_IN_USERINFO(_encode_run, userinfo)
     if hostport.startswith("["):
         end = hostport.find("]") + 1
         if end == 0:

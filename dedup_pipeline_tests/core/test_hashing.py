@@ -87,6 +87,25 @@ def test_content2_price_is_exact_minor_units():
     assert content_hash(jpy) == content_hash({**jpy, "price": None, "price_minor": 990})
 
 
+@pytest.mark.parametrize("field", ["price_minor", "price"])
+def test_content2_minor_units_are_exact_beyond_28_digits(field):
+    """The decimal context rounds to 28 digits; two prices that differ in their 29th digit are two contents."""
+    base = {k: v for k, v in LISTING.items() if k != "price"}
+    one, other = 12345678901234567890123456789, 12345678901234567890123456788
+    assert content_hash({**base, field: one}) != content_hash({**base, field: other})
+    assert content_hash({**base, field: Decimal(one)}) == content_hash({**base, field: str(one)})
+
+
+def test_content2_refuses_a_price_whose_minor_units_exceed_the_digit_limit():
+    """A price of 4,300 digits fits; in cents it has 4,302, which no exact text may hold: an error, not a crash."""
+    with pytest.raises(RecordError, match="out of range in minor units"):
+        content_hash({**LISTING, "price": int("9" * 4300)})
+    with pytest.raises(RecordError, match="out of range in minor units"):
+        content_hash({**LISTING, "price": Decimal("1e4298"), "currency": "KWD"})
+    at_the_limit = content_hash({**LISTING, "price": Decimal("1e4296"), "currency": "KWD"})  # 10**4299 fils: 4,300 digits
+    assert at_the_limit != content_hash({**LISTING, "price": Decimal("1e4295"), "currency": "KWD"})
+
+
 def test_content2_refuses_floats_and_missing_identity_fields():
     with pytest.raises(RecordError, match="float"):
         content_hash({**LISTING, "price": 9.9})

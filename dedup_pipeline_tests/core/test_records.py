@@ -76,7 +76,7 @@ def test_volatile_fields_do_not_change_identity():
     [
         ({"title": "no url"}, "missing url"),
         ({"url": "   "}, "missing url"),
-        ({"url": 42}, "missing url"),
+        ({"url": 42}, "url must be text, got int"),
         ({"url": "javascript:alert(1)"}, "invalid url"),
         ({"url": "http://a.example:99999/"}, "invalid url"),
     ],

@@ -10,6 +10,7 @@ every bad line has good neighbours.
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,19 @@ class Case:
 
 
 def _dump(record: Any) -> bytes:
-    return json.dumps(record, ensure_ascii=False).encode("utf-8")
+    """The record as one JSON line; a Decimal value is written as the JSON number of its text (`1E+4299`)."""
+    numbers = {}
+
+    def number(value):
+        if not isinstance(value, Decimal):
+            raise TypeError(type(value).__name__)
+        numbers[f"decimal-{len(numbers)}"] = str(value)
+        return f"decimal-{len(numbers) - 1}"
+
+    text = json.dumps(record, ensure_ascii=False, default=number)
+    for token, digits in numbers.items():
+        text = text.replace(f'"{token}"', digits)
+    return text.encode("utf-8")
 
 
 def raw_listing(n: int | str, **fields) -> dict:
@@ -83,6 +96,16 @@ def _megabyte_text(seed: int) -> str:
 
 
 V2_NEEDS_CURRENCY = "content/2: missing identity field 'currency'"
+V2_MINOR_OUT_OF_RANGE = "price: out of range in minor units (more than 4300 digits)"
+NESTING_TOO_DEEP = "nesting too deep (more than 100 levels of arrays and objects)"
+
+
+def _nested(levels: int) -> list:
+    """`levels` lists, one inside the next, around a 1 (a record holding it nests `levels` + 1 deep)."""
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
 
 
 def good_cases() -> list[Case]:
@@ -150,6 +173,25 @@ def good_cases() -> list[Case]:
              + b'", "title": "caf\\u00e9 \\ud83d\\ude00 \\"q\\" \\\\", "price": "1.50", "currency": "eur", "seller_id": "s-nasty", "sku": "N-23"}',
              Stored(stored_payload(23, title="caf\u00e9 \U0001F600 \"q\" \\"))),
         Case("CRLF line ending", _dump(raw_listing(24)) + b"\r", Stored(stored_payload(24))),
+        Case("user names a URL cannot hold (space, '@', controls, non-ASCII) are percent-encoded",
+             _dump(raw_listing(25, url="https://us er@a@shop.example.com/nasty/25")),
+             Stored(stored_payload(25, url="https://us%20er%40a@shop.example.com/nasty/25"))),
+        Case("a user name with no-break space and controls", _dump(raw_listing(26, url="https://u\u00a0\x0b\x1f@shop.example.com/nasty/26")),
+             Stored(stored_payload(26, url="https://u%C2%A0%0B%1F@shop.example.com/nasty/26"))),
+        _good("a timestamp outside years 1-9999 in UTC is no crawl time, not an error", 27,
+              raw={"scraped_at": "0001-01-01T00:00:00+01:00"}),
+        _good("the last representable timestamp, west of UTC", 28, raw={"scraped_at": "9999-12-31T23:59:59-01:00"}),
+        _good("a price too large in minor units: content/2 cannot hash it", 29, raw={"price": Decimal("1e4299")},
+              stored={"price": "1" + "0" * 4299}, hash_errors={"content/2": V2_MINOR_OUT_OF_RANGE}),
+        _good("the same as text", 30, raw={"price": "1e4299"}, stored={"price": "1" + "0" * 4299},
+              hash_errors={"content/2": V2_MINOR_OUT_OF_RANGE}),
+        _good("a 4300-digit price", 31, raw={"price": int("9" * 4300)}, stored={"price": int("9" * 4300)},
+              hash_errors={"content/2": V2_MINOR_OUT_OF_RANGE}),
+        _good("three-digit minor units push a price past the limit", 32, raw={"price": Decimal("1e4298"), "currency": "KWD"},
+              stored={"price": "1" + "0" * 4298, "currency": "KWD"}, hash_errors={"content/2": V2_MINOR_OUT_OF_RANGE}),
+        _good("a 4300-digit price in minor units is exact", 33, raw={"price": _DROP, "price_minor": int("9" * 4300)},
+              stored={"price": _DROP, "price_minor": int("9" * 4300)}),
+        _good("nesting at the limit is kept", 34, raw={"deep": _nested(99)}, stored={"deep": _nested(99)}),
         Case("a re-crawl with other volatile fields is an exact duplicate",
              _dump(raw_listing(1, scraped_at="2026-12-24T00:00:00Z", crawl_id="other", etag="e9")),
              Stored(None, decision="exact_duplicate")),
@@ -187,10 +229,16 @@ def bad_cases() -> list[Case]:
              "JSON number out of range (its exact text would exceed 4300 digits)"),
         _bad("an integer longer than 4300 digits", b'{"count": ' + b"9" * 5000 + b"}", "raw",
              "JSON number out of range (its exact text would exceed 4300 digits)"),
-        _bad("nesting too deep", b"[" * 200_000, "raw", "malformed JSON: nesting too deep"),
+        _bad("nesting too deep for the JSON parser", b"[" * 200_000, "raw", NESTING_TOO_DEEP),
+        _bad("valid JSON nested past the limit (the Python stack would still hold it)",
+             raw_listing("b9", deep=_nested(100)), "raw", NESTING_TOO_DEEP),
+        _bad("valid JSON nested deeper than canonicalising could recurse", raw_listing("b10", deep=_nested(600)), "raw",
+             NESTING_TOO_DEEP),
         _bad("a byte-order mark", b"\xef\xbb\xbf" + _dump(raw_listing("bom")), "raw",
              "malformed JSON: Unexpected UTF-8 BOM (decode using utf-8-sig) at column 1"),
         _bad("no url", raw_listing("c1", url=_DROP), "canonical", "missing url"),
+        _bad("a url that is a number", raw_listing("c15", url=123), "canonical", "url must be text, got int"),
+        _bad("a url that is a list", raw_listing("c16", url=[f"{SHOP}/c16"]), "canonical", "url must be text, got list"),
         _bad("an empty url", raw_listing("c2", url="   "), "canonical", "missing url"),
         _bad("a javascript: url", raw_listing("c3", url="javascript:alert(document.cookie)"), "canonical",
              "invalid url: scheme 'javascript' is not http(s)"),

@@ -21,8 +21,9 @@ from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import canonicalise_record
 from dedup_pipeline.ladder.exact import deduplicate_records
 from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.quality import expectations, frames
 from dedup_pipeline.store.schema import crawl_batches, settings as settings_table
-from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, utcnow
+from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, active_hash_version, utcnow
 from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.reliability import corpus
 from dedup_pipeline_tests.reliability.ladder_run import (
@@ -81,6 +82,11 @@ def test_nasty_corpus_every_line_stored_exactly_or_quarantined_precisely(warehou
     assert sum(reports.exact.decisions.values()) == len(good)
     _check_fates(warehouse.engine, "nasty", by_line)
     assert_one_row_per_key_and_content(warehouse.engine)
+    with warehouse.engine.connect() as conn:  # what the canonical rung kept passes its blocking suite
+        frame = frames.canonical_frame(conn, "nasty", active_hash_version(conn))
+        suite = expectations.canonical_suite(frames.expected_canonical_rows(conn, "nasty"))
+    report = expectations.validate(frame, "canonical_records", suite)
+    assert report.success, report.markdown()
     assert reports.near.sketched == len([c for c in good if c.fate.decision == "new"])
 
     before = (stored_payloads(warehouse.engine), quarantined_lines(warehouse.engine, "nasty"))
