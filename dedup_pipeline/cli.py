@@ -10,11 +10,14 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dedup_pipeline.erasure_cli import add_commands as add_privacy_commands
+from dedup_pipeline.core.errors import ConfigurationError
+from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, BatchFileError
 from dedup_pipeline.runner import LadderSummary, ensure_dagster_home
 
+_INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
 _COLUMNS = [("batch", "batch"), ("records_in", "in"), ("quarantined", "quarantined"),
             ("exact_duplicates", "exact dup"), ("changed", "changed"), ("new", "new"),
             ("stale", "stale"), ("near_duplicates", "near dup")]
@@ -31,20 +34,24 @@ def format_summary(summary: LadderSummary) -> str:
     return "\n".join(lines)
 
 
-def _run(landing: Path, as_json: bool) -> int:
+def _run(landing: Path, as_json: bool, settle_seconds: float) -> int:
     from dedup_pipeline.runner import run_landing_folder
 
     ensure_dagster_home()
-    summary = run_landing_folder(landing)
+    summary = run_landing_folder(landing, settle_seconds=settle_seconds)
+    for notice in summary.notices:
+        print(f"dedup-pipeline run: {notice}", file=sys.stderr)
+    for batch, error in summary.failed.items():
+        print(f"dedup-pipeline run: batch {batch} failed: {error} (its run is in the Dagster UI)", file=sys.stderr)
     print(json.dumps(summary.as_dict()) if as_json else format_summary(summary))
-    return 0
+    return 1 if summary.failed else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from dedup_pipeline.landing import landing_dir
 
     landing = Path(args.landing) if args.landing else landing_dir()
-    return _run(landing, args.json)
+    return _run(landing, args.json, args.settle_seconds)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -54,7 +61,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         paths = write_demo_crawl(Path(folder))
         if not args.json:
             print(f"wrote {len(paths)} demo batches to {folder}; running the ladder...\n")
-        return _run(Path(folder), args.json)
+        return _run(Path(folder), args.json, settle_seconds=0)
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
@@ -116,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="register every batch in the landing folder and run the whole ladder for each")
     run.add_argument("--landing", help="landing folder (default: $DEDUP_LANDING_DIR or .dedup/landing)")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    run.add_argument("--settle-seconds", type=float, default=DEFAULT_SETTLE_SECONDS, metavar="S",
+                     help=f"leave alone files modified in the last S seconds, still being written (default {DEFAULT_SETTLE_SECONDS:g})")
     run.set_defaults(func=cmd_run)
     demo = commands.add_parser("demo", help="write a realistic sample crawl to a temporary folder and run it")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -148,10 +157,18 @@ def main(argv: list[str] | None = None) -> int:
         # interpreter's own final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (OSError, OperationalError) as exc:  # the environment, not the code: a path, a port, the warehouse
-        reason = exc.orig if isinstance(exc, OperationalError) else exc
-        print(f"dedup-pipeline {args.command}: error: {reason}".rstrip(), file=sys.stderr)
+    except (OSError, DBAPIError, BatchFileError, ConfigurationError) as exc:
+        if isinstance(exc, DBAPIError) and not _environmental(exc):
+            raise  # a fault of the code, whose traceback is what a bug report needs
+        # The environment, not the code: a path, a port, a setting, the warehouse or the login's rights.
+        reason = exc.orig if isinstance(exc, DBAPIError) else exc
+        print(f"dedup-pipeline {args.command}: error: {' '.join(str(reason).split())}", file=sys.stderr)
         return 1
+
+
+def _environmental(exc: DBAPIError) -> bool:
+    """A database error the operator fixes: the server unreachable, or the login lacking a privilege."""
+    return isinstance(exc, OperationalError) or getattr(exc.orig, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE
 
 
 if __name__ == "__main__":

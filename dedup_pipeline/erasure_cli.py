@@ -27,7 +27,6 @@ def _print_counts(title: str, counts: dict, extra: dict) -> None:
 def cmd_erase(args: argparse.Namespace) -> int:
     from dedup_pipeline.core.erasure import Subject
     from dedup_pipeline.ladder.erasure import erase_subject, url_seen_set_from_env
-    from dedup_pipeline.store.erasure import TombstoneKeyError
     from dedup_pipeline.store.seen_set import seen_set_from_env
     from dedup_pipeline.store.warehouse import Warehouse
 
@@ -39,7 +38,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
             warehouse, subject, args.request_id, seen_set_from_env(args.seen_set), args.representative,
             url_seen_set_from_env(),
         )
-    except (SubjectError, TombstoneKeyError) as exc:
+    except SubjectError as exc:  # the subject as given cannot be used: a wrong argument
         print(f"dedup-pipeline erase: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -17,6 +17,12 @@ LANDING_DIR_ENV = "DEDUP_LANDING_DIR"
 #: Batch file endings, longest first so "x.jsonl.gz" is not read as "x.jsonl" + ".gz".
 BATCH_SUFFIXES = (".jsonl.gz", ".ndjson.gz", ".json.gz", ".jsonl", ".ndjson")
 _KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=:+-]{0,199}$")
+#: Why a file whose name ends like a batch is not one (a Dagster partition key must be a plain name).
+BAD_KEY = "its name (less the suffix) is not a batch key: ASCII letters, digits and . _ = : + -, starting with a " \
+    "letter or digit, at most 200 characters"
+NOT_A_BATCH = "not a batch file: batch names end in " + ", ".join(sorted(BATCH_SUFFIXES)) + " (lower case)"
+#: A file modified more recently than this is taken to be still being written (the sensor's and `run`'s default).
+DEFAULT_SETTLE_SECONDS = 5.0
 
 
 #: A batch key's leading landing date or timestamp ("2026-11-30-", "2026-11-30T06:00Z_", "20261130-"):
@@ -48,12 +54,17 @@ def landing_dir() -> Path:
 
 def batch_key(path: Path) -> str | None:
     """The partition key of a batch file (its name without the suffix), or None if it is not a batch."""
-    name = path.name
+    key, _ = _key_or_reason(path.name)
+    return key
+
+
+def _key_or_reason(name: str) -> tuple[str | None, str]:
+    """(the batch key, "") of a file name, or (None, why it is not a batch file)."""
     for suffix in BATCH_SUFFIXES:
         if name.endswith(suffix):
             key = name[: -len(suffix)]
-            return key if _KEY_PATTERN.match(key) else None
-    return None
+            return (key, "") if _KEY_PATTERN.match(key) else (None, BAD_KEY)
+    return None, NOT_A_BATCH
 
 
 @dataclass(frozen=True)
@@ -64,30 +75,61 @@ class BatchFile:
     mtime: float
 
 
-def list_batches(folder: Path, settle_seconds: float = 0.0) -> list[BatchFile]:
-    """Batch files in `folder`, in name order.
+@dataclass(frozen=True)
+class LandingScan:
+    """What a landing folder holds: settled batches, batches still being written, and files that are no batch."""
 
-    Hidden files and files modified in the last `settle_seconds` are left out:
-    a crawler still writing a batch (or writing it under a temporary name and
-    renaming it when done, as it should) never yields a partial partition.
+    batches: list[BatchFile]
+    unsettled: list[BatchFile]
+    ignored: list[tuple[str, str]]  # (file name, why it is not a batch file)
+
+    def notices(self, settle_seconds: float) -> list[str]:
+        """One line per file left alone, for an operator: which, and why."""
+        now = time.time()
+        lines = [
+            f"not yet: {batch.path.name} was modified {max(now - batch.mtime, 0):.0f} s ago, less than the "
+            f"{settle_seconds:g} s a batch must be left unchanged (still being written?)"
+            for batch in self.unsettled
+        ]
+        return lines + [f"ignored: {name}: {reason}" for name, reason in self.ignored]
+
+
+def scan_landing(folder: Path, settle_seconds: float = 0.0) -> LandingScan:
+    """The batch files in `folder`, in name order, and the files left alone.
+
+    Hidden files (a crawler writing under a temporary name and renaming it
+    when done, as it should) and folders are passed over without a word.
+    Files modified in the last `settle_seconds` are `unsettled`, so a
+    crawler still writing a batch never yields a partial partition; other
+    files whose name is not a batch's are `ignored`, with the reason.
     """
     if not folder.is_dir():
         raise BatchFileError(f"landing folder {folder} does not exist or is not a folder")
     now = time.time()
     found: dict[str, BatchFile] = {}
+    unsettled: list[BatchFile] = []
+    ignored: list[tuple[str, str]] = []
     for path in sorted(folder.iterdir()):
         if path.name.startswith(".") or not path.is_file():
             continue
-        key = batch_key(path)
+        key, reason = _key_or_reason(path.name)
         if key is None:
+            ignored.append((path.name, reason))
             continue
         stat = path.stat()
+        batch = BatchFile(key, path, stat.st_size, stat.st_mtime)
         if now - stat.st_mtime < settle_seconds:
+            unsettled.append(batch)
             continue
         if key in found:
             raise BatchFileError(f"two landing files map to batch {key!r}: {found[key].path.name} and {path.name}")
-        found[key] = BatchFile(key, path, stat.st_size, stat.st_mtime)
-    return [found[key] for key in sorted(found)]
+        found[key] = batch
+    return LandingScan([found[key] for key in sorted(found)], unsettled, ignored)
+
+
+def list_batches(folder: Path, settle_seconds: float = 0.0) -> list[BatchFile]:
+    """The settled batch files in `folder`, in name order (see `scan_landing`)."""
+    return scan_landing(folder, settle_seconds).batches
 
 
 def find_batch(folder: Path, key: str) -> BatchFile:

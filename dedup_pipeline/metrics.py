@@ -123,7 +123,11 @@ def prometheus_text(conn: Connection) -> str:
 
 
 def write_textfile(conn: Connection, path: str) -> None:
-    write_to_textfile(path, registry(conn))
+    """Write the counters to `path` atomically (a temporary file beside it, then a rename), as node_exporter expects."""
+    try:
+        write_to_textfile(path, registry(conn))
+    except OSError as exc:  # its message names the temporary file; the operator gave `path`
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
 
 
 class WarehouseCollector:

@@ -15,13 +15,13 @@ import dagster as dg
 from sqlalchemy import func, select
 
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.landing import LANDING_DIR_ENV, list_batches
+from dedup_pipeline.landing import LANDING_DIR_ENV, scan_landing
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
 
 LOCAL_DAGSTER_HOME = ".dagster_home"
 # The command line prints its own summary; Dagster's step-by-step log stays in the UI.
-_QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+_QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 def ensure_dagster_home() -> Path:
@@ -59,9 +59,15 @@ class BatchSummary:
 class LadderSummary:
     batches: list[BatchSummary] = field(default_factory=list)
     warehouse_records: int = 0
+    failed: dict[str, str] = field(default_factory=dict)  # batch -> error: their runs failed, the others went on
+    notices: list[str] = field(default_factory=list)  # landing files left alone, and why
 
     def as_dict(self) -> dict:
-        return {"batches": [asdict(b) for b in self.batches], "warehouse_records": self.warehouse_records}
+        return {
+            "batches": [asdict(b) for b in self.batches], "warehouse_records": self.warehouse_records,
+            "failed": [{"batch": batch, "error": error} for batch, error in self.failed.items()],
+            "notices": self.notices,
+        }
 
 
 def _metadata(result: dg.ExecuteInProcessResult, asset_name: str) -> dict:
@@ -71,24 +77,50 @@ def _metadata(result: dg.ExecuteInProcessResult, asset_name: str) -> dict:
     return {key: value.value for key, value in materializations[-1].metadata.items()}
 
 
-def run_landing_folder(landing: Path, instance: dg.DagsterInstance | None = None) -> LadderSummary:
-    """Register every batch file in `landing` and materialise the ladder for each, in name order."""
+def _failure_reason(result: dg.ExecuteInProcessResult) -> str:
+    """The first line of what failed the run: the innermost error of its first failed step."""
+    for event in result.get_step_failure_events():
+        error = event.step_failure_data.error
+        while error is not None and error.cause is not None:
+            error = error.cause
+        if error is not None:
+            return f"{event.step_key}: {error.message.strip().splitlines()[0]}"
+    failure = result.get_run_failure_event()
+    return failure.message if failure is not None else "the run failed"
+
+
+def run_landing_folder(
+    landing: Path, instance: dg.DagsterInstance | None = None, settle_seconds: float = 0.0
+) -> LadderSummary:
+    """Register every settled batch file in `landing` and materialise the ladder for each, in name order.
+
+    A batch whose run fails is reported in `failed` and the next one runs all
+    the same (the policy orders batches by landing time, so a batch run later
+    than a newer one is judged as the older one it is). Files modified in the
+    last `settle_seconds`, and files that are not batches, are left alone and
+    named in `notices`.
+    """
     from dedup_pipeline.definitions import defs
 
     landing = landing.resolve()
     os.environ[LANDING_DIR_ENV] = str(landing)
     instance = instance or dg.DagsterInstance.get()
-    batches = list_batches(landing)
+    scan = scan_landing(landing, settle_seconds)
+    batches = scan.batches
+    warehouse = Warehouse().create_schema()  # unreachable: one clear error now, not a failed run per batch
     known = set(instance.get_dynamic_partitions(crawl_batches_partitions.name))
     missing = [b.key for b in batches if b.key not in known]
     if missing:
         instance.add_dynamic_partitions(crawl_batches_partitions.name, missing)
     job = defs.resolve_job_def("dedup_ladder")
-    summary = LadderSummary()
+    summary = LadderSummary(notices=scan.notices(settle_seconds))
     for batch in batches:
         result = job.execute_in_process(
-            partition_key=batch.key, instance=instance, raise_on_error=True, run_config=_QUIET_RUN_CONFIG
+            partition_key=batch.key, instance=instance, raise_on_error=False, run_config=_QUIET_RUN_CONFIG
         )
+        if not result.success:
+            summary.failed[batch.key] = _failure_reason(result)
+            continue
         raw = _metadata(result, "raw_crawl_batches")
         canonical = _metadata(result, "canonical_records")
         exact = _metadata(result, "deduplicated_records")
@@ -105,7 +137,6 @@ def run_landing_folder(landing: Path, instance: dg.DagsterInstance | None = None
                 near_duplicates=int(near.get("near_duplicates", 0)),
             )
         )
-    warehouse = Warehouse().create_schema()
     with warehouse.engine.connect() as conn:
         summary.warehouse_records = conn.execute(select(func.count()).select_from(records)).scalar_one()
     return summary

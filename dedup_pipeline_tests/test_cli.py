@@ -37,6 +37,46 @@ def test_run_json_on_the_embedded_default(tmp_path):
     assert (tmp_path / ".dagster_home").is_dir()
 
 
+def test_run_goes_on_past_a_failed_batch_and_names_every_file_it_left_alone(tmp_path):
+    """Breaks: a landing folder with a corrupt batch between good ones, a batch still being written, and files
+    that are not batches (a README, a name no partition key can take, an upper-case suffix).
+
+    Must hold: the good batches are stored; the corrupt one is reported as failed (stderr and JSON) and the
+    exit status is 1; the fresh file is left for a later run, and so is every other file, each named with why.
+    """
+    import gzip
+
+    landing = tmp_path / "landing"
+    write_batch(landing, "2026-11-01-a", [listing(n) for n in range(3)], landed=1e9)
+    flipped = bytearray(gzip.compress(b"".join(json.dumps(listing(n)).encode() + b"\n" for n in range(300))))
+    flipped[len(flipped) // 2] ^= 0x10
+    (landing / "2026-11-02-b.jsonl.gz").write_bytes(bytes(flipped))
+    os.utime(landing / "2026-11-02-b.jsonl.gz", (1e9 + 60, 1e9 + 60))
+    write_batch(landing, "2026-11-03-c", [listing(n) for n in range(10, 12)], landed=1e9 + 120)
+    write_batch(landing, "2026-11-04-d", [listing(20)])  # modified now: still being written
+    for name in ("README.md", "2026-11-05 e.jsonl", "2026-11-06-f.JSONL"):
+        write_batch(landing, name.removesuffix(".jsonl"), [listing(30)], landed=1e9) if name.endswith(".jsonl") else \
+            (landing / name).write_text("notes\n")
+
+    result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    out = json.loads(result.stdout)
+    assert [b["batch"] for b in out["batches"]] == ["2026-11-01-a", "2026-11-03-c"]
+    assert out["warehouse_records"] == 5
+    (failed,) = out["failed"]
+    assert failed["batch"] == "2026-11-02-b" and "is corrupt" in failed["error"]
+    assert "batch 2026-11-02-b failed:" in result.stderr
+    notices = "\n".join(out["notices"])
+    assert "not yet: 2026-11-04-d.jsonl was modified" in notices
+    assert "ignored: README.md: not a batch file" in notices
+    assert "ignored: 2026-11-05 e.jsonl: its name (less the suffix) is not a batch key" in notices
+    assert "ignored: 2026-11-06-f.JSONL: not a batch file" in notices
+    assert all(f"dedup-pipeline run: {notice}" in result.stderr for notice in out["notices"])
+
+    later = run_cli(["run", "--landing", str(landing), "--json", "--settle-seconds", "0"], cwd=tmp_path)
+    assert "2026-11-04-d" in [b["batch"] for b in json.loads(later.stdout)["batches"]]
+
+
 def test_demo_prints_the_decision_table(tmp_path):
     result = run_cli(["demo"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -79,13 +119,26 @@ def test_decisions_piped_into_a_reader_that_stops_early_ends_without_a_traceback
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
 
 
-def test_an_unwritable_path_or_an_unreachable_warehouse_is_one_line_of_error_not_a_traceback(tmp_path):
-    missing = run_cli(["metrics", "--textfile", str(tmp_path / "no" / "such" / "dir" / "dedup.prom")], cwd=tmp_path)
-    down = run_cli(["metrics"], cwd=tmp_path, DEDUP_DATABASE_URL="postgresql+psycopg://postgres@127.0.0.1:1/nowhere")
-    for result, reason in ((missing, "No such file or directory"), (down, "connection failed")):
-        assert result.returncode == 1, result.stderr
-        assert result.stderr.startswith("dedup-pipeline metrics: error: ") and reason in result.stderr, result.stderr
-        assert "Traceback" not in result.stderr
+def test_what_the_operator_must_fix_is_one_line_of_error_not_a_traceback(tmp_path, pg_database_url):
+    """An unwritable path, an unreachable warehouse (for `run` too, before any batch is tried), a landing folder
+    that does not exist, a wrong retention setting, a missing tombstone key: one line naming it, status 1."""
+    unwritable = str(tmp_path / "no" / "such" / "dir" / "dedup.prom")
+    down = {"DEDUP_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/nowhere"}
+    write_batch(tmp_path / "landing", "a", [listing(1)], landed=1e9)
+    cases = [
+        (["metrics", "--textfile", unwritable], {}, f"cannot write {unwritable}: No such file or directory"),
+        (["metrics"], down, "connection failed"),
+        (["run", "--landing", str(tmp_path / "landing")], down, "connection failed"),
+        (["run", "--landing", str(tmp_path / "nowhere")], {}, "does not exist or is not a folder"),
+        (["prune-retention"], {"DEDUP_HISTORY_RETENTION_DAYS": "a year"}, "DEDUP_HISTORY_RETENTION_DAYS must be a whole number"),
+        (["erase", "--kind", "canonical_url", "--value", "https://shop.example.com/p/1"],
+         {"DEDUP_DATABASE_URL": pg_database_url}, "DEDUP_TOMBSTONE_KEY is not set"),
+    ]
+    for args, env, reason in cases:
+        result = run_cli(args, cwd=tmp_path, **env)
+        assert result.returncode == 1, (args, result.stderr)
+        assert result.stderr.startswith(f"dedup-pipeline {args[0]}: error: ") and reason in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
 
 
 def test_the_kubernetes_exporter_runs_a_command_the_cli_accepts():

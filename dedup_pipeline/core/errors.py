@@ -1,6 +1,13 @@
 """The one error type that sends a record to quarantine."""
 
 
+class ConfigurationError(ValueError):
+    """A setting (an environment variable, a key, a resource value) is missing or wrong: the operator fixes it.
+
+    The command line prints it as one line of error, exit status 1.
+    """
+
+
 class RecordError(ValueError):
     """A record cannot be used; the message is the quarantine reason.
 

@@ -12,7 +12,7 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.landing import find_batch
+from dedup_pipeline.landing import BatchFileError, find_batch
 
 GROUP = "dedup_ladder"
 #: The collapse-rate check on deduplicated_records (defined with the other checks in defs/checks.py).
@@ -38,8 +38,10 @@ def raw_crawl_batches(
     charts each figure over the batches; a spike in `quarantined` means a
     crawler started writing broken lines.
     """
-    batch = find_batch(landing.path(), context.partition_key)
-    report = ingest_raw_batch(warehouse.get(), batch)
+    try:
+        report = ingest_raw_batch(warehouse.get(), find_batch(landing.path(), context.partition_key))
+    except BatchFileError as exc:  # missing, corrupt or changed: running the step again cannot help
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.parsed})
 
 

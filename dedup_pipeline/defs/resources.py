@@ -12,7 +12,7 @@ from pydantic import Field
 from dedup_pipeline.core.hashing import HASH_RULES
 from dedup_pipeline.core.neardup import DEFAULT_THRESHOLD, NearDupParams, make_params
 from dedup_pipeline.core.policy import DuplicatePolicy
-from dedup_pipeline.landing import landing_dir
+from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
 from dedup_pipeline.ladder.near import (
     DEFAULT_MAX_BUCKET_SIZE, DEFAULT_MAX_CLUSTER_SHARE, DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK,
 )
@@ -45,7 +45,7 @@ class LandingResource(dg.ConfigurableResource):
 
     folder: Optional[str] = Field(default=None, description="Folder path; empty means $DEDUP_LANDING_DIR or .dedup/landing.")
     settle_seconds: float = Field(
-        default=5.0, description="A file modified more recently than this is still being written and is left alone."
+        default=DEFAULT_SETTLE_SECONDS, description="A file modified more recently than this is still being written and is left alone."
     )
 
     def path(self) -> Path:

@@ -8,7 +8,7 @@ import dagster as dg
 from dedup_pipeline.defs.jobs import dedup_ladder_job
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import LandingResource
-from dedup_pipeline.landing import SOURCE_TAG, batch_source, list_batches
+from dedup_pipeline.landing import SOURCE_TAG, batch_source, scan_landing
 
 AUTOMATION_ENV = "DEDUP_AUTOMATION"
 
@@ -23,7 +23,10 @@ def automation_status() -> dg.DefaultSensorStatus:
 def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource) -> dg.SensorResult:
     """Adds a partition for each new, fully written batch file in the landing folder and requests its run."""
     known = set(context.instance.get_dynamic_partitions(crawl_batches_partitions.name))
-    new_keys = [batch.key for batch in list_batches(landing.path(), landing.settle_seconds) if batch.key not in known]
+    scan = scan_landing(landing.path(), landing.settle_seconds)
+    for name, reason in scan.ignored:  # a file a crawler meant as a batch must not vanish without a word
+        context.log.warning(f"landing file {name} ignored: {reason}")
+    new_keys = [batch.key for batch in scan.batches if batch.key not in known]
     if not new_keys:
         return dg.SensorResult(skip_reason="no new batch files")
     return dg.SensorResult(

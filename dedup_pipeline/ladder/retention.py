@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, delete, select, tuple_, update
 
+from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.policy import Decision
 from dedup_pipeline.store.schema import canonical_records, crawl_batches, dedup_decisions, quarantine, record_history
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
@@ -58,7 +59,7 @@ class RetentionSettings:
             try:
                 values[name] = int(raw) if raw else default
             except ValueError:
-                raise ValueError(f"{variable} must be a whole number of days, got {raw!r}") from None
+                raise ConfigurationError(f"{variable} must be a whole number of days, got {raw!r}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

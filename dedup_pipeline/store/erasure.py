@@ -42,6 +42,7 @@ from sqlalchemy.engine import make_url
 
 from dedup_pipeline.core import erasure as core
 from dedup_pipeline.core.erasure import Catalogue, RawLineMatcher, Subject, SubjectKind
+from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.core.url import URL_VERSION
 from dedup_pipeline.store import json_text
@@ -72,7 +73,7 @@ _HANDLED = {
 }
 
 
-class TombstoneKeyError(RuntimeError):
+class TombstoneKeyError(ConfigurationError):
     """The tombstone key is missing, too short, or not the key the warehouse's tombstones were made with."""
 
 

@@ -257,6 +257,32 @@ def test_the_sensor_leaves_a_batch_that_is_still_being_written(tmp_path):
     assert [list(r.partition_keys) for r in result.dynamic_partitions_requests] == [["late"]]
 
 
+def test_files_that_cannot_be_batches_are_named_with_the_reason(tmp_path):
+    """Breaks: files a crawler meant as batches but whose names no partition key can take, beside real batches.
+
+    Must hold: each is listed as ignored with why (suffix or name), hidden files and folders are passed over
+    silently, a fresh batch is unsettled (not ignored), and the batches are found as before.
+    """
+    from dedup_pipeline.landing import BAD_KEY, NOT_A_BATCH, scan_landing
+
+    folder = tmp_path / "landing"
+    for name in ("ok.jsonl", "2026-11-09 shop-a.jsonl", "café.jsonl", "_x.jsonl", "x" * 201 + ".jsonl",
+                 "x.JSONL", "x.jsonl.GZ", "x.json", "notes.txt", ".hidden.jsonl.part"):
+        write_batch(folder, name.removesuffix(".jsonl"), [listing(1)], landed=1e9) if name.endswith(".jsonl") \
+            else (folder / name).write_text("{}\n")
+    (folder / "sub.jsonl").mkdir()
+    fresh = write_batch(folder, "fresh", [listing(2)])
+    scan = scan_landing(folder, settle_seconds=5)
+    assert [b.key for b in scan.batches] == ["ok"] and [b.path for b in scan.unsettled] == [fresh]
+    assert dict(scan.ignored) == {
+        "2026-11-09 shop-a.jsonl": BAD_KEY, "café.jsonl": BAD_KEY, "_x.jsonl": BAD_KEY, "x" * 201 + ".jsonl": BAD_KEY,
+        "x.JSONL": NOT_A_BATCH, "x.jsonl.GZ": NOT_A_BATCH, "x.json": NOT_A_BATCH, "notes.txt": NOT_A_BATCH,
+    }
+    notices = scan.notices(5)
+    assert notices[0].startswith("not yet: fresh.jsonl was modified ") and "less than the 5 s" in notices[0]
+    assert "ignored: notes.txt: not a batch file: batch names end in .json.gz, .jsonl, " in "\n".join(notices)
+
+
 def test_a_batch_file_that_changes_after_the_raw_rung_is_refused(warehouse, tmp_path):
     """Breaks: the batch file grows (a crawler appends) between the raw and the canonical rung.
 
