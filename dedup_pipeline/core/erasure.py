@@ -34,7 +34,8 @@ from typing import Any, Iterable, Mapping
 
 from dedup_pipeline.core.fields import canonical_fields, normalise_text
 from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes
-from dedup_pipeline.core.url import URL_VERSION, UrlError, canonicalize_url_strict
+from dedup_pipeline.core.errors import RecordError
+from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url, canonicalize_url_strict
 
 TOMBSTONE_VERSION = "tombstone/1"
 #: A key shorter than this is refused: it could be guessed, and then so could every fingerprint.
@@ -242,6 +243,43 @@ def record_fingerprints(
         digest = hashes.get(version) or computed.get(version)
         if digest:
             found.append(fingerprint(key, _DIGEST, version, digest))
+    return found
+
+
+#: A URL in free text, up to the first character no URL holds unescaped; and a complete JSON string literal.
+_URL_IN_TEXT = re.compile(r"https?://[^\s\"'<>\\^`{|}]+", re.IGNORECASE)
+_JSON_STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\.)*"')
+
+
+def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[bytes]:
+    """Every fingerprint a quarantined line could match a tombstone by, read as text (it may not parse).
+
+    Each URL in it (canonicalised) by URL and as a natural key; each complete
+    JSON string in it as a natural key and as the value of every tombstoned
+    field path; and when it parses as an object, its digests under every
+    version with tombstones. What `RawLineMatcher` cannot find in a line is
+    not found here either (an identifier cut by a truncation, a number).
+    """
+    text = raw.decode("utf-8", errors="replace")
+    strings: set[str] = set()
+    for literal in _JSON_STRING.findall(text):
+        try:
+            strings.add(json.loads(literal))
+        except ValueError:  # a lone surrogate escape, say: searched as the raw text it is
+            continue
+    urls = {canonical_url(url) for source in (text, *strings) for url in _URL_IN_TEXT.findall(source)}
+    found = [fingerprint(key, _URL, URL_VERSION, url) for url in urls] if catalogue.url_versions else []
+    if catalogue.natural_keys:
+        found += [fingerprint(key, _KEY, "", normalise_natural_key(value)) for value in strings | urls if value.strip()]
+    values = {normalise_field_value(value) for value in strings} - {None}
+    found += [fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in values]
+    record = _loads_object(text) if catalogue.versions else None
+    if record is not None:
+        try:
+            digests, _ = compute_hashes(canonical_fields(record), [v for v in catalogue.versions if v in HASH_RULES])
+        except (RecordError, RecursionError):
+            digests = {}
+        found += [fingerprint(key, _DIGEST, version, digest) for version, digest in digests.items()]
     return found
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 from dedup_pipeline.core.records import CanonicalRecord
 
@@ -77,7 +77,7 @@ def plan_chunk(
     records: Iterable[CanonicalRecord],
     active_version: str,
     stored_by_key: Mapping[str, StoredRow],
-    stored_digests: set[str],
+    stored_digests: Mapping[str, Collection[str]],
     batch_order: tuple,
     policy: DuplicatePolicy = DuplicatePolicy(),
     erased: set[int] | None = None,
@@ -85,8 +85,11 @@ def plan_chunk(
     """Replay records in file order against the stored state and return the net writes.
 
     ``stored_by_key`` holds the current rows of the chunk's natural keys and
-    ``stored_digests`` every active-version digest of the chunk that is already
-    stored (under any key). ``batch_order`` is (landing time, batch id) of the
+    ``stored_digests`` maps active-version digests already stored to the
+    natural keys of the rows holding them: every digest of the chunk known to
+    be stored, and every digest one of its keys holds and changes away from
+    (during a rehash migration's overlap, two rows may hold one digest, and it
+    stays stored while either does). ``batch_order`` is (landing time, batch id) of the
     batch; a record older than the stored version of its key is stale, which is
     what makes replaying an old batch change nothing. ``erased`` holds the
     positions (in ``records``) that an erasure tombstone suppresses.
@@ -94,7 +97,10 @@ def plan_chunk(
     plan = ChunkPlan()
     current: dict[str, str] = {key: row.content_hash for key, row in stored_by_key.items()}
     current_order: dict[str, Order] = {key: row.order for key, row in stored_by_key.items()}
-    digests = set(stored_digests)
+    holders: dict[str, set[str]] = {digest: set(keys) for digest, keys in stored_digests.items()}
+    for key, row in stored_by_key.items():
+        if row.content_hash:
+            holders.setdefault(row.content_hash, set()).add(key)
     for position, record in enumerate(records):
         if erased and position in erased:
             plan.decisions.append((record, Decision.ERASED))
@@ -103,7 +109,7 @@ def plan_chunk(
         key = record.natural_key
         previous = current.get(key)
         order = (*batch_order, record.line_no)
-        if digest in digests or digest == previous:
+        if digest in holders or digest == previous:
             plan.decisions.append((record, Decision.EXACT_DUPLICATE))
             if digest == previous and key in stored_by_key and key not in plan.updates and key not in plan.recrawls \
                     and tuple(batch_order) > tuple(current_order[key][:2]):
@@ -122,7 +128,8 @@ def plan_chunk(
             continue
         else:
             decision = Decision.CHANGED
-            digests.discard(previous)
+            _release(holders, previous, key)
+            plan.recrawls.pop(key, None)  # the update dates the row itself
             if key in plan.inserts or key in plan.updates:
                 earlier = plan.inserts.get(key) or plan.updates[key][0]
                 plan.chunk_superseded.append((earlier, record))
@@ -131,9 +138,18 @@ def plan_chunk(
         plan.decisions.append((record, decision))
         current[key] = digest
         current_order[key] = order
-        digests.add(digest)
+        holders.setdefault(digest, set()).add(key)
         if key in stored_by_key:
             plan.updates[key] = (record, stored_by_key[key])
         else:
             plan.inserts[key] = record
     return plan
+
+
+def _release(holders: dict[str, set[str]], digest: str, key: str) -> None:
+    """`key` no longer holds `digest`; the digest stays stored while another row holds it."""
+    keys = holders.get(digest)
+    if keys is not None:
+        keys.discard(key)
+        if not keys:
+            del holders[digest]

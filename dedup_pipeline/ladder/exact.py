@@ -16,11 +16,12 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from dedup_pipeline import decision_log
 from dedup_pipeline.core.policy import Decision, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
+from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import SKIPPED
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.erasure import erased_positions
-from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state
+from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state, other_versions_held
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, exact_rung_runs, quarantine, record_hashes, records,
@@ -144,6 +145,16 @@ def _batch_time(conn: Connection, batch_id: str) -> datetime:
     return as_utc(landed)
 
 
+def staged_without(conn: Connection, batch_id: str, version: str) -> bool:
+    """Whether some staged canonical records of the batch carry no digest of `version`: staged before the switch to it.
+
+    (The canonical rung always hashes under the active version and quarantines what it cannot hash.)
+    """
+    staged = canonical_records.c
+    missing = staged.hashes[version].as_string().is_(None)
+    return conn.execute(select(staged.line_no).where(staged.batch_id == batch_id, missing).limit(1)).first() is not None
+
+
 def deduplicate_batch(
     warehouse: Warehouse, batch_id: str, run_id: str, settings: LadderSettings, seen_set: SeenSet | None = None
 ) -> ExactReport:
@@ -155,10 +166,18 @@ def deduplicate_batch(
     writer (or trusted a cold seen-set) is rolled back and replayed against the
     warehouse alone, so two workers on overlapping batches end with exactly one
     row per key and per content. Re-running a batch finds everything stored
-    and changes nothing.
+    and changes nothing. A batch staged before a switch of the active hash
+    version is canonicalised again first (its landing file must still be there).
     """
+    with warehouse.engine.connect() as conn:
+        version = active_hash_version(conn)
+        stale = staged_without(conn, batch_id, version)
+    if stale:
+        # Hashed before the switch to `version`: stage it again under it (lines it cannot hash go to quarantine,
+        # as for any batch canonicalised after the switch), rather than judge it by digests it lacks.
+        log.warning("batch %s was canonicalised before %s became active: canonicalising it again", batch_id, version)
+        canonicalise_batch(warehouse, batch_id, settings)
     with warehouse.engine.connect() as reader:
-        version = active_hash_version(reader)
         batch_time = _batch_time(reader, batch_id)
         quarantined = reader.execute(
             select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)
@@ -194,7 +213,11 @@ def deduplicate_records(
     if version is None:
         version = warehouse.active_hash_version()
     report = ExactReport(batch_id, version, seen_set.kind)
-    writer = _ChunkWriter(warehouse, seen_set, batch_id, run_id, version, batch_time, settings, report)
+    with warehouse.engine.connect() as conn:
+        # In a migration's overlap, a digest of the active version may be held only in record_hashes by a row
+        # stored under the old one, where no UNIQUE index catches a miss: every digest is looked up.
+        overlap = other_versions_held(conn, version)
+    writer = _ChunkWriter(warehouse, seen_set, batch_id, run_id, version, batch_time, settings, report, overlap)
     for chunk in chunks:
         report.records_in += len(chunk)
         report.decisions.update(writer.write(chunk))
@@ -222,10 +245,11 @@ class _ChunkWriter:
     batch_time: datetime
     settings: LadderSettings
     report: ExactReport
+    look_up_every_digest: bool = False
 
     def write(self, chunk: list[CanonicalRecord]) -> Counter:
         digests = [bytes.fromhex(record.hashes[self.version]) for record in chunk]
-        hits = self._probe(digests)
+        hits = None if self.look_up_every_digest else self._probe(digests)
         for attempt in range(1, MAX_CHUNK_ATTEMPTS + 1):
             check = digests if hits is None else [d for d, hit in zip(digests, hits) if hit]
             try:

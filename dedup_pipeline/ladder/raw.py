@@ -11,6 +11,7 @@ from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
 from dedup_pipeline.landing import BatchFile, Fingerprint, TruncatedBatch, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
+from dedup_pipeline.store.erasure import erased_raw_lines
 from dedup_pipeline.store.schema import crawl_batches, quarantine
 from dedup_pipeline.store.warehouse import Warehouse, lock_batch, upsert_ignore, utcnow
 
@@ -30,6 +31,8 @@ class RawReport:
 
 
 _QUARANTINE_COLUMNS = ("batch_id", "line_no", "rung", "reason", "raw_line", "quarantined_at")
+#: Appended to the reason of a quarantined line whose bytes are not kept because they name an erased subject.
+WITHHELD = "; raw line withheld: it names an erased subject"
 
 
 class QuarantineWriter:
@@ -48,7 +51,12 @@ class QuarantineWriter:
             self.flush()
 
     def flush(self) -> None:
-        copy_rows(self.conn, quarantine, _QUARANTINE_COLUMNS, self.rows)
+        """Write the buffered rows; a line naming an erased subject keeps its number and reason, not its bytes."""
+        withheld = erased_raw_lines(self.conn, [raw for *_, raw, _ in self.rows]) if self.rows else set()
+        rows = [
+            (*row[:3], row[3] + WITHHELD, b"", row[5]) if i in withheld else row for i, row in enumerate(self.rows)
+        ]
+        copy_rows(self.conn, quarantine, _QUARANTINE_COLUMNS, rows)
         self.rows = []
 
 

@@ -240,35 +240,53 @@ def _maybe_tombstones(prefixes: np.ndarray, fingerprints: list[bytes]) -> list[b
 def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_id: str | None = None) -> set[int]:
     """Positions in `chunk` that an erasure tombstone suppresses (decision `erased`).
 
-    Call it inside the chunk's transaction, before its writes. It takes the
-    erasure lock shared (PostgreSQL) and reads the tiny tombstone catalogue
-    (one SELECT); with no tombstone, that is all. Otherwise it computes the
-    chunk's fingerprints, screens them in memory against the 8-byte prefixes
-    of every tombstone (loaded once per process and reloaded only after an
-    erasure added tombstones), and confirms the few that pass with one SELECT.
-    With `batch_id`, the staged `canonical_records` rows of suppressed lines
+    Call it inside the chunk's transaction, before its writes (see `_tombstoned`
+    for what it costs; the tombstone prefixes are loaded once per process and
+    reloaded only after an erasure added tombstones). With `batch_id`, the staged `canonical_records` rows of suppressed lines
     are deleted in the same transaction, so a re-crawl of an erased subject
     leaves no staged copy behind.
     """
-    lock_for_ingestion(conn)
-    catalogue = load_catalogue(conn)
-    if not catalogue or not chunk:
-        return set()
-    key = _checked_key(conn, catalogue)
-    positions: dict[bytes, list[int]] = defaultdict(list)
-    for position, record in enumerate(chunk):
-        for fp in core.record_fingerprints(
-            key, catalogue, record.natural_key, record.canonical_url, json_text.decoded(record.payload), record.hashes
-        ):
-            positions[fp].append(position)
-    candidates = _maybe_tombstones(_tombstone_prefixes(conn, catalogue.generation), list(positions))
-    erased = {p for fp in existing_fingerprints(conn, candidates) for p in positions[fp]}
+    erased = _tombstoned(conn, chunk, lambda key, catalogue, record: core.record_fingerprints(
+        key, catalogue, record.natural_key, record.canonical_url, json_text.decoded(record.payload), record.hashes
+    ))
     if erased and batch_id is not None:
         lines = sorted({chunk[p].line_no for p in erased})
         conn.execute(
             delete(canonical_records).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(lines))
         )
     return erased
+
+
+def erased_raw_lines(conn: Connection, lines: Sequence[bytes]) -> set[int]:
+    """Positions in `lines` (raw lines on their way to quarantine) that name a subject under an erasure tombstone.
+
+    Their bytes must not be stored again: a re-crawl, or the same batch
+    materialised again, would otherwise bring back what an erasure removed
+    from the quarantine. Matched as `core.raw_line_fingerprints` reads them;
+    same lock and screening as `erased_positions`.
+    """
+    return _tombstoned(conn, lines, core.raw_line_fingerprints)
+
+
+def _tombstoned(conn: Connection, items: Sequence, fingerprints_of) -> set[int]:
+    """Positions of `items` with a fingerprint (`fingerprints_of(key, catalogue, item)`) that is a tombstone.
+
+    Takes the erasure lock shared (PostgreSQL) and reads the tiny tombstone
+    catalogue (one SELECT); with no tombstone, that is all. Otherwise the
+    fingerprints are screened in memory against the 8-byte prefixes of every
+    tombstone, and the few that pass are confirmed with one SELECT.
+    """
+    lock_for_ingestion(conn)
+    catalogue = load_catalogue(conn)
+    if not catalogue or not items:
+        return set()
+    key = _checked_key(conn, catalogue)
+    positions: dict[bytes, list[int]] = defaultdict(list)
+    for position, item in enumerate(items):
+        for fp in fingerprints_of(key, catalogue, item):
+            positions[fp].append(position)
+    candidates = _maybe_tombstones(_tombstone_prefixes(conn, catalogue.generation), list(positions))
+    return {p for fp in existing_fingerprints(conn, candidates) for p in positions[fp]}
 
 
 # ---------------------------------------------------------------- erasure side

@@ -27,14 +27,17 @@ class ChunkConflict(RuntimeError):
 
 def load_state(
     conn: Connection, chunk: Sequence[CanonicalRecord], version: str, check_digests: Sequence[bytes] | None = None
-) -> tuple[dict[str, StoredRow], set[str]]:
-    """Current rows of the chunk's natural keys, and which of its digests are already stored.
+) -> tuple[dict[str, StoredRow], dict[str, set[str]]]:
+    """Current rows of the chunk's natural keys, and which digests are stored by which keys (see `plan_chunk`).
 
-    `check_digests` limits the digest lookup (the seen-set's hits); the others
-    are assumed new, and the UNIQUE index catches them at insert if they are not.
-    A digest that one of the chunk's keys already holds (an unchanged re-crawl,
-    the common case) is known to be stored without the digest lookup, seen-set
-    hit or not.
+    `check_digests` limits the lookup by digest (to the seen-set's hits); the
+    others are assumed new, and the UNIQUE index catches them at insert if they
+    are not. A digest that one of the chunk's keys already holds (an unchanged
+    re-crawl, the common case) is known to be stored without a lookup. Always
+    looked up, whatever the seen-set says, for each key the chunk gives other
+    content: its new digest (so that stale and ignored changes of content stored
+    elsewhere are told apart from exact duplicates, as nothing is inserted to
+    catch them) and the digest it leaves (another row may still hold it).
 
     Digests are read from `record_hashes` under the active `version` only, so a
     row written under an older version (kept during a rehash migration) is
@@ -42,9 +45,6 @@ def load_state(
     of another version. A row with no digest under `version` compares unequal.
     """
     keys = sorted({record.natural_key for record in chunk})
-    chunk_digests = {record.hashes[version] for record in chunk}
-    if check_digests is None:
-        check_digests = [bytes.fromhex(digest) for digest in chunk_digests]
     active_hash = record_hashes.alias("active_hash")
     joined = records.outerjoin(
         active_hash, and_(active_hash.c.record_id == records.c.record_id, active_hash.c.hash_version == version)
@@ -59,18 +59,41 @@ def load_state(
             select(*columns).select_from(joined).where(in_values(conn, records.c.natural_key, keys))
         )
     }
-    stored = chunk_digests & {row.content_hash for row in by_key.values()}
-    digests = sorted({digest for digest in check_digests if digest.hex() not in stored})
-    if digests:
-        stored.update(
-            digest.hex()
-            for digest in conn.execute(
-                select(record_hashes.c.content_hash).where(
-                    record_hashes.c.hash_version == version, in_values(conn, record_hashes.c.content_hash, digests)
-                )
-            ).scalars()
-        )
-    return by_key, stored
+    held = {row.content_hash for row in by_key.values() if row.content_hash}
+    wanted = (
+        {record.hashes[version] for record in chunk} if check_digests is None
+        else {digest.hex() for digest in check_digests}
+    )
+    left: set[str] = set()
+    for record in chunk:
+        row = by_key.get(record.natural_key)
+        if row is not None and row.content_hash != record.hashes[version]:
+            wanted.add(record.hashes[version])
+            left.add(row.content_hash)
+    lookup = sorted(bytes.fromhex(digest) for digest in (wanted - held) | (left - {""}))
+    holders: dict[str, set[str]] = {}
+    for key, row in by_key.items():
+        if row.content_hash:
+            holders.setdefault(row.content_hash, set()).add(key)
+    if lookup:
+        holding = select(record_hashes.c.content_hash, records.c.natural_key).join(
+            records, records.c.record_id == record_hashes.c.record_id
+        ).where(record_hashes.c.hash_version == version, in_values(conn, record_hashes.c.content_hash, lookup))
+        for digest, key in conn.execute(holding):
+            holders.setdefault(digest.hex(), set()).add(key)
+    return by_key, holders
+
+
+def other_versions_held(conn: Connection, version: str) -> bool:
+    """Whether some current rows are still stored under another hash version (a rehash migration's overlap).
+
+    Two range probes of the (hash_version, content_hash) index, whatever the table's size.
+    """
+    column = records.c.hash_version
+    return any(
+        conn.execute(select(column).where(condition).limit(1)).first() is not None
+        for condition in (column < version, column > version)
+    )
 
 
 #: What a re-crawl of the stored content changes: when, and by which batch and line, the row was last crawled.
@@ -224,4 +247,4 @@ def apply_plan(
     return counts
 
 
-__all__ = ["ChunkConflict", "Decision", "apply_plan", "load_state"]
+__all__ = ["ChunkConflict", "Decision", "apply_plan", "load_state", "other_versions_held"]

@@ -100,6 +100,45 @@ def test_rematerialising_an_old_partition_after_erasure(warehouse, three_days):
     assert snapshot(warehouse.engine) == after_erasure
 
 
+@pytest.mark.parametrize("subject", [
+    Subject.parse("canonical_url", "https://shop.example.com/p/7"),
+    Subject.parse("field", "jane.doe@example.com", field="seller_id"),
+], ids=["url", "field"])
+def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_quarantine(warehouse, tmp_path, subject):
+    """Breaks: a subject's broken (quarantined) line is erased, then its batch is materialised again from the landing
+    file, and a later crawl brings another broken line naming it (a URL with tracking parameters, an escaped slash).
+
+    Must hold: the lines are still counted in quarantine, with their number and reason, but their bytes are not
+    stored again (the reason says so); a broken line naming nobody erased keeps its bytes.
+    """
+    from dedup_pipeline.ladder.raw import WITHHELD
+    from dedup_pipeline.store.schema import quarantine
+
+    folder = tmp_path / "landing"
+    broken = '{"url": "https://shop.example.com/p/7", "seller_id": "jane.doe@example.com", "title": "Kett'
+    other = '{"url": "https://shop.example.com/p/8", "seller_id": "s-1", "title": "Spo'
+    write_batch(folder, "p1", [listing(7, seller_id="jane.doe@example.com"), broken, listing(8), other], landed=T0)
+    run_ladder(warehouse, folder, "p1")
+    erase_subject(warehouse, subject, "DSR-1")
+
+    def quarantined():
+        with warehouse.engine.connect() as conn:
+            return {(batch, line): (reason, bytes(raw)) for batch, line, reason, raw in conn.execute(
+                select(quarantine.c.batch_id, quarantine.c.line_no, quarantine.c.reason, quarantine.c.raw_line))}
+
+    assert set(quarantined()) == {("p1", 4)}
+    run_ladder(warehouse, folder, "p1")
+    again = '{"url": "https:\\/\\/SHOP.example.com\\/p\\/7?utm_source=x", "seller_id": "jane.doe@example.com", "ti'
+    write_batch(folder, "p2", [again], landed=T0 + DAY)
+    run_ladder(warehouse, folder, "p2")
+    rows = quarantined()
+    assert set(rows) == {("p1", 2), ("p1", 4), ("p2", 1)}
+    for line in (("p1", 2), ("p2", 1)):
+        reason, raw = rows[line]
+        assert reason.startswith("malformed JSON: ") and reason.endswith(WITHHELD) and raw == b""
+    assert rows[("p1", 4)][1] == other.encode()
+
+
 @on_postgresql
 def test_replaying_a_batch_staged_before_the_erasure(warehouse, three_days):
     run_ladder(warehouse, three_days, "day1")

@@ -125,6 +125,46 @@ def test_last_occurrence_in_file_order_wins(warehouse, tmp_path):
         assert sorted(p["price"] for p in conn.execute(select(record_history.c.payload)).scalars()) == ["1", "2"]
 
 
+def test_an_unchanged_recrawl_then_a_change_of_the_key_in_one_chunk(warehouse, tmp_path):
+    """Breaks: a newer batch holds an unchanged re-crawl of a stored key, then, later in the same chunk, new content
+    for it (the re-crawl alone would only date the row; the change rewrites it).
+
+    Must hold: the batch succeeds (once, it kept conflicting until it failed): exact duplicate then changed, the
+    row holds the new content and dates from the change's line, the old content is in history.
+    """
+    folder = tmp_path / "landing"
+    write_batch(folder, "p1", [listing(1, price="1.00")], landed=1_700_000_000)
+    write_batch(folder, "p2", [listing(1, price="1.00"), listing(1, price="2.00")], landed=1_700_000_000 + DAY)
+    run_batch(warehouse, folder, "p1")
+    _, _, exact, _ = run_batch(warehouse, folder, "p2")
+    assert [exact.decisions[d] for d in ("exact_duplicate", "changed")] == [1, 1] and exact.chunk_retries == 0
+    with warehouse.engine.connect() as conn:
+        assert conn.execute(select(records.c.payload["price"].as_string(), records.c.last_batch_id, records.c.last_line_no)).one() == ("2", "p2", 2)
+        assert [p["price"] for p in conn.execute(select(record_history.c.payload)).scalars()] == ["1"]
+
+
+def test_content_stored_under_another_key_is_an_exact_duplicate_whatever_the_seen_set_says(warehouse, tmp_path):
+    """Breaks: under content/2 (the URL is not part of the content), a key kept first (keep_first) re-appears
+    with content that another key holds, with no seen-set (nothing tells the rung that digest is stored, and
+    nothing is inserted for the UNIQUE index to catch).
+
+    Must hold: the record is decided an exact duplicate, as a warm seen-set would decide it.
+    """
+    from dedup_pipeline.core.policy import DuplicatePolicy
+    from dedup_pipeline.ladder.rehash import compare_versions, switch_hash_version
+
+    compare_versions(warehouse, "content/1", "content/2", low=-1, high=1)
+    switch_hash_version(warehouse, "content/2", overlap_hours=0)
+    folder = tmp_path / "landing"
+    shared = listing(1)
+    write_batch(folder, "p1", [shared, listing(2, price="12.00")], landed=1_700_000_000)
+    write_batch(folder, "p2", [{**shared, "url": listing(2)["url"]}], landed=1_700_000_000 + DAY)
+    settings = LadderSettings(chunk_size=7, policy=DuplicatePolicy(on_changed="keep_first"))
+    run_batch(warehouse, folder, "p1", settings)
+    _, _, exact, _ = run_batch(warehouse, folder, "p2", settings)
+    assert dict(+exact.decisions) == {"exact_duplicate": 1}
+
+
 def test_staged_payloads_are_carried_as_their_stored_text_and_stored_unchanged(warehouse, tmp_path):
     """The exact rung reads each payload as JSON text, never decodes it, and `records` gets the same value."""
     odd = {"note": "Ünïcode ☕ \\ \"quoted\"", "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}

@@ -239,3 +239,85 @@ def test_switch_and_retire_wait_for_the_near_rungs_write_section(warehouse):
     assert warehouse.active_hash_version() == TARGET and switched.kept_merged == want["rows_merged_away"]
     retired = while_a_near_rung_writes(warehouse, retire_hash_version, SOURCE, now=now + timedelta(seconds=1))
     assert retired.merged_moved == want["rows_merged_away"]
+
+
+# ---------------------------------------------------------------- batches during the overlap window
+
+KETTLE = {"title": "Kettle", "description": "steel", "price": "9.90", "currency": "EUR", "seller_id": "s1", "sku": "1"}
+
+
+def _switched_with_a_merged_row(warehouse, folder):
+    """Two URLs of one content/2 content stored under content/1, then the switch: a.example leads, b.example is the
+    merged row kept under content/1 through the overlap window; both hold the content/2 digest."""
+    write_batch(folder, "p1", [{**KETTLE, "url": "https://a.example/x"}, {**KETTLE, "url": "https://b.example/y"}],
+                landed=BASE)
+    run_ladder(warehouse, folder, "p1", near=False)
+    backfill(warehouse, TARGET)
+    compare_versions(warehouse, SOURCE, TARGET, low=-1, high=1)
+    switch_hash_version(warehouse, TARGET, overlap_hours=24)
+    assert stored_versions(warehouse) == {SOURCE: 1, TARGET: 1}
+
+
+def test_in_the_overlap_a_merged_row_that_changes_leaves_the_content_stored_by_its_leader(warehouse, tmp_path):
+    """Breaks: in the overlap window the merged row (b.example) gets new content, and a third URL then carries
+    the shared content (the leader still holds it). Once, the rung dropped the digest with b.example's old
+    version, planned c.example as new, lost to the UNIQUE index and replayed the same plan until it failed.
+
+    Must hold: changed, then exact duplicate; one row per content/2 digest among the active-version rows.
+    """
+    folder = tmp_path / "landing"
+    _switched_with_a_merged_row(warehouse, folder)
+    write_batch(folder, "p2", [{**KETTLE, "url": "https://b.example/y", "price": "12.00"},
+                               {**KETTLE, "url": "https://c.example/z"}], landed=BASE + DAY)
+    report = run_ladder(warehouse, folder, "p2", near=False)
+    assert dict(+report.decisions) == {"changed": 1, "exact_duplicate": 1} and report.chunk_retries == 0
+    assert_unique_per_version(warehouse)
+
+
+def test_in_the_overlap_content_held_only_by_a_merged_row_is_not_stored_again(warehouse, tmp_path):
+    """Breaks: in the overlap window the leader (a.example) changes, so the shared content/2 digest is held only by
+    the merged row under content/1, in record_hashes, where no UNIQUE index catches a seen-set miss; then a third
+    URL carries that content, with no seen-set.
+
+    Must hold: the third URL is an exact duplicate (once, it was stored: two rows with one content/2 digest).
+    """
+    folder = tmp_path / "landing"
+    _switched_with_a_merged_row(warehouse, folder)
+    write_batch(folder, "p2", [{**KETTLE, "url": "https://a.example/x", "price": "12.00"}], landed=BASE + DAY)
+    write_batch(folder, "p3", [{**KETTLE, "url": "https://c.example/z"}], landed=BASE + 2 * DAY)
+    assert dict(+run_ladder(warehouse, folder, "p2", near=False).decisions) == {"changed": 1}
+    assert dict(+run_ladder(warehouse, folder, "p3", near=False).decisions) == {"exact_duplicate": 1}
+    with warehouse.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 2
+
+
+def test_a_batch_staged_before_the_switch_is_canonicalised_again_under_the_new_version(warehouse, tmp_path):
+    """Breaks: a batch canonicalised under content/1 reaches the exact rung after the switch to content/2, with a
+    line content/2 cannot hash (no seller_id). Once, the rung crashed on the missing digest, on every retry.
+
+    Must hold: the batch is staged again under content/2: the good line is stored, the other quarantined with
+    content/2's reason, as if it had been canonicalised after the switch.
+    """
+    from dedup_pipeline.ladder.canonical import canonicalise_batch
+    from dedup_pipeline.ladder.exact import deduplicate_batch
+    from dedup_pipeline.ladder.raw import ingest_raw_batch
+    from dedup_pipeline.ladder.settings import LadderSettings
+    from dedup_pipeline.landing import find_batch
+    from dedup_pipeline.store.schema import quarantine
+
+    folder = tmp_path / "landing"
+    no_seller = {k: v for k, v in KETTLE.items() if k != "seller_id"}
+    write_batch(folder, "p1", [{**KETTLE, "url": "https://a.example/x"}, {**no_seller, "url": "https://b.example/y"}],
+                landed=BASE)
+    settings = LadderSettings(chunk_size=100)
+    ingest_raw_batch(warehouse, find_batch(folder, "p1"))
+    assert canonicalise_batch(warehouse, "p1", settings).quarantined == 0  # content/1 hashes both
+    compare_versions(warehouse, SOURCE, TARGET, low=-1, high=1)
+    switch_hash_version(warehouse, TARGET, overlap_hours=0)
+    report = deduplicate_batch(warehouse, "p1", "run-p1", settings)
+    assert dict(+report.decisions) == {"new": 1} and report.quarantined == 1
+    with warehouse.engine.connect() as conn:
+        assert conn.execute(select(quarantine.c.line_no, quarantine.c.rung, quarantine.c.reason)).all() == [
+            (2, "canonical", "content/2: missing identity field 'seller_id'")
+        ]
+        assert conn.execute(select(records.c.natural_key, records.c.hash_version)).all() == [("https://a.example/x", TARGET)]

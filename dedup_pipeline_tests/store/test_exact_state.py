@@ -55,7 +55,7 @@ def test_a_digest_its_key_holds_needs_no_digest_lookup(warehouse, tmp_path):
             by_key, stored = load_state(conn, recrawls, VERSION)
     finally:
         stop()
-    assert stored == {record.hashes[VERSION] for record in recrawls}
+    assert stored == {record.hashes[VERSION]: {record.natural_key} for record in recrawls}
     assert set(by_key) == {record.natural_key for record in recrawls}
     assert len(seen) == 1  # the key lookup answered for both digests
 
@@ -69,6 +69,9 @@ def test_other_digests_are_looked_up_and_found_under_any_key(warehouse, tmp_path
         listing(99),  # new
     )
     recrawl, mirrored, changed, new = (record.hashes[VERSION] for record in chunk)
+    key0, key1, key2 = (record.natural_key for record in canonical(listing(0), listing(1), listing(2)))
+    with warehouse.engine.connect() as conn:
+        (left,) = {row.content_hash for key, row in load_state(conn, chunk, VERSION)[0].items() if key == key1}
     seen, stop = selects(warehouse.engine)
     try:
         with warehouse.engine.connect() as conn:
@@ -76,7 +79,9 @@ def test_other_digests_are_looked_up_and_found_under_any_key(warehouse, tmp_path
             _, narrowed = load_state(conn, chunk, VERSION, check_digests=[])  # a seen-set that missed them all
     finally:
         stop()
-    assert everything == {recrawl, mirrored}
-    assert narrowed == {recrawl}  # a miss is assumed new unless its own key holds it
-    assert len(seen) == 3  # two key lookups, one digest lookup (the narrowed call skips it)
+    assert everything == {recrawl: {key0}, mirrored: {key2}, left: {key1}}
+    # A miss is assumed new unless its own key holds it; listing 1's key changes content, so its new digest
+    # (not stored) and the one it leaves (held by it alone) are looked up all the same.
+    assert narrowed == {recrawl: {key0}, left: {key1}}
+    assert len(seen) == 4  # a key lookup and a digest lookup per call
     assert {changed, new}.isdisjoint(everything)
