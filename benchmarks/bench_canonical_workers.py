@@ -35,7 +35,7 @@ from sqlalchemy import text  # noqa: E402
 
 from benchmarks.common import crawl_with_duplicates, scratch_database, write_jsonl  # noqa: E402
 from dedup_pipeline.core.parallel import available_cpus  # noqa: E402
-from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
+from dedup_pipeline.ladder.canonical import PARALLEL_FLOOR, canonicalise_batch  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.ladder.settings import LadderSettings  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=available_cpus())
     parser.add_argument("--chunk", type=int, default=5000)
     args = parser.parse_args()
+    if args.records < PARALLEL_FLOOR:
+        parser.error(f"--records must be at least {PARALLEL_FLOOR:,}: smaller batches are canonicalised inline")
 
     folder = Path(tempfile.mkdtemp(prefix="bench-canonical-workers-"))
     write_jsonl(crawl_with_duplicates(args.records, 0.5), folder / "crawl.jsonl")

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from sqlalchemy import create_engine, func, select, text  # noqa: E402
 
-from benchmarks.common import PG_ADMIN_URL, median, scratch_database, write_jsonl  # noqa: E402
+from benchmarks.common import PG_ADMIN_URL, REDIS_URL, median, scratch_database, write_jsonl  # noqa: E402
 from dedup_pipeline.core.hashing import INITIAL_ACTIVE_VERSION  # noqa: E402
 from dedup_pipeline.core.records import canonicalise_records  # noqa: E402
 from dedup_pipeline.defs.resources import LadderResource, NearDupResource  # noqa: E402
@@ -378,8 +378,8 @@ def redis_footprint(keys: int = 50_000) -> tuple[int, float]:
     from dedup_pipeline.store.seen_set import RedisSeenSet
 
     prefix = f"dedup-bench:{uuid.uuid4().hex[:8]}"
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
-    seen = RedisSeenSet("redis://127.0.0.1:6379/0", ttl_seconds=3600, prefix=prefix)
+    client = redis.Redis.from_url(REDIS_URL)
+    seen = RedisSeenSet(REDIS_URL, ttl_seconds=3600, prefix=prefix)
     digests = [hashlib.sha256(str(i).encode()).digest() for i in range(keys)]
     before = client.info("memory")["used_memory"]
     for start in range(0, keys, 5000):

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from benchmarks.common import crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
+from benchmarks.common import REDIS_URL, crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
 from dedup_pipeline.core.fields import canonical_fields  # noqa: E402
 from dedup_pipeline.core.hashing import HASH_RULES  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
@@ -52,7 +52,6 @@ from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store.seen_set import RedisSeenSet  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 SETTINGS = LadderSettings(chunk_size=5000)

@@ -13,6 +13,10 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
+#: The Redis the benchmarks use ($DEDUP_REDIS_URL, else the local one); their keys have prefixes of their own
+#: and are deleted afterwards.
+REDIS_URL = os.environ.get("DEDUP_REDIS_URL") or "redis://127.0.0.1:6379/0"
+
 # The server the benchmarks make their scratch databases on (the tests' variable: one setting for both).
 PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 _WORDS = (
