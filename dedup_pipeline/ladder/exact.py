@@ -54,6 +54,7 @@ class ExactReport:
     seen_set_cold_misses: int = 0      # chunks whose misses the UNIQUE index caught (cold or flushed seen-set)
     seen_set_fallbacks: int = 0        # chunks that ran on the database alone because the seen-set was down
     seen_set_fill: float | None = None  # a Bloom filter's digests over its capacity after the batch (None: no capacity)
+    seen_set_bypassed: bool = False    # a rehash migration's overlap: every digest was looked up in the warehouse
 
     @property
     def duplicates(self) -> int:
@@ -92,6 +93,7 @@ class ExactReport:
             "chunk_retries": self.chunk_retries, "seen_set": self.seen_set, "seen_set_hits": self.seen_set_hits,
             "seen_set_false_positives": self.seen_set_false_positives,
             "seen_set_cold_misses": self.seen_set_cold_misses, "seen_set_fallbacks": self.seen_set_fallbacks,
+            "seen_set_bypassed": self.seen_set_bypassed,
         }
         if self.seen_set_fill is not None:
             meta["seen_set_fill"] = self.seen_set_fill
@@ -216,8 +218,8 @@ def deduplicate_records(
     with warehouse.engine.connect() as conn:
         # In a migration's overlap, a digest of the active version may be held only in record_hashes by a row
         # stored under the old one, where no UNIQUE index catches a miss: every digest is looked up.
-        overlap = other_versions_held(conn, version)
-    writer = _ChunkWriter(warehouse, seen_set, batch_id, run_id, version, batch_time, settings, report, overlap)
+        report.seen_set_bypassed = other_versions_held(conn, version)
+    writer = _ChunkWriter(warehouse, seen_set, batch_id, run_id, version, batch_time, settings, report)
     for chunk in chunks:
         report.records_in += len(chunk)
         report.decisions.update(writer.write(chunk))
@@ -245,11 +247,10 @@ class _ChunkWriter:
     batch_time: datetime
     settings: LadderSettings
     report: ExactReport
-    look_up_every_digest: bool = False
 
     def write(self, chunk: list[CanonicalRecord]) -> Counter:
         digests = [bytes.fromhex(record.hashes[self.version]) for record in chunk]
-        hits = None if self.look_up_every_digest else self._probe(digests)
+        hits = None if self.report.seen_set_bypassed else self._probe(digests)
         for attempt in range(1, MAX_CHUNK_ATTEMPTS + 1):
             check = digests if hits is None else [d for d, hit in zip(digests, hits) if hit]
             try:

@@ -271,6 +271,7 @@ def test_in_the_overlap_a_merged_row_that_changes_leaves_the_content_stored_by_i
                                {**KETTLE, "url": "https://c.example/z"}], landed=BASE + DAY)
     report = run_ladder(warehouse, folder, "p2", near=False)
     assert dict(+report.decisions) == {"changed": 1, "exact_duplicate": 1} and report.chunk_retries == 0
+    assert report.seen_set_bypassed and report.as_metadata()["seen_set_bypassed"] is True
     assert_unique_per_version(warehouse)
 
 
