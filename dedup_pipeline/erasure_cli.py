@@ -57,22 +57,32 @@ def cmd_erase(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    import dagster as dg
+
+    from dedup_pipeline.defs.erasure import delete_old_erasure_runs, erasure_run_hours
     from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
+    from dedup_pipeline.runner import ensure_dagster_home
     from dedup_pipeline.store.warehouse import Warehouse
 
     settings = RetentionSettings.from_env(
         decision_days=args.decision_days, history_days=args.history_days,
         staging_days=args.staging_days, quarantine_days=args.quarantine_days,
     )
+    run_hours = erasure_run_hours(args.erasure_run_hours)
     warehouse = Warehouse().create_schema()
     try:
         report = prune_retention(warehouse, settings)
     finally:
         warehouse.dispose()
+    ensure_dagster_home()  # the instance the CLI's runs go to: its erase_subject runs name their subjects
+    with dg.DagsterInstance.get() as instance:
+        runs_deleted = delete_old_erasure_runs(instance, run_hours)
+    extra = {"erased decisions redacted": report.redacted_erased_decisions, "erasure runs deleted": runs_deleted}
     if args.json:
-        print(json.dumps({"pruned": report.pruned, "redacted_erased_decisions": report.redacted_erased_decisions}))
+        print(json.dumps({"pruned": report.pruned, "redacted_erased_decisions": report.redacted_erased_decisions,
+                          "erasure_runs_deleted": runs_deleted}))
     else:
-        _print_counts("rows pruned per table", report.pruned, {"erased decisions redacted": report.redacted_erased_decisions})
+        _print_counts("rows pruned per table", report.pruned, extra)
     return 0
 
 
@@ -112,6 +122,8 @@ def add_commands(commands) -> None:
     for name, variable in (("decision-days", "DEDUP_DECISION_RETENTION_DAYS"), ("history-days", "DEDUP_HISTORY_RETENTION_DAYS"),
                            ("staging-days", "DEDUP_STAGING_RETENTION_DAYS"), ("quarantine-days", "DEDUP_QUARANTINE_RETENTION_DAYS")):
         prune.add_argument(f"--{name}", type=int, help=f"days to keep (default ${variable}; 0 keeps forever)")
+    prune.add_argument("--erasure-run-hours", type=int,
+                       help="hours finished erase_subject runs stay in the Dagster instance (default $DEDUP_ERASURE_RUN_RETENTION_HOURS, 24)")
     prune.add_argument("--json", action="store_true", help="print one JSON object")
     prune.set_defaults(func=cmd_prune)
 

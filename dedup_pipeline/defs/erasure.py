@@ -8,6 +8,7 @@ import dagster as dg
 from pydantic import Field
 
 from dedup_pipeline.core.erasure import Subject, SubjectKind
+from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.resources import NearDupResource, SeenSetResource, WarehouseResource
 from dedup_pipeline.defs.sensors import automation_status
 from dedup_pipeline.ladder.erasure import erase_subject as run_erasure, url_seen_set_from_env
@@ -81,11 +82,15 @@ class RetentionConfig(dg.Config):
     )
 
 
-def _erasure_run_hours(config: RetentionConfig) -> int:
-    if config.erasure_run_hours is not None:
-        return config.erasure_run_hours
+def erasure_run_hours(override: int | None = None) -> int:
+    """Hours finished erasure runs are kept: `override`, else $DEDUP_ERASURE_RUN_RETENTION_HOURS, else 24."""
+    if override is not None:
+        return override
     raw = os.environ.get(ERASURE_RUN_RETENTION_ENV, "").strip()
-    return int(raw) if raw else DEFAULT_ERASURE_RUN_HOURS
+    try:
+        return int(raw) if raw else DEFAULT_ERASURE_RUN_HOURS
+    except ValueError:
+        raise ConfigurationError(f"{ERASURE_RUN_RETENTION_ENV} must be a whole number of hours, got {raw!r}") from None
 
 
 def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int, now: datetime | None = None) -> int:
@@ -112,7 +117,7 @@ def prune_expired_rows(context: dg.OpExecutionContext, config: RetentionConfig, 
     )
     report = run_retention(warehouse.get(), settings)
     meta = report.as_metadata()
-    meta["erasure_runs_deleted"] = delete_old_erasure_runs(context.instance, _erasure_run_hours(config))
+    meta["erasure_runs_deleted"] = delete_old_erasure_runs(context.instance, erasure_run_hours(config.erasure_run_hours))
     meta.update({f"retention_days[{name}]": getattr(settings, name) for name in
                  ("decision_days", "history_days", "staging_days", "quarantine_days")})
     return dg.Output(report.pruned, metadata=meta)

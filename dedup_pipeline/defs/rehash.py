@@ -42,7 +42,9 @@ class RehashResource(dg.ConfigurableResource):
         default=0.05,
         description="The comparison check fails above this: a 'small' rule change that merges many records is a red flag.",
     )
-    examples: int = Field(default=10, description="Merge, split and unhashable examples shown (keys and digests only).")
+    examples: int = Field(
+        default=10, description="Merge, split and unhashable examples kept in rehash_comparisons (keys and digests only)."
+    )
 
 
 def version_slug(version: str) -> str:
@@ -50,31 +52,32 @@ def version_slug(version: str) -> str:
     return version.replace("/", "_v")
 
 
-def _pairs_table(header: tuple[str, str], pairs) -> dg.MetadataValue:
-    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
-    lines += [f"| `{a}` | {b} |" for a, b in pairs]
-    return dg.MetadataValue.md("\n".join(lines) if len(lines) > 2 else "none")
+# Examples name rows (natural keys, digests): they stay in the warehouse, where an erasure finds and redacts them,
+# never in Dagster's event log, which nothing erases. The metadata says where to read them.
+def _unhashable_rows_query(target: str) -> dg.MetadataValue:
+    return dg.MetadataValue.md(
+        "Rows that cannot be hashed are listed in the warehouse (not here: an erasure could not remove them from "
+        "Dagster's event log):\n\n```sql\nSELECT r.natural_key, h.error FROM record_hashes h JOIN records r "
+        f"ON r.record_id = h.record_id\nWHERE h.hash_version = '{target}' AND h.error IS NOT NULL;\n```"
+    )
 
 
 def _shard_metadata(report: ShardReport) -> dict:
-    return {
-        **report.as_metadata(),
-        "unhashable_examples": _pairs_table(("natural key", "reason"), report.unhashable_examples),
-    }
+    return {**report.as_metadata(), "unhashable_rows": _unhashable_rows_query(report.target)}
 
 
 def _comparison_metadata(result: Comparison) -> dict:
     f = result.figures
-    merges = [(e["target_digest"][:16], f"{e['rows']} rows: " + ", ".join(f"`{k}`" for k in e["keys"])) for e in f["merge_examples"]]
-    splits = [(e["source_digest"][:16], f"{e['target_digests']} new digests: " + ", ".join(f"`{k}`" for k in e["keys"])) for e in f["split_examples"]]
     scalars = {k: v for k, v in f.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
     return {
         **scalars,
         "passed": result.passed, "comparison_id": result.comparison_id,
-        "merge_examples": _pairs_table(("new digest", "rows that merge"), merges),
-        "split_examples": _pairs_table(("old digest", "lines that split"), splits),
-        "unhashable_examples": _pairs_table(("natural key", "reason"), f["unhashable_examples"]),
-        "examples": dg.MetadataValue.json({k: f[k] for k in ("merge_examples", "split_examples", "unhashable_examples")}),
+        "examples": dg.MetadataValue.md(
+            "The merge, split and unhashable examples (keys and digests) are in the warehouse, not here (an erasure "
+            "redacts them there; it could not in Dagster's event log): `merge_examples`, `split_examples` and "
+            f"`unhashable_examples` of `rehash_comparisons.figures` for comparison_id {result.comparison_id}, or "
+            "`compare_versions(...).figures` in Python."
+        ),
     }
 
 

@@ -79,9 +79,10 @@ class SwitchReport:
     event_id: int
 
     def as_metadata(self) -> dict:
+        """Counts and versions for the run's metadata; the examples name rows, so they stay out of it."""
         meta = _event_metadata(self)
+        del meta["unhashable_examples"]
         meta["overlap_until"] = self.overlap_until.isoformat()
-        meta["unhashable_examples"] = [list(pair) for pair in self.unhashable_examples]
         return meta
 
 

@@ -27,6 +27,9 @@ def sqlite_env(tmp_path, monkeypatch):
     monkeypatch.setenv("DEDUP_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
     monkeypatch.delenv("DEDUP_REDIS_URL", raising=False)
+    (tmp_path / "dagster_home").mkdir()
+    (tmp_path / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     return url
 
 
@@ -68,6 +71,23 @@ def test_retention_deletes_finished_erasure_runs_only(sqlite_env):
     assert delete_old_erasure_runs(instance, 24, now=utcnow() + timedelta(hours=25)) == 1
     assert instance.get_run_by_id(erased.run_id) is None
     assert instance.get_run_by_id(pruned.run_id) is not None  # other jobs' runs are not touched
+
+
+def test_the_command_line_prunes_erasure_runs_too(sqlite_env, capsys, monkeypatch):
+    """`dedup-pipeline prune-retention` deletes the instance's finished erase_subject runs past their retention."""
+    with dg.DagsterInstance.get() as instance:  # $DAGSTER_HOME, the instance the command line uses
+        erased = defs.resolve_job_def(ERASE_JOB).execute_in_process(
+            instance=instance, run_config=erase_config(kind="field", field="seller_id", value="jane@example.org"))
+    assert main(["prune-retention", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["erasure_runs_deleted"] == 0  # younger than 24 h
+    monkeypatch.setattr("dedup_pipeline.defs.erasure.utcnow", lambda: utcnow() + timedelta(hours=25))
+    assert main(["prune-retention", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["erasure_runs_deleted"] == 1
+    with dg.DagsterInstance.get() as instance:
+        assert instance.get_run_by_id(erased.run_id) is None
+    monkeypatch.setenv("DEDUP_ERASURE_RUN_RETENTION_HOURS", "a day")
+    assert main(["prune-retention"]) == 1
+    assert "DEDUP_ERASURE_RUN_RETENTION_HOURS must be a whole number of hours" in capsys.readouterr().err
 
 
 def test_command_line_erase_prune_and_grant(sqlite_env, capsys, monkeypatch):
