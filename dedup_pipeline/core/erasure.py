@@ -110,20 +110,34 @@ class Subject:
     def identifiers(self) -> tuple[str, ...]:
         """The values that name this subject: a URL (as a URL or a URL natural key) under both schemes."""
         if self.kind in (SubjectKind.CANONICAL_URL, SubjectKind.NATURAL_KEY):
-            return scheme_variants(self.value)
+            return page_variants(self.value)
         return (self.value,)
 
 
-def scheme_variants(url: str) -> tuple[str, ...]:
-    """A canonical URL and its twin under the other scheme.
+def page_variants(url: str) -> tuple[str, ...]:
+    """A canonical URL and its twins: under the other scheme, and with or without a trailing slash on its path.
 
-    `url/1` keeps http and https apart (dedup never merges them), but for
-    erasure they are one page: erasing one erases and tombstones both.
+    `url/1` keeps http and https, and `/a` and `/a/`, apart (dedup never
+    merges them: a server may serve two pages), but for erasure they are one
+    page: erasing one erases and tombstones every variant. The root path `/`
+    has no slash-less twin.
     """
+    variants = [url]
     for scheme, other in (("https://", "http://"), ("http://", "https://")):
         if url.startswith(scheme):
-            return (url, other + url[len(scheme):])
-    return (url,)
+            variants.append(other + url[len(scheme):])
+            break
+    for variant in list(variants):
+        address, question, query = variant.partition("?")
+        path_start = address.find("/", address.find("//") + 2) if "//" in address else -1
+        if path_start < 0:  # not a URL: a natural key of another kind
+            continue
+        if address.endswith("/"):
+            if len(address) - 1 > path_start:  # not the root "/"
+                variants.append(address[:-1] + question + query)
+        else:
+            variants.append(address + "/" + question + query)
+    return tuple(dict.fromkeys(variants))
 
 
 def normalise_natural_key(value: str) -> str:
@@ -246,6 +260,9 @@ def record_fingerprints(
     return found
 
 
+#: The scope of tombstones that only keep quarantined lines out: the URLs and keys of every row an erasure
+#: removed, whatever named it (a field or a digest subject too), since it removed their broken lines as well.
+QUARANTINE_SCOPE = "quarantine"
 #: A URL in free text, up to the first character no URL holds unescaped; and a complete JSON string literal.
 _URL_IN_TEXT = re.compile(r"https?://[^\s\"'<>\\^`{|}]+", re.IGNORECASE)
 _JSON_STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\.)*"')
@@ -261,16 +278,14 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
     not found here either (an identifier cut by a truncation, a number).
     """
     text = raw.decode("utf-8", errors="replace")
-    strings: set[str] = set()
-    for literal in _JSON_STRING.findall(text):
-        try:
-            strings.add(json.loads(literal))
-        except ValueError:  # a lone surrogate escape, say: searched as the raw text it is
-            continue
+    strings = _json_strings(text)
     urls = {canonical_url(url) for source in (text, *strings) for url in _URL_IN_TEXT.findall(source)}
-    found = [fingerprint(key, _URL, URL_VERSION, url) for url in urls] if catalogue.url_versions else []
+    found = [fingerprint(key, _URL, scope, url) for url in urls for scope in catalogue.url_versions]
     if catalogue.natural_keys:
-        found += [fingerprint(key, _KEY, "", normalise_natural_key(value)) for value in strings | urls if value.strip()]
+        found += [
+            fingerprint(key, _KEY, scope, normalise_natural_key(value))
+            for value in strings | urls if value.strip() for scope in ("", QUARANTINE_SCOPE)
+        ]
     values = {normalise_field_value(value) for value in strings} - {None}
     found += [fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in values]
     record = _loads_object(text) if catalogue.versions else None
@@ -281,6 +296,17 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
             digests = {}
         found += [fingerprint(key, _DIGEST, version, digest) for version, digest in digests.items()]
     return found
+
+
+def _json_strings(text: str) -> set[str]:
+    """The decoded value of every complete JSON string literal in `text` (`"https:\\/\\/..."` is a URL)."""
+    strings = set()
+    for literal in _JSON_STRING.findall(text):
+        try:
+            strings.add(json.loads(literal))
+        except ValueError:  # a lone surrogate escape, say: the raw text is searched as it is
+            continue
+    return strings
 
 
 def payload_digests(payload: Mapping[str, Any]) -> dict[str, str]:
@@ -319,15 +345,19 @@ class RawLineMatcher:
         tokens = {v for values in self.fields.values() for v in values}
         tokens |= {key for key in self.natural_keys if not _is_url(key)}
         self._tokens = {form for token in tokens for form in (json.dumps(token), json.dumps(token, ensure_ascii=False))}
+        self._values = tokens
 
     def matches(self, raw: bytes) -> bool:
         text = raw.decode("utf-8", errors="replace")
         record = _loads_object(text)
         if record is not None and self._matches_record(record):
             return True
-        if self._url_pattern is not None and self._url_pattern.search(text.lower()):
+        strings = _json_strings(text)  # decoded: `\/` and other escapes read as what they stand for
+        if self._url_pattern is not None and any(self._url_pattern.search(s.lower()) for s in (text, *strings)):
             return True
-        return any(token in text for token in self._tokens)
+        if any(token in text for token in self._tokens):
+            return True
+        return any(normalise_field_value(s) in self._values for s in strings)
 
     def _matches_record(self, record: dict) -> bool:
         try:

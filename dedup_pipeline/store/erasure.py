@@ -579,7 +579,7 @@ def _tombstones(key: bytes, subject: Subject, found: _Found) -> list[tuple[bytes
     if subject.kind in (SubjectKind.NATURAL_KEY, SubjectKind.CANONICAL_URL):
         # "This listing": its key and its URL (under either scheme) name it, whatever the natural-key configuration.
         keys |= found.direct_keys
-        urls |= {variant for url in found.direct_urls for variant in core.scheme_variants(url)}
+        urls |= {variant for url in found.direct_urls for variant in core.page_variants(url)}
         names = set(subject.identifiers)
         keys |= names
         if subject.kind is SubjectKind.CANONICAL_URL or subject.value.startswith(("http://", "https://")):
@@ -591,6 +591,13 @@ def _tombstones(key: bytes, subject: Subject, found: _Found) -> list[tuple[bytes
         for version, digests in sorted(found.digests.items())
         for digest in sorted(digests)
     ]
+    # The erasure removed broken lines naming any erased row's URL or key (RawLineMatcher); so that such lines
+    # are not kept again, these are tombstoned for the quarantine only: they never suppress a record.
+    quarantined_urls = {variant for url in found.urls for variant in core.page_variants(url)}
+    rows += [(core.fingerprint(key, SubjectKind.CANONICAL_URL.value, core.QUARANTINE_SCOPE, u),
+              SubjectKind.CANONICAL_URL.value, core.QUARANTINE_SCOPE) for u in sorted(quarantined_urls)]
+    rows += [(core.fingerprint(key, SubjectKind.NATURAL_KEY.value, core.QUARANTINE_SCOPE, k),
+              SubjectKind.NATURAL_KEY.value, core.QUARANTINE_SCOPE) for k in sorted(found.keys)]
     return list({fp: (fp, kind, scope) for fp, kind, scope in rows}.values())
 
 
@@ -651,7 +658,7 @@ def erase(
     conn.execute(upsert_ignore(conn, erasure_scopes), [{"kind": k, "scope": s, "key_id": kid} for k, s in sorted(scopes)])
     summary = {**removed, "tombstones_added": len(added), "clusters_recomputed": clusters_recomputed}
     conn.execute(update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed=summary))
-    erased_urls = {variant for url in urls for variant in core.scheme_variants(url)}
+    erased_urls = {variant for url in urls for variant in core.page_variants(url)}
     return ErasureResult(erasure_id, removed, len(added), clusters_recomputed, dict(found.digests), erased_urls)
 
 

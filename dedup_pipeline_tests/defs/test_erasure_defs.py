@@ -51,7 +51,7 @@ def test_erasure_job_reports_counts_and_refuses_a_bad_subject_without_echoing_it
     ok = job.execute_in_process(instance=instance, run_config=erase_config(kind="canonical_url", value="https://x.example/p?utm_source=1", request_id="R-1"))
     [materialization] = [e for e in ok.all_events if e.event_type_value == "STEP_OUTPUT"]
     meta = {k: v.value for k, v in materialization.step_output_data.metadata.items()}
-    assert meta["request_id"] == "R-1" and meta["tombstones_added"] == 4 and meta["records_removed"] == 0
+    assert meta["request_id"] == "R-1" and meta["tombstones_added"] == 8 and meta["records_removed"] == 0
     bad = job.execute_in_process(instance=instance, raise_on_error=False,
                                  run_config=erase_config(kind="canonical_url", value="mailto:jane.secret@example.org"))
     assert not bad.success

@@ -108,8 +108,10 @@ def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_qua
     """Breaks: a subject's broken (quarantined) line is erased, then its batch is materialised again from the landing
     file, and a later crawl brings another broken line naming it (a URL with tracking parameters, an escaped slash).
 
-    Must hold: the lines are still counted in quarantine, with their number and reason, but their bytes are not
-    stored again (the reason says so); a broken line naming nobody erased keeps its bytes.
+    Must hold: the erasure removes every broken line naming the subject or an erased row's URL (JSON-escaped
+    slashes too); afterwards such lines are still counted in quarantine, with their number and reason, but
+    their bytes are not stored again (the reason says so), whatever named the subject; a broken line naming
+    nobody erased keeps its bytes.
     """
     from dedup_pipeline.ladder.raw import WITHHELD
     from dedup_pipeline.store.schema import quarantine
@@ -117,7 +119,10 @@ def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_qua
     folder = tmp_path / "landing"
     broken = '{"url": "https://shop.example.com/p/7", "seller_id": "jane.doe@example.com", "title": "Kett'
     other = '{"url": "https://shop.example.com/p/8", "seller_id": "s-1", "title": "Spo'
-    write_batch(folder, "p1", [listing(7, seller_id="jane.doe@example.com"), broken, listing(8), other], landed=T0)
+    url_only = '{"url": "https://shop.example.com/p/7?utm_source=mail", "title": "Kett'  # no seller in it
+    escaped = '{"url": "https:\\/\\/shop.example.com\\/p\\/7", "title": "Ke'
+    write_batch(folder, "p1", [listing(7, seller_id="jane.doe@example.com"), broken, listing(8), other, url_only, escaped],
+                landed=T0)
     run_ladder(warehouse, folder, "p1")
     erase_subject(warehouse, subject, "DSR-1")
 
@@ -132,11 +137,22 @@ def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_qua
     write_batch(folder, "p2", [again], landed=T0 + DAY)
     run_ladder(warehouse, folder, "p2")
     rows = quarantined()
-    assert set(rows) == {("p1", 2), ("p1", 4), ("p2", 1)}
-    for line in (("p1", 2), ("p2", 1)):
+    assert set(rows) == {("p1", 2), ("p1", 4), ("p1", 5), ("p1", 6), ("p2", 1)}
+    for line in (("p1", 2), ("p1", 5), ("p1", 6), ("p2", 1)):
         reason, raw = rows[line]
         assert reason.startswith("malformed JSON: ") and reason.endswith(WITHHELD) and raw == b""
     assert rows[("p1", 4)][1] == other.encode()
+
+
+def test_an_erased_page_does_not_come_back_under_its_trailing_slash_twin(warehouse, tmp_path):
+    """`url/1` keeps /a and /a/ apart (a server may serve two pages); for erasure they are one page."""
+    folder = tmp_path / "landing"
+    write_batch(folder, "p1", [listing(7), listing(8)], landed=T0)
+    run_ladder(warehouse, folder, "p1")
+    erase_subject(warehouse, Subject.parse("canonical_url", "https://shop.example.com/p/7"), "DSR-2")
+    write_batch(folder, "p2", [listing(7, url="https://shop.example.com/p/7/", price="3.00"), listing(9)], landed=T0 + DAY)
+    exact = run_ladder(warehouse, folder, "p2")
+    assert (exact.decisions["erased"], exact.decisions["new"]) == (1, 1)
 
 
 @on_postgresql
