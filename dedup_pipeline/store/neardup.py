@@ -17,8 +17,9 @@ from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text
 
 from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.store.bulk import chunked, copy_int_columns, copy_rows, delete_in, in_values
+from dedup_pipeline.core.policy import Decision
 from dedup_pipeline.store.schema import (
-    lsh_buckets, minhash_signatures, near_duplicate_clusters, near_duplicate_links, records, settings,
+    dedup_decisions, lsh_buckets, minhash_signatures, near_duplicate_clusters, near_duplicate_links, records, settings,
 )
 from dedup_pipeline.store.warehouse import read_setting, upsert_ignore, utcnow
 
@@ -270,17 +271,24 @@ def text_lengths(conn: Connection, ids: Iterable[int]) -> dict[int, int]:
 
 
 def batch_cluster_shares(conn: Connection, batch_id: str, limit: int) -> tuple[int, list[tuple[int, int, int]]]:
-    """Records dated to the batch, and its `limit` largest clusters as (cluster id, batch members, all members).
+    """The batch's new or changed records, and its `limit` largest clusters as (cluster id, batch members, all).
 
-    Ids and counts only. Members of this batch are counted per cluster; the
-    cluster's whole size (earlier batches included) comes alongside.
+    Ids and counts only. A record counts for the batch while it holds content this batch brought (its
+    decision was `new` or `changed`, and no later batch has dated it since); an unchanged re-crawl, dated to
+    the batch all the same, does not. Members of this batch are counted per cluster; the cluster's whole
+    size (earlier batches included) comes alongside.
     """
     c = near_duplicate_clusters
-    total = conn.execute(select(func.count()).select_from(records).where(records.c.last_batch_id == batch_id)).scalar_one()
+    d = dedup_decisions.c
+    brought = select(d.natural_key).where(
+        d.batch_id == batch_id, d.decision.in_([Decision.NEW.value, Decision.CHANGED.value])
+    )
+    fresh = and_(records.c.last_batch_id == batch_id, records.c.natural_key.in_(brought))
+    total = conn.execute(select(func.count()).select_from(records).where(fresh)).scalar_one()
     mine = (
         select(c.c.cluster_id, func.count().label("in_batch"))
         .select_from(c.join(records, records.c.record_id == c.c.record_id))
-        .where(records.c.last_batch_id == batch_id)
+        .where(fresh)
         .group_by(c.c.cluster_id)
         .order_by(func.count().desc(), c.c.cluster_id)
         .limit(limit)

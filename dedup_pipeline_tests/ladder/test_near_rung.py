@@ -23,9 +23,9 @@ BOILERPLATE = (
 )
 
 
-def land(warehouse, folder, key, rows):
+def land(warehouse, folder, key, rows, landed=1e9):
     """Write a batch and take it through the raw, canonical and exact rungs."""
-    write_batch(folder, key, rows, landed=1e9)
+    write_batch(folder, key, rows, landed=landed)
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, LadderSettings(chunk_size=50))
     deduplicate_batch(warehouse, key, f"run-{key}", LadderSettings(chunk_size=50))
@@ -124,3 +124,24 @@ def test_a_batch_of_near_copies_of_one_text_is_a_runaway_cluster(warehouse, tmp_
     assert "shipping" not in str(meta) and "Product" not in str(meta)  # ids and counts only
     assert "too small" in runaway_clusters(warehouse, "bad", 0.2, min_records=81).description()
     assert runaway_clusters(warehouse, "bad", 0.2, min_records=81).passed
+
+
+def test_unchanged_recrawls_are_not_the_batch_s_records_for_the_runaway_check(warehouse, tmp_path):
+    """Breaks: re-crawls, dated to the batch but bringing nothing, beside 60 new near copies of one text; then a
+    batch of nothing but re-crawls of those copies.
+
+    Must hold: the first batch fails (its 60 new records are one cluster; once, 300 re-crawls diluted them to
+    a pass); the second passes (no new or changed record; once, its re-crawls were counted as a runaway).
+    """
+    folder = tmp_path / "landing"
+    land(warehouse, folder, "b1", [listing(i) for i in range(300)])
+    cluster_batch(warehouse, "b1", NearDupParams())
+    copies = [listing(1000 + i, description=f"{BOILERPLATE} item{i}") for i in range(60)]
+    land(warehouse, folder, "b2", [listing(i) for i in range(300)] + copies, landed=1e9 + 10)
+    cluster_batch(warehouse, "b2", NearDupParams())
+    diluted = runaway_clusters(warehouse, "b2", max_share=0.2, min_records=50)
+    assert not diluted.passed and diluted.batch_records == 60 and diluted.offenders[0][1] == 60
+    land(warehouse, folder, "b3", copies, landed=1e9 + 20)
+    cluster_batch(warehouse, "b3", NearDupParams())
+    recrawled = runaway_clusters(warehouse, "b3", max_share=0.2, min_records=50)
+    assert recrawled.passed and recrawled.batch_records == 0
