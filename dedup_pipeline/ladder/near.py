@@ -41,6 +41,10 @@ class Sketches:
     buckets: np.ndarray
     indexable: np.ndarray
 
+    def subset(self, positions: Sequence[int]) -> "Sketches":
+        """The sketches of the records at `positions`, in that order."""
+        return Sketches([self.blobs[i] for i in positions], self.buckets[positions], self.indexable[positions])
+
 
 def sketch(texts: Sequence[str], params: NearDupParams) -> Sketches:
     """MinHash signatures and their band keys, or SimHash fingerprints and their pigeonhole blocks."""
@@ -141,6 +145,11 @@ def cluster_batch(
         sketches = sketch([near_text(row.payload) for row in rows], params)
         with warehouse.engine.begin() as conn:
             index.lock_clusters(conn)
+            # The rows were read before the lock: one that another worker has changed (and indexed) since, or an
+            # erasure removed, is left to them, never indexed by content it no longer holds.
+            current = index.current_contents(conn, [row.record_id for row in rows])
+            keep = [i for i, row in enumerate(rows) if current.get(row.record_id) == bytes(row.content_hash)]
+            rows, sketches = [rows[i] for i in keep], sketches.subset(keep)
             index.plan_for_cached_tables(conn)
             index.replace_sketches(conn, identity, rows, sketches.blobs, sketches.buckets, sketches.indexable)
             _link_and_cluster(conn, [row.record_id for row in rows], params, batch_id, report, max_bucket_size)

@@ -62,6 +62,12 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int)
     return conn.execute(query).all()
 
 
+def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
+    """record id -> the content digest the record holds now (records that no longer exist are absent)."""
+    rows = conn.execute(select(records.c.record_id, records.c.content_hash).where(in_values(conn, records.c.record_id, ids)))
+    return {record_id: bytes(digest) for record_id, digest in rows}
+
+
 def replace_sketches(
     conn: Connection, identity: str, rows: Sequence, signatures: Sequence[bytes], buckets: np.ndarray, indexable: np.ndarray
 ) -> None:

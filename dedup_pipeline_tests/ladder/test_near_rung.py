@@ -145,3 +145,37 @@ def test_unchanged_recrawls_are_not_the_batch_s_records_for_the_runaway_check(wa
     cluster_batch(warehouse, "b3", NearDupParams())
     recrawled = runaway_clusters(warehouse, "b3", max_share=0.2, min_records=50)
     assert recrawled.passed and recrawled.batch_records == 0
+
+
+def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the_newer_sketch(warehouse, tmp_path, monkeypatch):
+    """Breaks: worker X reads record 1 (text A) to sketch it; before X takes the index lock, worker Y changes record 1
+    to text B and indexes it (the interleaving is forced by running Y inside X's read).
+
+    Must hold: X does not overwrite Y's sketch with A's: record 1 stays linked to its true partner (text B plus a
+    word), not to A's, and its sketch is of the content it holds.
+    """
+    from dedup_pipeline.ladder import near
+    from dedup_pipeline.store.schema import minhash_signatures
+
+    text_a, text_b = description(1, words=120), description(2, words=120)
+    folder = tmp_path / "landing"
+    land(warehouse, folder, "X", [listing(1, title="", description=text_a), listing(3, title="", description=text_a + " more")])
+    real = near.index.records_to_index
+
+    def y_runs_in_the_window(conn, batch_id, after, limit):
+        rows = real(conn, batch_id, after, limit)
+        if batch_id == "X" and after == 0:
+            land(warehouse, folder, "Y", [listing(1, title="", description=text_b), listing(2, title="", description=text_b + " more")],
+                 landed=1e9 + 10)
+            cluster_batch(warehouse, "Y", NearDupParams())
+        return rows
+
+    monkeypatch.setattr(near.index, "records_to_index", y_runs_in_the_window)
+    cluster_batch(warehouse, "X", NearDupParams())
+    _, links, _ = stored(warehouse)
+    with warehouse.engine.connect() as conn:
+        ids = dict(conn.execute(select(records.c.natural_key, records.c.record_id)).all())
+        stale = conn.execute(select(minhash_signatures.c.record_id).join(records, records.c.record_id == minhash_signatures.c.record_id)
+                             .where(minhash_signatures.c.content_hash != records.c.content_hash)).all()
+    one, two = ids[listing(1)["url"]], ids[listing(2)["url"]]
+    assert (min(one, two), max(one, two)) in links and not stale
