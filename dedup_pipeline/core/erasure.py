@@ -260,6 +260,9 @@ def record_fingerprints(
     return found
 
 
+#: The `hash_errors` key that marks a staged line withheld because it names an erased subject: the canonical rung
+#: stages such a line with none of its data (see `ladder.canonical`), and the exact rung decides it `erased`.
+WITHHELD = "withheld"
 #: The scope of tombstones that only keep quarantined lines out: the URLs and keys of every row an erasure
 #: removed, whatever named it (a field or a digest subject too), since it removed their broken lines as well.
 QUARANTINE_SCOPE = "quarantine"

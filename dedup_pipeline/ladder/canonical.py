@@ -7,16 +7,22 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from sqlalchemy import delete, select
+
+from dedup_pipeline.core.erasure import WITHHELD
+from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
 
 from dedup_pipeline.core.parallel import available_cpus, can_start_processes, ordered_map
 from dedup_pipeline.landing import BatchFileError, Fingerprint, TruncatedBatch, file_sha256, iter_lines
 from dedup_pipeline.ladder.canonical_lines import COLUMNS, CanonicalLines, canonicalise_lines
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import copy_rows
+from dedup_pipeline.store.erasure import erased_positions
+from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import canonical_records, crawl_batches
 from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, analyze_new_batch, lock_batch
 
@@ -33,6 +39,7 @@ class CanonicalReport:
     quarantined: int = 0
     hash_errors: Counter = field(default_factory=Counter)  # version -> records that version could not hash
     workers: int = 1
+    withheld: int = 0  # staged without their data: they name an erased subject (the exact rung decides them `erased`)
 
     def add(self, chunk: CanonicalLines) -> None:
         self.records_in += chunk.records_in
@@ -41,7 +48,7 @@ class CanonicalReport:
 
     def as_metadata(self) -> dict:
         meta = {"batch_id": self.batch_id, "records_in": self.records_in, "canonical": self.canonical,
-                "quarantined": self.quarantined, "workers": self.workers}
+                "quarantined": self.quarantined, "workers": self.workers, "withheld": self.withheld}
         meta.update({f"unhashable[{v}]": n for v, n in sorted(self.hash_errors.items())})
         return meta
 
@@ -108,7 +115,10 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
             report.add(chunk)
             for line_no, reason, raw in chunk.quarantine:
                 bad.add(line_no, reason, raw)
-            copy_rows(conn, canonical_records, COLUMNS, chunk.rows, json_as_text=True)
+            erased = erased_positions(conn, _StagedRecords(chunk.rows))
+            rows = [_withheld(row, versions) if i in erased else row for i, row in enumerate(chunk.rows)]
+            report.withheld += len(erased)
+            copy_rows(conn, canonical_records, COLUMNS, rows, json_as_text=True)
         if read.hexdigest() != sha:  # the file changed while it was read: roll everything back
             raise BatchFileError(f"batch file {path} changed while it was being read: re-materialise raw_crawl_batches")
         bad.flush()
@@ -116,6 +126,43 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
     with warehouse.engine.begin() as conn:  # the exact rung reads the batch back a chunk at a time in line order
         analyze_new_batch(conn, canonical_records, ("batch_id", "line_no"), report.canonical)
     return report
+
+
+class _StagedRecords(Sequence):
+    """Rows for `canonical_records` (`COLUMNS` order, JSON as text) seen as CanonicalRecords, decoded on demand.
+
+    The tombstone check reads them only when the warehouse has tombstones: otherwise nothing is decoded.
+    """
+
+    def __init__(self, rows: list[tuple]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, position: int) -> CanonicalRecord:
+        _, line_no, natural_key, canonical_url, _, hashes, hash_errors, payload, _ = self.rows[position]
+        return CanonicalRecord(line_no, canonical_url, natural_key, EncodedJson(payload), json_text.loads(hashes),
+                               json_text.loads(hash_errors))
+
+
+#: What a withheld staged line holds instead of its data: placeholders the canonical suite accepts, and no digest.
+_WITHHELD_URL = "https://withheld.invalid/"
+_NO_DIGEST = "0" * 64
+
+
+def _withheld(row: tuple, versions: Sequence[str]) -> tuple:
+    """The staged row of a line that names an erased subject, with none of its data.
+
+    Staging it (rather than leaving the line out) keeps the batch's line count whole, and the exact rung
+    decides it `erased` from the mark alone, as it would have from the data.
+    """
+    batch_id, line_no = row[0], row[1]
+    return (
+        batch_id, line_no, f"withheld:{line_no}", _WITHHELD_URL, URL_VERSION,
+        json_text.dumps({version: _NO_DIGEST for version in versions}),
+        json_text.dumps({WITHHELD: "the line names an erased subject"}), "{}", None,
+    )
 
 
 def _line_chunks(path: Path, read: Fingerprint, size: int) -> Iterator[list[tuple[int, bytes]]]:

@@ -242,13 +242,15 @@ def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_i
 
     Call it inside the chunk's transaction, before its writes (see `_tombstoned`
     for what it costs; the tombstone prefixes are loaded once per process and
-    reloaded only after an erasure added tombstones). With `batch_id`, the staged `canonical_records` rows of suppressed lines
+    reloaded only after an erasure added tombstones). A line the canonical rung
+    staged withheld (it named an erased subject then) is suppressed too. With `batch_id`, the staged `canonical_records` rows of suppressed lines
     are deleted in the same transaction, so a re-crawl of an erased subject
     leaves no staged copy behind.
     """
     erased = _tombstoned(conn, chunk, lambda key, catalogue, record: core.record_fingerprints(
         key, catalogue, record.natural_key, record.canonical_url, json_text.decoded(record.payload), record.hashes
     ))
+    erased |= {position for position, record in enumerate(chunk) if core.WITHHELD in record.hash_errors}
     if erased and batch_id is not None:
         lines = sorted({chunk[p].line_no for p in erased})
         conn.execute(

@@ -261,3 +261,37 @@ def test_an_erasure_racing_a_concurrent_ingestion_leaves_nothing(warehouse, tmp_
             assert suppressed > 0
         assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 2700
     assert subject_rows(warehouse)["records"] == 0
+
+
+@pytest.mark.parametrize("subject", [
+    Subject.parse("canonical_url", "https://shop.example.com/p/21"),
+    Subject.parse("field", "s-X", field="seller_id"),
+], ids=["url", "field"])
+def test_the_canonical_rung_never_stages_an_erased_subject_again(warehouse, three_days, subject):
+    """Breaks: after an erasure, a partition is materialised again only as far as the canonical rung (a run that
+    stops there: a blocking check, a crash, a canonical-only materialisation), its staged rows then kept for the
+    staging retention.
+
+    Must hold: the lines naming the subject are staged withheld, with none of their data (the line count stays
+    whole and the canonical suite passes); the exact rung then decides them `erased` and drops them.
+    """
+    from dedup_pipeline.quality import expectations, frames
+    from dedup_pipeline.store.warehouse import active_hash_version
+
+    run_ladder(warehouse, three_days, "day1")
+    erase_subject(warehouse, subject, "T-9")
+    report = canonicalise_batch(warehouse, "day1", SETTINGS)
+    # listings 20 and 21 carry s-X; only 21 is /p/21
+    subject_lines, named = (2, "s-X") if subject.kind.value == "field" else (1, "/p/21")
+    assert report.withheld == subject_lines and report.canonical == 12
+    with warehouse.engine.connect() as conn:
+        staged = conn.execute(select(canonical_records.c.natural_key, canonical_records.c.payload)).all()
+        frame = frames.canonical_frame(conn, "day1", active_hash_version(conn))
+        suite = expectations.canonical_suite(frames.expected_canonical_rows(conn, "day1"))
+    text = str(staged)
+    assert named not in text and sum(key.startswith("withheld:") for key, _ in staged) == subject_lines
+    assert expectations.validate(frame, "canonical_records", suite).success
+    exact = run_ladder(warehouse, three_days, "day1", rungs=("exact",))
+    assert exact.decisions["erased"] == subject_lines and named not in str(snapshot(warehouse.engine))
+    with warehouse.engine.connect() as conn:
+        assert not conn.execute(select(canonical_records.c.line_no).where(canonical_records.c.natural_key.like("withheld:%"))).all()
