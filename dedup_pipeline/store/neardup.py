@@ -189,7 +189,12 @@ def candidate_queries(conn: Connection, ids: Sequence[int], max_bucket_size: int
         )
         .distinct()
     )
-    capped = select(limits.c.band, limits.c.bucket).where(limits.c.upto.is_not(None)).distinct()
+    # Capped when a member was left out: the first one past the cap, unless that is the record itself (it met every other).
+    capped = (
+        select(limits.c.band, limits.c.bucket)
+        .where(limits.c.upto.is_not(None), limits.c.upto != limits.c.record_id)
+        .distinct()
+    )
     return query, capped
 
 

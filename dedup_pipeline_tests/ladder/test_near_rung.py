@@ -179,3 +179,14 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
                              .where(minhash_signatures.c.content_hash != records.c.content_hash)).all()
     one, two = ids[listing(1)["url"]], ids[listing(2)["url"]]
     assert (min(one, two), max(one, two)) in links and not stale
+
+
+def test_a_bucket_one_past_the_cap_is_not_capped_for_its_newest_member(warehouse, tmp_path):
+    """The newest of `cap` + 1 members meets all the others: nothing is left out, so nothing is reported capped
+    (SQLite once reported 26 capped buckets where PostgreSQL reported none, for the same pairs)."""
+    folder = tmp_path / "landing"
+    land(warehouse, folder, "b1", [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(5)])
+    cluster_batch(warehouse, "b1", NearDupParams(), max_bucket_size=5)
+    land(warehouse, folder, "b2", [listing(5, title="Kitchen shop", description=BOILERPLATE)], landed=1e9 + 10)
+    report = cluster_batch(warehouse, "b2", NearDupParams(), max_bucket_size=5)
+    assert (report.candidate_pairs, len(report.capped_buckets)) == (5, 0)
