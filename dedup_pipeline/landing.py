@@ -37,8 +37,13 @@ def batch_source(key: str) -> str:
 
     A key without a leading date is its own source.
     """
+    return named_source(key) or key
+
+
+def named_source(key: str) -> str | None:
+    """The source a batch key names after its leading date, or None when it names none ("crawl-7", "2026-11-30")."""
     match = _DATED_KEY.match(key)
-    return match.group("source") if match else key
+    return match.group("source") if match else None
 
 
 class BatchFileError(RuntimeError):

@@ -67,7 +67,7 @@ def collapse_rate_in_band(
 ) -> dg.AssetCheckResult:
     rules = checks.collapse_rules(ladder.min_collapse_rate, ladder.max_collapse_rate, ladder.min_records_for_check)
     with warehouse.get().engine.connect() as conn:
-        current, history = batch_rates(conn, context.partition_key, rules.window)
+        current, history = batch_rates(conn, context.partition_key, rules.window, rules.min_records)
     verdict = judge_collapse(current, history, rules)
     metadata = {
         "collapse_rate": verdict.rate, "lower_bound": verdict.lower_bound, "upper_bound": verdict.upper_bound,
@@ -78,8 +78,8 @@ def collapse_rate_in_band(
         metadata.update(trailing_median=verdict.trailing_median, trailing_mad=verdict.trailing_mad)
     return dg.AssetCheckResult(
         passed=verdict.passed, severity=_ERROR if verdict.error else _WARN, metadata=metadata,
-        description=f"collapse rate {verdict.rate:.3f} in [{verdict.lower_bound:.3f}, {verdict.upper_bound:.3f}]: "
-        + verdict.note,
+        description=f"collapse rate {verdict.rate:.3f} {'in' if verdict.passed else 'outside'} "
+        f"[{verdict.lower_bound:.3f}, {verdict.upper_bound:.3f}]: " + verdict.note,
     )
 
 

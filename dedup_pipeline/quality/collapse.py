@@ -12,6 +12,8 @@ collapse rate is exact duplicates / records that reached the exact rung.
   feed, or a hash rule that merges too much). That is a warning.
 - The fixed band `[band_low, band_high]` always applies too: it is the floor of
   protection when there is no history yet, and the history can only narrow it.
+  Outside it is a warning: without history, a rate near zero may just be a
+  source's first crawl.
 
 Batches smaller than `min_records` pass (too small to judge) and are left out of
 the history, as are batches whose rate is unknown.
@@ -69,7 +71,7 @@ class CollapseVerdict:
     trailing_median: float | None
     trailing_mad: float | None
     passed: bool
-    error: bool  # True when the rate collapsed (below the lower bound): a bug, not a crawl quirk
+    error: bool  # True when the rate collapsed below the trailing median's share: a bug, not a crawl quirk
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -104,15 +106,18 @@ def judge_collapse(current: BatchRate, history: Sequence[BatchRate], rules: Coll
                 "(a volatile field may have leaked into the hash)"
             )
         else:
-            reasons.append(f"below the fixed band: {rate:.3f} < {rules.band_low:g}")
+            reasons.append(f"below the fixed band: {rate:.3f} < {rules.band_low:g}" + (
+                "" if m is not None else " (no history of this source yet to tell a first crawl from a leaked field)"
+            ))
     elif rate > upper:
         if m is not None and upper < rules.band_high:
             reasons.append(f"jumped far above the trailing median {m:.3f}: {rate:.3f} > {upper:.3f}")
         else:
             reasons.append(f"above the fixed band: {rate:.3f} > {rules.band_high:g}")
     passed = too_small or lower <= rate <= upper
+    collapsed = m is not None and rate < m * rules.collapse_ratio  # the leak's signature: only history shows it
     return CollapseVerdict(
         batch_id=current.batch_id, rate=rate, records_in=current.records_in, lower_bound=lower, upper_bound=upper,
         history=tuple(usable), trailing_median=m, trailing_mad=mad, passed=passed,
-        error=not passed and rate < lower, reasons=reasons,
+        error=not passed and collapsed, reasons=reasons,
     )

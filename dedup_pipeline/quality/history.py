@@ -20,6 +20,7 @@ from typing import Sequence
 from sqlalchemy import Connection, and_, func, or_, select
 
 from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.landing import named_source
 from dedup_pipeline.quality.collapse import BatchRate
 from dedup_pipeline.store.schema import crawl_batches, dedup_decisions
 
@@ -51,23 +52,36 @@ def rate_of(batch_id: str, counts: Counter | None) -> BatchRate:
     return BatchRate(batch_id, sum(counts.values()), counts[Decision.EXACT_DUPLICATE.value])
 
 
-def trailing_batches(conn: Connection, batch_id: str, window: int) -> list[str]:
-    """Up to `window` batches landed before `batch_id` (landing time, then key), most recent first."""
+def earlier_batches_of_its_source(conn: Connection, batch_id: str) -> list[str]:
+    """The batches of `batch_id`'s source landed before it (landing time, then key), most recent first.
+
+    A source is what a dated key names after its date (`2026-11-30-shop-a`: `shop-a`); the batches whose keys
+    name none (`crawl-7`, `2026-11-30`) are one source together. Ids only: cheap for thousands of batches.
+    """
     landed = conn.execute(select(crawl_batches.c.landed_at).where(crawl_batches.c.batch_id == batch_id)).scalar()
     if landed is None:
         return []
     b = crawl_batches.c
     earlier = or_(b.landed_at < landed, and_(b.landed_at == landed, b.batch_id < batch_id))
-    return list(
-        conn.execute(
-            select(b.batch_id).where(earlier).order_by(b.landed_at.desc(), b.batch_id.desc()).limit(window)
-        ).scalars()
-    )
+    source = named_source(batch_id)
+    keys = conn.execute(select(b.batch_id).where(earlier).order_by(b.landed_at.desc(), b.batch_id.desc())).scalars()
+    return [key for key in keys if named_source(key) == source]
 
 
-def batch_rates(conn: Connection, batch_id: str, window: int) -> tuple[BatchRate, list[BatchRate]]:
-    """The batch's own rate and the rates of the batches before it (most recent first, only decided ones)."""
-    earlier = trailing_batches(conn, batch_id, window)
-    counts = first_decision_counts(conn, [batch_id, *earlier])
-    history = [rate_of(b, counts[b]) for b in earlier if b in counts]
-    return rate_of(batch_id, counts.get(batch_id)), history
+def batch_rates(
+    conn: Connection, batch_id: str, window: int, min_records: int = 0
+) -> tuple[BatchRate, list[BatchRate]]:
+    """The batch's own rate, and those of the `window` latest earlier batches of its source big enough to judge.
+
+    Most recent first; batches with fewer than `min_records` records (or no decisions) are skipped, not counted.
+    """
+    current = rate_of(batch_id, first_decision_counts(conn, [batch_id]).get(batch_id))
+    candidates = earlier_batches_of_its_source(conn, batch_id)
+    history: list[BatchRate] = []
+    for start in range(0, len(candidates), 4 * window):
+        part = candidates[start : start + 4 * window]
+        counts = first_decision_counts(conn, part)
+        history += [rate for rate in (rate_of(b, counts[b]) for b in part if b in counts) if rate.records_in >= min_records]
+        if len(history) >= window:
+            break
+    return current, history[:window]

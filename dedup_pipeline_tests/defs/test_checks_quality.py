@@ -43,8 +43,8 @@ def rates(*values, n=200):
 def test_fixed_band_applies_without_history():
     rules = CollapseRules(band_low=0.01, band_high=0.95, min_records=100)
     assert judge_collapse(BatchRate("x", 200, 40), [], rules).passed
-    low = judge_collapse(BatchRate("x", 200, 0), [], rules)
-    assert not low.passed and low.error and "below the fixed band" in low.note
+    low = judge_collapse(BatchRate("x", 200, 0), [], rules)  # a first crawl, or a leak from day one: a warning
+    assert not low.passed and not low.error and "below the fixed band" in low.note and "no history" in low.note
     high = judge_collapse(BatchRate("x", 200, 198), [], rules)
     assert not high.passed and not high.error and "above the fixed band" in high.note
     small = judge_collapse(BatchRate("x", 50, 0), [], rules)
@@ -104,6 +104,33 @@ def test_history_is_the_first_decision_per_line_and_survives_a_replay(warehouse,
     assert leaked.duplicates == 0 and leaked.records_in == 120
     verdict = judge_collapse(leaked, before, CollapseRules(min_records=100))
     assert not verdict.passed and verdict.error and "collapsed toward zero" in verdict.note
+
+
+def test_history_is_the_batch_s_own_source_and_counts_only_judged_batches(warehouse, tmp_path):
+    """Breaks: a new source's first crawl lands after batches of another source; a small batch sits in a source's
+    history. Once, the first crawl was judged against the other source's median (an ERROR, "a leaked field"),
+    and the small batch used up a place in the window without being judged.
+
+    Must hold: history is the batch's own source (dated keys name it; keys naming none are one source), the
+    window holds `window` judged batches, and a first crawl with no history is at most a warning.
+    """
+    folder = tmp_path / "landing"
+    keys = []
+    for k in range(4):  # shop-a: 40 of each batch's 120 listings seen the day before (rate 1/3 from day 2)
+        keys.append(f"2026-11-{k + 1:02d}-shop-a")
+        write_batch(folder, keys[-1], [listing(n) for n in range(80 * k, 80 * k + 120)], landed=1_700_000_000 + k * DAY)
+    write_batch(folder, "2026-11-05-shop-b", [listing(5000 + n) for n in range(150)], landed=1_700_000_000 + 4 * DAY)
+    write_batch(folder, "2026-11-06-shop-a", [listing(n) for n in range(300, 330)], landed=1_700_000_000 + 5 * DAY)
+    write_batch(folder, "2026-11-07-shop-a", [listing(n) for n in range(320, 440)], landed=1_700_000_000 + 6 * DAY)
+    for key in [*keys, "2026-11-05-shop-b", "2026-11-06-shop-a", "2026-11-07-shop-a"]:
+        run_rungs(warehouse, folder, key, near=False)
+    with warehouse.engine.connect() as conn:
+        first_crawl, none_before = batch_rates(conn, "2026-11-05-shop-b", window=3, min_records=100)
+        _, judged = batch_rates(conn, "2026-11-07-shop-a", window=3, min_records=100)
+    assert none_before == [] and first_crawl.rate == 0.0
+    verdict = judge_collapse(first_crawl, none_before, CollapseRules(min_records=100))
+    assert not verdict.passed and not verdict.error and "no history of this source" in verdict.note
+    assert [h.batch_id for h in judged] == [keys[3], keys[2], keys[1]]  # not shop-b, not the 30-line batch
 
 
 # ------------------------------------------------------------------ integrity
