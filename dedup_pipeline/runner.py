@@ -14,6 +14,7 @@ from pathlib import Path
 import dagster as dg
 from sqlalchemy import func, select
 
+from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.landing import LANDING_DIR_ENV, scan_landing
 from dedup_pipeline.store.schema import records
@@ -78,13 +79,10 @@ def _metadata(result: dg.ExecuteInProcessResult, asset_name: str) -> dict:
 
 
 def _failure_reason(result: dg.ExecuteInProcessResult) -> str:
-    """The first line of what failed the run: the innermost error of its first failed step."""
+    """What failed the run, on one line: the step and its innermost error, as the failure alert says it."""
     for event in result.get_step_failure_events():
-        error = event.step_failure_data.error
-        while error is not None and error.cause is not None:
-            error = error.cause
-        if error is not None:
-            return f"{event.step_key}: {error.message.strip().splitlines()[0]}"
+        if event.step_failure_data.error is not None:
+            return f"{event.step_key}: {error_summary(event.step_failure_data.error)}"
     failure = result.get_run_failure_event()
     return failure.message if failure is not None else "the run failed"
 

@@ -1,7 +1,10 @@
 """The four assets of the dedup ladder, cheapest rung first. Each is a few lines over `dedup_pipeline.ladder`."""
 
+from contextlib import contextmanager
+from typing import Iterator
 
 import dagster as dg
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.plots import ladder_figures
@@ -12,14 +15,28 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.landing import BatchFileError, find_batch
+from dedup_pipeline.landing import find_batch
 
 GROUP = "dedup_ladder"
 #: The collapse-rate check on deduplicated_records (defined with the other checks in defs/checks.py).
 COLLAPSE_CHECK = "collapse_rate_in_band"
 #: Every rung writes the warehouse and is idempotent, so a step that hit a transient database error
-#: (a dropped connection, a failover, a lock timeout) is simply run again.
+#: (a dropped connection, a failover, a lock timeout) is simply run again (see `retried_only_if_transient`).
 WAREHOUSE_RETRY = dg.RetryPolicy(max_retries=2, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
+#: What a second try may not meet: the warehouse or a server gone for a moment, a lock or statement timeout.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError, ConnectionError, TimeoutError)
+
+
+@contextmanager
+def retried_only_if_transient() -> Iterator[None]:
+    """Let `WAREHOUSE_RETRY` retry a transient error; any other (a corrupt file, a wrong setting, a bug) fails the
+    step at once, with the error itself, instead of after two more tries that meet it again."""
+    try:
+        yield
+    except (*TRANSIENT_ERRORS, dg.Failure):
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised as a failure that bypasses the retry policy
+        raise dg.Failure(description=f"{type(exc).__name__}: {exc}", allow_retries=False) from exc
 #: The writing rungs claim a slot of this pool, so the instance bounds concurrent warehouse writers across
 #: runs and workers (`concurrency: pools:` in dagster.yaml and deploy/dagster.yaml).
 WAREHOUSE_POOL = "warehouse"
@@ -38,10 +55,8 @@ def raw_crawl_batches(
     charts each figure over the batches; a spike in `quarantined` means a
     crawler started writing broken lines.
     """
-    try:
+    with retried_only_if_transient():
         report = ingest_raw_batch(warehouse.get(), find_batch(landing.path(), context.partition_key))
-    except BatchFileError as exc:  # missing, corrupt or changed: running the step again cannot help
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.parsed})
 
 
@@ -71,7 +86,8 @@ def canonical_records(
     warehouse write when it fails) and `quarantine_rate_under_bound` (warns
     when too many lines of the batch were quarantined; the reasons are listed).
     """
-    report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings())
+    with retried_only_if_transient():
+        report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings())
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.canonical})
 
 
@@ -108,9 +124,10 @@ def deduplicated_records(
     known versions; BLOCKS the near-duplicate rung) and
     `great_expectations_suite` (formats and uniqueness of the rows written).
     """
-    report = deduplicate_batch(
-        warehouse.get(), context.partition_key, context.run.run_id, ladder.settings(), seen_set.get()
-    )
+    with retried_only_if_transient():
+        report = deduplicate_batch(
+            warehouse.get(), context.partition_key, context.run.run_id, ladder.settings(), seen_set.get()
+        )
     for warning in report.seen_set_warnings:
         context.log.warning(warning)
     return dg.MaterializeResult(
@@ -146,10 +163,11 @@ def near_duplicate_clusters(
     parsed -> canonical -> new or changed -> no near duplicate, and the
     `funnel/...` numbers are the same stages, plotted over time.
     """
-    report = cluster_batch(
-        warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size, near_dup.max_bucket_size,
-        context.run.run_id,
-    )
+    with retried_only_if_transient():
+        report = cluster_batch(
+            warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size, near_dup.max_bucket_size,
+            context.run.run_id,
+        )
     if report.capped_buckets:
         context.log.warning(
             f"{len(report.capped_buckets)} LSH bucket(s) held more than {near_dup.max_bucket_size} records "

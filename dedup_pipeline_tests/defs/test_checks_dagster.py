@@ -123,7 +123,47 @@ def test_an_integrity_failure_blocks_near_duplicates_and_raises_a_clear_alert(tm
         ladder_failure_alert(context)
     [alert] = [r.getMessage() for r in caplog.records if r.name == "dedup_pipeline.alerts"]
     assert alert.startswith("ALERT dedup run failed: job=dedup_ladder partition=b1 step=deduplicated_records_warehouse_integrity")
-    assert "error=DagsterAssetCheckFailedError" in alert and f"run_id={result.run_id}" in alert
+    assert "error=DagsterAssetCheckFailedError: 1 blocking asset check failed" in alert and f"run_id={result.run_id}" in alert
+    assert "warehouse_integrity" in alert.split("error=")[1] and alert.count("DagsterAssetCheckFailedError") == 1
+
+
+def test_a_permanent_error_fails_its_step_at_once_and_the_alert_names_it(tmp_path, monkeypatch, caplog):
+    """Breaks: a batch's near rung meets an index built another way (the near_dup resource switched to SimHash
+    over a MinHash index), an error no retry can clear.
+
+    Must hold: the step fails at once, without its retry policy's two retries; the alert gives the error itself
+    (once it said "Exceeded max_retries of 2"); and a failed run the instance will run again raises no alert.
+    """
+    from dedup_pipeline.defs.alerts import WILL_RETRY_TAG
+
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    write_batch(folder, "b1", [listing(n) for n in range(10)], landed=1e9)
+    write_batch(folder, "b2", [listing(n) for n in range(10, 20)], landed=1e9 + 60)
+    monkeypatch.setenv("DEDUP_DATABASE_URL", url)
+    monkeypatch.setenv("DEDUP_LANDING_DIR", str(folder))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b1", "b2"])
+    job = defs.resolve_job_def("dedup_ladder")
+    assert job.execute_in_process(partition_key="b1", instance=instance).success
+    simhash = {"resources": {"near_dup": {"config": {"method": "simhash"}}}}
+    result = job.execute_in_process(partition_key="b2", instance=instance, run_config=simhash, raise_on_error=False)
+    assert not result.success
+    assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+
+    def alerts_for(run):
+        context = dg.build_run_status_sensor_context(
+            sensor_name=ladder_failure_alert.name, dagster_instance=instance, dagster_run=run,
+            dagster_event=result.get_run_failure_event(),
+        ).for_run_failure()
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="dedup_pipeline.alerts"):
+            ladder_failure_alert(context)
+        return [r.getMessage() for r in caplog.records if r.name == "dedup_pipeline.alerts"]
+
+    [alert] = alerts_for(result.dagster_run)
+    assert "step=near_duplicate_clusters error=IndexMismatch: " in alert and "max_retries" not in alert
+    instance.add_run_tags(result.run_id, {WILL_RETRY_TAG: "true"})
+    assert alerts_for(instance.get_run_by_id(result.run_id)) == []
 
 
 def test_a_noisy_batch_warns_on_its_quarantine_rate(tmp_path):
