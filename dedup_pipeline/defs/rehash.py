@@ -197,7 +197,8 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         job=compare_job,
         minimum_interval_seconds=15,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and no migration run is queued or running.",
+        description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and complete and no "
+        "migration run is queued or running.",
     )
     def sensor(context: dg.SensorEvaluationContext):
         return comparison_request(context, hashes.key, target, name)
@@ -210,12 +211,30 @@ _ACTIVE_RUN_STATUSES = [
 ]
 
 
+def _unfinished_shards(instance: dg.DagsterInstance, hashes_key: dg.AssetKey) -> list[str]:
+    """Shards whose latest run stopped at `max_chunks_per_run` with rows left (materialised, but not complete)."""
+    unfinished = []
+    for shard in SHARDS:
+        latest = instance.fetch_materializations(dg.AssetRecordsFilter(hashes_key, asset_partitions=[shard]), limit=1)
+        materialization = latest.records[0].asset_materialization if latest.records else None
+        complete = materialization.metadata.get("complete") if materialization else None
+        if complete is not None and not complete.value:
+            unfinished.append(shard)
+    return unfinished
+
+
 def comparison_request(context: dg.SensorEvaluationContext, hashes_key: dg.AssetKey, target: str, name: str):
-    """A comparison run after the latest shard materialisation, once all shards exist and no migration run is active."""
+    """A comparison run after the latest shard materialisation, once every shard is complete and no migration run
+    is active."""
     instance = context.instance
     missing = set(SHARDS) - instance.get_materialized_partitions(hashes_key)
     if missing:
         return dg.SkipReason(f"{len(missing)} shards not materialised yet")
+    unfinished = _unfinished_shards(instance, hashes_key)
+    if unfinished:
+        return dg.SkipReason(
+            f"shards {', '.join(unfinished)} stopped at max_chunks_per_run with rows left: materialise them again"
+        )
     if instance.get_runs_count(dg.RunsFilter(tags={MIGRATION_TAG: target}, statuses=_ACTIVE_RUN_STATUSES)):
         return dg.SkipReason("a migration run is queued or running")
     latest = instance.fetch_materializations(hashes_key, limit=1).records[0].storage_id
