@@ -6,8 +6,11 @@ crawler and warehouse agree on URL identity, and a Redis key per canonical URL
 with a TTL (SET NX EX: atomic check-and-set, shared by every worker, never an
 unbounded store). Keys hold a SHA-256 of the canonical URL, not the URL.
 
-It fails open: when Redis is down, every URL counts as first seen (fetch it;
-the pipeline's exact rung removes the duplicate later) and a warning is logged.
+It fails open, to the process's own memory: while Redis is down (or hangs:
+after one timeout it is left alone for 15 s), a URL counts as first seen once
+per process, as Scrapy's own in-memory filter would count it, so a crawl never
+loops on its links; a warning is logged once per outage. When Redis answers
+again, the URLs seen meanwhile are written to it and the memory is emptied.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from functools import lru_cache
 from typing import Iterable
 
 from dedup_pipeline.core.url import URL_VERSION, canonical_url
-from dedup_pipeline.store.seen_set import DEFAULT_TTL_SECONDS, REDIS_URL_ENV, SEEN_TTL_ENV, connect_redis, redis_errors
+from dedup_pipeline.store.seen_set import (
+    REDIS_URL_ENV, CircuitBreaker, SeenSetUnavailable, connect_redis, seen_ttl,
+)
 
 log = logging.getLogger(__name__)
 URL_PREFIX_ENV = "DEDUP_URL_PREFIX"  # the URL seen-set's key prefix, one per crawl fleet when several share a Redis
@@ -43,15 +48,50 @@ class UrlSeenSet:
     """Canonical URLs seen by a crawl fleet, in Redis with a TTL."""
 
     def __init__(
-        self, redis_url: str | None = None, ttl_seconds: int | None = None, prefix: str | None = None, client=None
+        self, redis_url: str | None = None, ttl_seconds: int | None = None, prefix: str | None = None, client=None,
+        retry_after: float = 15.0,
     ):
         url = redis_url or os.environ.get(REDIS_URL_ENV) or "redis://127.0.0.1:6379/0"
-        self.ttl_seconds = ttl_seconds or int(os.environ.get(SEEN_TTL_ENV, DEFAULT_TTL_SECONDS))
+        self.ttl_seconds = seen_ttl(ttl_seconds)
         self.prefix = prefix or os.environ.get(URL_PREFIX_ENV) or DEFAULT_URL_PREFIX
-        self._errors = redis_errors()
-        # A single Redis, a cluster or behind Sentinel; unreachable, URLs count as first seen until it answers.
-        self.client = client or connect_redis(url)[0]
+        # A single Redis, a cluster or behind Sentinel; unreachable, the process's memory answers until it does.
+        self.client, reached = (client, True) if client is not None else connect_redis(url)
+        self._breaker = CircuitBreaker(retry_after, open_now=not reached)
         self._add_request = self.client.register_script(_ADD_REQUEST)
+        # What this process saw while Redis could not answer: (key, request field or "") pairs.
+        self._meanwhile: set[tuple[str, str]] = set()
+
+    def _while_down(self, items: list[tuple[str, str]], reason: str) -> list[bool]:
+        """First seen, from this process's memory, for items Redis could not answer for."""
+        if not self._meanwhile:
+            log.warning("URL seen-set unavailable (%s): this process remembers the URLs it sees until Redis answers",
+                        reason)
+        answers = []
+        for item in items:
+            answers.append(item not in self._meanwhile)
+            self._meanwhile.add(item)
+        return answers
+
+    def _catch_up(self) -> None:
+        """Redis answers again: write what was seen meanwhile to it (SET NX / HSETNX), then forget it here."""
+        pipe = self.client.pipeline(transaction=False)
+        for key, field in self._meanwhile:
+            if field:
+                self._add_request(keys=[key], args=[field, self.ttl_seconds], client=pipe)
+            else:
+                pipe.set(key, b"1", nx=True, ex=self.ttl_seconds)
+        pipe.execute()
+        log.warning("URL seen-set available again: %d URL(s) seen meanwhile written to it", len(self._meanwhile))
+        self._meanwhile.clear()
+
+    def _ask(self, items: list[tuple[str, str]], ask) -> list[bool]:
+        """`ask()` Redis for `items`, through the breaker; the process's memory answers while it cannot."""
+        try:
+            if self._meanwhile:
+                self._breaker.call(self._catch_up)
+            return self._breaker.call(ask)
+        except SeenSetUnavailable as exc:
+            return self._while_down(items, str(exc))
 
     def key(self, url: str) -> str:
         """The key of a URL: a digest of its `url/1` form (never the URL itself)."""
@@ -71,11 +111,8 @@ class UrlSeenSet:
         if method == "GET" and not body:
             return self.first_time_seen(url)
         field = hashlib.sha256(method.encode() + b"\0" + body).hexdigest()
-        try:
-            return bool(self._add_request(keys=[_requests_of(self.key(url))], args=[field, self.ttl_seconds]))
-        except self._errors as exc:
-            log.warning("URL seen-set unavailable (%s): treating a %s request as first seen", type(exc).__name__, method)
-            return True
+        key = _requests_of(self.key(url))
+        return self._ask([(key, field)], lambda: [bool(self._add_request(keys=[key], args=[field, self.ttl_seconds]))])[0]
 
     def first_time_seen_many(self, urls: Iterable[str]) -> list[bool]:
         """For each URL, True only on its first sighting within the TTL; one round trip for all of them.
@@ -83,22 +120,26 @@ class UrlSeenSet:
         A URL repeated within `urls` is first seen once (its first occurrence).
         """
         keys = [self.key(url) for url in urls]
-        try:
+
+        def ask() -> list[bool]:
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 pipe.set(key, b"1", nx=True, ex=self.ttl_seconds)
             return [bool(added) for added in pipe.execute()]
-        except self._errors as exc:
-            log.warning("URL seen-set unavailable (%s): treating %d URL(s) as first seen", type(exc).__name__, len(keys))
-            return [True] * len(keys)
+
+        return self._ask([(key, "") for key in keys], ask) if keys else []
 
     def first_time_seen(self, url: str) -> bool:
         """Atomic check-and-set: True only on the first sighting of this canonical URL within the TTL."""
         return self.first_time_seen_many([url])[0]
 
     def forget(self, urls: Iterable[str]) -> int:
-        """Drop URLs and their other requests (an erasure request, or a forced re-crawl); returns the keys removed."""
+        """Drop URLs and their other requests (an erasure request, or a forced re-crawl); returns the keys removed.
+
+        Raises what redis-py raises when Redis cannot be reached: the caller reports what is left to expire.
+        """
         keys = [key for url_key in map(self.key, urls) for key in (url_key, _requests_of(url_key))]
+        self._meanwhile = {item for item in self._meanwhile if item[0] not in set(keys)}
         return int(self.client.delete(*keys)) if keys else 0
 
 
@@ -136,8 +177,7 @@ class RedisUrlDupeFilter:
     @classmethod
     def from_crawler(cls, crawler) -> "RedisUrlDupeFilter":
         settings = crawler.settings
-        ttl = settings.get("DEDUP_SEEN_TTL_SECONDS")
-        seen = UrlSeenSet(settings.get("DEDUP_REDIS_URL"), int(ttl) if ttl else None, settings.get("DEDUP_URL_PREFIX"))
+        seen = UrlSeenSet(settings.get("DEDUP_REDIS_URL"), settings.get("DEDUP_SEEN_TTL_SECONDS"), settings.get("DEDUP_URL_PREFIX"))
         return cls(seen, settings.getbool("DUPEFILTER_DEBUG"))
 
     def request_seen(self, request) -> bool:

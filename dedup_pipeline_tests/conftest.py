@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import uuid
 
 import pytest
@@ -128,3 +130,23 @@ def warehouse(warehouse_url):
     wh = Warehouse(warehouse_url).create_schema()
     yield wh
     wh.dispose()
+
+
+@pytest.fixture
+def hung_redis_url():
+    """A server that accepts connections and never answers (a Redis stuck in a long command, a dead proxy)."""
+    connections: list[socket.socket] = []
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        while True:
+            try:
+                connections.append(server.accept()[0])
+            except OSError:  # closed at teardown
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"redis://127.0.0.1:{server.getsockname()[1]}/0", connections
+    server.close()
+    for connection in connections:
+        connection.close()

@@ -43,9 +43,51 @@ def test_batched_with_a_ttl_and_forgettable(seen):
     assert "a.example" not in seen.key(urls[0])  # keys hold a digest, not the URL
 
 
-def test_fails_open_when_redis_is_down():
+def test_fails_open_to_the_process_memory_when_redis_is_down():
+    """Redis down: each URL is first seen once per process (a crawl never loops on its links), never "seen"."""
     dead = UrlSeenSet("redis://127.0.0.1:1/0")
-    assert dead.first_time_seen_many(["https://a.example/1", "https://a.example/1"]) == [True, True]
+    assert dead.first_time_seen_many(["https://a.example/1", "https://A.example/1?utm_source=x"]) == [True, False]
+    assert not dead.first_time_seen("https://a.example/1") and dead.first_time_seen("https://a.example/2")
+
+
+def test_a_hung_redis_costs_one_timeout(hung_redis_url):
+    """A Redis that accepts connections and never answers: one timeout, then the breaker answers at once."""
+    url, connections = hung_redis_url
+    seen = UrlSeenSet(url, retry_after=60)
+    assert [seen.first_time_seen(f"https://a.example/{n}") for n in range(5)] == [True] * 5
+    assert len(connections) == 1
+
+
+def test_urls_seen_while_redis_was_down_are_written_to_it_when_it_answers(tmp_path):
+    from dedup_pipeline_tests.reliability.redis_server import PrivateRedis
+
+    server = PrivateRedis(tmp_path / "redis").start()
+    try:
+        seen = UrlSeenSet(server.url, retry_after=0, prefix="outage")
+        assert seen.first_time_seen("https://a.example/before")
+        server.kill()
+        assert seen.first_time_seen("https://a.example/during")
+        assert seen.first_time_seen_request("POST", "https://a.example/form", b"q=1")
+        server.restart()  # an empty server: what was written before the outage is gone with it
+        assert not seen.first_time_seen("https://a.example/during")  # remembered, then written to Redis
+        assert not seen.first_time_seen_request("POST", "https://a.example/form", b"q=1")
+        fresh = UrlSeenSet(server.url, prefix="outage")  # another process of the fleet
+        assert fresh.first_time_seen_many(["https://a.example/during", "https://a.example/after"]) == [False, True]
+        assert not fresh.first_time_seen_request("POST", "https://a.example/form", b"q=1")
+    finally:
+        server.kill()
+
+
+def test_a_ttl_under_one_second_is_refused(monkeypatch):
+    """Redis refuses `EX 0`: a zero TTL would make every URL look new; it is a configuration error instead."""
+    from dedup_pipeline.core.errors import ConfigurationError
+
+    for ttl in (0, -5):
+        with pytest.raises(ConfigurationError, match="at least 1"):
+            UrlSeenSet("redis://127.0.0.1:6379/0", ttl_seconds=ttl)
+    monkeypatch.setenv("DEDUP_SEEN_TTL_SECONDS", "0")
+    with pytest.raises(ConfigurationError, match="DEDUP_SEEN_TTL_SECONDS"):
+        UrlSeenSet("redis://127.0.0.1:6379/0")
 
 
 def test_module_function(seen):
@@ -78,10 +120,11 @@ def test_forgetting_a_url_forgets_its_other_requests(seen):
     assert seen.first_time_seen(url) and seen.first_time_seen_request("POST", url, b"name=someone")
 
 
-def test_a_request_fails_open_when_redis_is_down():
+def test_a_request_fails_open_to_the_process_memory_when_redis_is_down():
     dead = UrlSeenSet("redis://127.0.0.1:1/0")
     assert dead.first_time_seen_request("POST", "https://a.example/s", b"q=a")
-    assert dead.first_time_seen_request("POST", "https://a.example/s", b"q=a")
+    assert not dead.first_time_seen_request("POST", "https://a.example/s", b"q=a")
+    assert dead.first_time_seen_request("POST", "https://a.example/s", b"q=b")
 
 
 # ---------------------------------------------------------------- a real Scrapy crawl
@@ -126,25 +169,39 @@ def shop():
     server.server_close()
 
 
-def _crawl(start_url: str, prefix: str) -> dict:
+def _crawl(start_url: str, prefix: str, redis_url: str = "redis://127.0.0.1:6379/0") -> dict:
     script = Path(__file__).with_name("scrapy_crawl.py")
     done = subprocess.run(
-        [sys.executable, str(script), start_url, "redis://127.0.0.1:6379/0", prefix],
+        [sys.executable, str(script), start_url, redis_url, prefix],
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_scrapy_crawls_fetch_each_page_once_across_the_fleet(shop, seen):
-    start_url, served = shop
-    first = _crawl(start_url, seen.prefix)
+def _each_page_once(start_url: str, served: list) -> None:
     gets = sorted(canonical_url(start_url.rstrip("/") + path) for method, path, _ in served if method == "GET")
     base = start_url.rstrip("/")
     # Each page once in its url/1 form; path case is identity, so /P/1 is a page of its own.
     assert gets == sorted([start_url, f"{base}/P/1", f"{base}/p/1", f"{base}/p/2?a=1&b=2", f"{base}/p/3"])
     # The same address posted with two bodies is two requests; the repeated body is dropped.
     assert sorted(body for method, _, body in served if method == "POST") == [b"q=a", b"q=b"]
+
+
+def test_a_scrapy_crawl_with_redis_down_still_fetches_each_page_once(shop):
+    """Redis unreachable: the dupefilter answers from the crawler's memory, as Scrapy's own filter would (once, it
+    let every request through: a site whose pages link to each other was crawled for ever)."""
+    start_url, served = shop
+    stats = _crawl(start_url, "down", redis_url="redis://127.0.0.1:1/0")
+    _each_page_once(start_url, served)
+    assert stats["filtered"] == 9
+
+
+def test_scrapy_crawls_fetch_each_page_once_across_the_fleet(shop, seen):
+    start_url, served = shop
+    first = _crawl(start_url, seen.prefix)
+    _each_page_once(start_url, served)
+    base = start_url.rstrip("/")
     # 2 + 1 forms of /p/1 and /p/2 from the index, 5 of the 6 links to /p/3, 1 repeated post.
     assert first["filtered"] == 9
 

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from dedup_pipeline.core.errors import ConfigurationError
+
 log = logging.getLogger(__name__)
 
 REDIS_URL_ENV = "DEDUP_REDIS_URL"
@@ -41,6 +43,48 @@ DEFAULT_BLOOM_ERROR_RATE = 0.001
 
 class SeenSetUnavailable(RuntimeError):
     """The seen-set backend cannot answer now; use the database."""
+
+
+def seen_ttl(value: int | str | None = None) -> int:
+    """The TTL of seen-set keys, in seconds: `value`, else $DEDUP_SEEN_TTL_SECONDS, else 30 days.
+
+    At least 1: a seen-set key always expires (the set is never an unbounded store of identifiers), and Redis
+    refuses `EX 0`, which would make every URL look new.
+    """
+    raw = value if value not in (None, "") else os.environ.get(SEEN_TTL_ENV) or DEFAULT_TTL_SECONDS
+    try:
+        ttl = int(raw)
+    except (TypeError, ValueError):
+        ttl = 0
+    if ttl < 1:
+        raise ConfigurationError(f"{SEEN_TTL_ENV} must be a whole number of seconds, at least 1, got {raw!r}")
+    return ttl
+
+
+class CircuitBreaker:
+    """Calls to a Redis that fail open: after a failure, "unavailable" at once for `retry_after` seconds.
+
+    A Redis that hangs costs one timeout, not one per call. `call` raises `SeenSetUnavailable` while the
+    breaker is open and when the call fails (which opens it).
+    """
+
+    def __init__(self, retry_after: float = 15.0, open_now: bool = False) -> None:
+        self.retry_after = retry_after
+        self._errors = redis_errors()
+        self._down_until = time.monotonic() + retry_after if open_now else 0.0
+
+    @property
+    def is_open(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def call(self, action):
+        if self.is_open:
+            raise SeenSetUnavailable("redis marked down after a recent failure")
+        try:
+            return action()
+        except self._errors as exc:
+            self._down_until = time.monotonic() + self.retry_after
+            raise SeenSetUnavailable(f"redis: {type(exc).__name__}") from None
 
 
 def fallback_warning(kind: str, chunks: int) -> str:
@@ -168,19 +212,15 @@ class RedisSeenSet(SeenSet):
     kind = "redis"
 
     def __init__(
-        self, url: str, ttl_seconds: int = DEFAULT_TTL_SECONDS, timeout: float = 1.0, retry_after: float = 15.0,
+        self, url: str, ttl_seconds: int | None = None, timeout: float = 1.0, retry_after: float = 15.0,
         prefix: str = KEY_PREFIX,
     ):
         from redis.cluster import RedisCluster
 
         self.prefix = prefix
-        self._errors = redis_errors()
-        self.ttl_seconds = ttl_seconds
-        self.retry_after = retry_after
-        self._down_until = 0.0
+        self.ttl_seconds = seen_ttl(ttl_seconds)
         self.client, reached = connect_redis(url, timeout)
-        if not reached:  # that was the one timeout: the breaker starts open
-            self._down_until = time.monotonic() + retry_after
+        self._breaker = CircuitBreaker(retry_after, open_now=not reached)  # not reached: that was the one timeout
         self.cluster = isinstance(self.client, RedisCluster)
         self._set_nx_ex = self.client.register_script(_SET_NX_EX)
 
@@ -188,15 +228,7 @@ class RedisSeenSet(SeenSet):
         return f"{self.prefix}:{version}:{digest.hex()}"
 
     def _call(self, action):
-        # A circuit breaker: after a failure, answer "unavailable" at once for a while
-        # instead of paying a timeout per chunk.
-        if time.monotonic() < self._down_until:
-            raise SeenSetUnavailable("redis marked down after a recent failure")
-        try:
-            return action()
-        except self._errors as exc:
-            self._down_until = time.monotonic() + self.retry_after
-            raise SeenSetUnavailable(f"redis: {type(exc).__name__}") from None
+        return self._breaker.call(action)
 
     def maybe_seen(self, version: str, digests: Sequence[bytes]) -> list[bool]:
         if not digests:
@@ -328,8 +360,7 @@ def seen_set_from_env(
     if kind == "redis":
         if not url:
             raise ValueError(f"seen-set 'redis' needs {REDIS_URL_ENV}")
-        ttl = ttl_seconds or int(os.environ.get(SEEN_TTL_ENV, DEFAULT_TTL_SECONDS))
-        return RedisSeenSet(url, ttl, prefix=os.environ.get(REDIS_PREFIX_ENV, KEY_PREFIX))
+        return RedisSeenSet(url, ttl_seconds, prefix=os.environ.get(REDIS_PREFIX_ENV, KEY_PREFIX))
     if kind == "bloom":
         if bloom_capacity is None:
             bloom_capacity = int(os.environ.get(BLOOM_CAPACITY_ENV, DEFAULT_BLOOM_CAPACITY))

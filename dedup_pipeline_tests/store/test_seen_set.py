@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import socket
-import threading
 import uuid
 
 import pytest
@@ -149,26 +147,6 @@ def test_dead_redis_fails_open_to_the_warehouse(warehouse, batches, tmp_path):
     assert report.seen_set_fallbacks >= 4  # every chunk said so
     assert report.decisions["exact_duplicate"] == 100 and report.decisions["new"] == 100
     assert snapshot(warehouse.engine) == _baseline(tmp_path, batches)
-
-
-@pytest.fixture
-def hung_redis_url():
-    """A server that accepts connections and never answers (a Redis stuck in a long command, a dead proxy)."""
-    connections: list[socket.socket] = []
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def accept() -> None:
-        while True:
-            try:
-                connections.append(server.accept()[0])
-            except OSError:  # closed at teardown
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"redis://127.0.0.1:{server.getsockname()[1]}/0", connections
-    server.close()
-    for connection in connections:
-        connection.close()
 
 
 def test_a_hung_redis_costs_one_timeout_then_the_rung_runs_on_the_warehouse(warehouse, batches, tmp_path, hung_redis_url):
