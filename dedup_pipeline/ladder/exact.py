@@ -52,7 +52,7 @@ class ExactReport:
     seen_set_hits: int = 0             # fast-path hits the warehouse confirmed
     seen_set_false_positives: int = 0  # hits the warehouse did not confirm (Bloom false positive, stale key)
     seen_set_cold_misses: int = 0      # chunks whose misses the UNIQUE index caught (cold or flushed seen-set)
-    seen_set_fallbacks: int = 0        # chunks that ran on the database alone because the seen-set was down
+    seen_set_fallbacks: int = 0        # chunks the seen-set failed (down, hung) for, once each; plus a failed final save
     seen_set_fill: float | None = None  # a Bloom filter's digests over its capacity after the batch (None: no capacity)
     seen_set_bypassed: bool = False    # a rehash migration's overlap: every digest was looked up in the warehouse
 
@@ -247,8 +247,10 @@ class _ChunkWriter:
     batch_time: datetime
     settings: LadderSettings
     report: ExactReport
+    _fell_back: bool = False
 
     def write(self, chunk: list[CanonicalRecord]) -> Counter:
+        self._fell_back = False  # the seen-set failed this chunk (its probe, or taking its digests): counted once
         digests = [bytes.fromhex(record.hashes[self.version]) for record in chunk]
         hits = None if self.report.seen_set_bypassed else self._probe(digests)
         for attempt in range(1, MAX_CHUNK_ATTEMPTS + 1):
@@ -281,6 +283,7 @@ class _ChunkWriter:
                 self.report.seen_set_hits += confirmed
                 self.report.seen_set_false_positives += sum(hits) - confirmed
             self._remember(plan, {d for d, hit in zip(digests, hits) if hit} if hits is not None else set())
+            self.report.seen_set_fallbacks += self._fell_back
             decision_log.emit(plan.decisions, self.version, self.batch_id, self.run_id, self.seen_set.kind)
             return counts
         raise RuntimeError(f"chunk of batch {self.batch_id} kept conflicting after {MAX_CHUNK_ATTEMPTS} attempts")
@@ -289,7 +292,7 @@ class _ChunkWriter:
         try:
             return self.seen_set.maybe_seen(self.version, digests)
         except SeenSetUnavailable:
-            self.report.seen_set_fallbacks += 1
+            self._fell_back = True
             return None
 
     def _remember(self, plan, present: set[bytes]) -> None:
@@ -302,7 +305,7 @@ class _ChunkWriter:
         try:
             self.seen_set.remember(self.version, sorted(stored_now - present))
         except SeenSetUnavailable:
-            self.report.seen_set_fallbacks += 1
+            self._fell_back = True
 
 
 def _is_lock_conflict(exc: OperationalError) -> bool:
