@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import uuid
 import os
 import random
 from pathlib import Path
@@ -77,3 +78,8 @@ def snapshot(engine) -> dict:
                 select(near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity))),
             "clusters": sorted((ids[r], ids[c], rep) for r, c, rep in conn.execute(select(near_duplicate_clusters))),
         }
+
+
+def new_run_id(key: str) -> str:
+    """A fresh run id, as each Dagster run of a partition has one (the same id twice would resume the first run)."""
+    return f"run-{key}-{uuid.uuid4().hex[:8]}"

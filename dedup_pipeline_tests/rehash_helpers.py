@@ -27,6 +27,7 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import record_hashes, records
+from dedup_pipeline_tests.helpers import new_run_id
 
 _WORDS = "steel kettle copper enamel whistle travel quiet compact classic modern glass induction".split()
 LEGACY_TIME = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -126,7 +127,7 @@ def run_ladder(warehouse, folder: Path, key: str, settings: LadderSettings = Lad
     """One batch file down the real ladder; returns the exact rung's report."""
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, settings)
-    report = deduplicate_batch(warehouse, key, f"run-{key}", settings)
+    report = deduplicate_batch(warehouse, key, new_run_id(key), settings)
     if near:
         cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
     return report

@@ -24,7 +24,7 @@ from dedup_pipeline.store.erasure import erased_positions
 from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state, other_versions_held
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import (
-    canonical_records, crawl_batches, exact_rung_runs, quarantine, record_hashes, records,
+    canonical_records, crawl_batches, dedup_decisions, exact_rung_runs, quarantine, record_hashes, records,
 )
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable, fallback_warning
 from dedup_pipeline.store.warehouse import (
@@ -119,13 +119,15 @@ def canonical_chunk_query(batch_id: str, after_line: int, chunk_size: int) -> Se
     )
 
 
-def iter_canonical_chunks(conn: Connection, batch_id: str, chunk_size: int) -> Iterator[list[CanonicalRecord]]:
-    """The batch's canonical records in file order, a keyset-paginated chunk at a time.
+def iter_canonical_chunks(
+    conn: Connection, batch_id: str, chunk_size: int, after_line: int = 0
+) -> Iterator[list[CanonicalRecord]]:
+    """The batch's canonical records in file order after line `after_line`, a keyset-paginated chunk at a time.
 
     Payloads stay the JSON text they were stored as (`EncodedJson`): the rung
     writes them on unchanged, so decoding them would be wasted work.
     """
-    last_line = 0
+    last_line = after_line
     while True:
         rows = conn.execute(canonical_chunk_query(batch_id, last_line, chunk_size)).all()
         if not rows:
@@ -145,6 +147,20 @@ def _batch_time(conn: Connection, batch_id: str) -> datetime:
     if landed is None:
         raise RuntimeError(f"batch {batch_id!r} is not registered: materialise raw_crawl_batches first")
     return as_utc(landed)
+
+
+def decided_in_run(conn: Connection, batch_id: str, run_id: str) -> tuple[int, Counter]:
+    """(last line, decision counts) of what an earlier execution of run `run_id` committed for the batch.
+
+    Chunks commit in line order, each with its decisions, so everything up to the last line decided is done.
+    """
+    d = dedup_decisions.c
+    rows = conn.execute(
+        select(d.decision, func.count(), func.max(d.line_no))
+        .where(d.batch_id == batch_id, d.run_id == run_id)
+        .group_by(d.decision)
+    ).all()
+    return max((last for _, _, last in rows), default=0), Counter({decision: n for decision, n, _ in rows})
 
 
 def staged_without(conn: Connection, batch_id: str, version: str) -> bool:
@@ -170,6 +186,10 @@ def deduplicate_batch(
     row per key and per content. Re-running a batch finds everything stored
     and changes nothing. A batch staged before a switch of the active hash
     version is canonicalised again first (its landing file must still be there).
+
+    A second execution of the same run (a step retried after a dropped
+    connection) resumes after the last chunk the first one committed, and
+    reports the whole batch: each line is decided once per run.
     """
     with warehouse.engine.connect() as conn:
         version = active_hash_version(conn)
@@ -184,11 +204,17 @@ def deduplicate_batch(
         quarantined = reader.execute(
             select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)
         ).scalar_one()
+        done_until, done = decided_in_run(reader, batch_id, run_id)
+        if done:
+            log.info("run %s resumes batch %s after line %d (%d records decided)", run_id, batch_id, done_until,
+                     sum(done.values()))
         report = deduplicate_records(
-            warehouse, batch_id, run_id, iter_canonical_chunks(reader, batch_id, settings.chunk_size), settings,
-            seen_set, batch_time, version,
+            warehouse, batch_id, run_id, iter_canonical_chunks(reader, batch_id, settings.chunk_size, done_until),
+            settings, seen_set, batch_time, version,
         )
         reader.rollback()
+    report.decisions.update(done)
+    report.records_in += sum(done.values())
     report.quarantined = quarantined
     with warehouse.engine.begin() as conn:
         record_rung_run(conn, exact_rung_runs, batch_id, run_id, report.as_metadata())

@@ -21,6 +21,7 @@ from dedup_pipeline.quality.quarantine import quarantine_report
 from dedup_pipeline.store.schema import dedup_decisions, record_hashes, records
 from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline_tests.helpers import listing, write_batch
+from dedup_pipeline_tests.helpers import new_run_id
 
 DAY = 86400.0
 SETTINGS = LadderSettings(chunk_size=50)
@@ -29,7 +30,7 @@ SETTINGS = LadderSettings(chunk_size=50)
 def run_rungs(warehouse, folder, key, run_id=None, near=True):
     raw = ingest_raw_batch(warehouse, find_batch(folder, key))
     canonical = canonicalise_batch(warehouse, key, SETTINGS)
-    exact = deduplicate_batch(warehouse, key, run_id or f"run-{key}", SETTINGS)
+    exact = deduplicate_batch(warehouse, key, run_id or new_run_id(key), SETTINGS)
     clusters = cluster_batch(warehouse, key, NearDupParams(threshold=0.5)) if near else None
     return raw, canonical, exact, clusters
 

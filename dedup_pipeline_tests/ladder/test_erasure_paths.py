@@ -29,6 +29,7 @@ from dedup_pipeline.store.schema import (
     canonical_records, dedup_decisions, minhash_signatures, record_history, records, rehash_comparisons,
 )
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
+from dedup_pipeline_tests.helpers import new_run_id
 
 #: The paths are tested on the real PostgreSQL; the race runs on SQLite too.
 on_postgresql = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
@@ -51,7 +52,7 @@ def run_ladder(warehouse, folder, key, settings=SETTINGS, rungs=("raw", "canonic
     if "canonical" in rungs:
         canonicalise_batch(warehouse, key, settings)
     if "exact" in rungs:
-        exact = deduplicate_batch(warehouse, key, f"run-{key}", settings)
+        exact = deduplicate_batch(warehouse, key, new_run_id(key), settings)
     if "near" in rungs:
         cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
     return exact

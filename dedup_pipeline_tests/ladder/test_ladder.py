@@ -26,6 +26,7 @@ from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import canonical_records, dedup_decisions, quarantine, record_hashes, record_history, records
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
+from dedup_pipeline_tests.helpers import new_run_id
 
 DAY = 86400.0
 
@@ -33,7 +34,7 @@ DAY = 86400.0
 def run_batch(warehouse, folder, key, settings=LadderSettings(chunk_size=7)):
     raw = ingest_raw_batch(warehouse, find_batch(folder, key))
     canonical = canonicalise_batch(warehouse, key, settings)
-    exact = deduplicate_batch(warehouse, key, f"run-{key}", settings)
+    exact = deduplicate_batch(warehouse, key, new_run_id(key), settings)
     near = cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
     return raw, canonical, exact, near
 
@@ -267,3 +268,42 @@ def test_a_worker_killed_mid_batch_fails_the_rung_and_leaves_the_partition_as_it
     killer.join(timeout=10)
     assert _staged(warehouse, "killed") == before
     assert not multiprocessing.active_children()
+
+
+def test_a_retried_step_resumes_its_run_and_decides_each_line_once(warehouse, tmp_path, monkeypatch):
+    """Breaks: the warehouse connection drops after the exact rung committed some chunks of a batch, and the step
+    is retried under the same run id (Dagster's RetryPolicy does that).
+
+    Must hold: the retry resumes after the last committed chunk: one decision per line in the run, and the run's
+    figures (report, `exact_rung_runs`, the counters) are the whole batch's, all `new` (once, the committed
+    lines were decided again, as exact duplicates, and the figures said so).
+    """
+    from sqlalchemy.exc import OperationalError
+
+    from dedup_pipeline.ladder import exact as exact_rung
+    from dedup_pipeline.store.schema import exact_rung_runs
+
+    folder = tmp_path / "landing"
+    write_batch(folder, "b", [listing(n) for n in range(30)], landed=1_700_000_000)
+    settings = LadderSettings(chunk_size=7)
+    ingest_raw_batch(warehouse, find_batch(folder, "b"))
+    canonicalise_batch(warehouse, "b", settings)
+    real, calls = exact_rung.apply_plan, []
+
+    def drops_on_the_third_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OperationalError("INSERT ...", {}, Exception("server closed the connection unexpectedly"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exact_rung, "apply_plan", drops_on_the_third_chunk)
+    with pytest.raises(OperationalError):
+        deduplicate_batch(warehouse, "b", "run-1", settings)
+    assert count(warehouse, records) == 14  # two chunks committed
+    report = deduplicate_batch(warehouse, "b", "run-1", settings)
+    assert (report.records_in, dict(+report.decisions)) == (30, {"new": 30})
+    with warehouse.engine.connect() as conn:
+        lines = conn.execute(select(dedup_decisions.c.line_no).where(dedup_decisions.c.run_id == "run-1")).scalars().all()
+        stats = conn.execute(select(exact_rung_runs.c.stats).where(exact_rung_runs.c.run_id == "run-1")).scalar_one()
+    assert sorted(lines) == list(range(1, 31)) and stats["new"] == 30 and stats.get("exact_duplicate", 0) == 0
+    assert count(warehouse, records) == 30

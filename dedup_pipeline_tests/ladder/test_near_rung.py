@@ -16,6 +16,7 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, records
 from dedup_pipeline_tests.helpers import description, listing, write_batch
+from dedup_pipeline_tests.helpers import new_run_id
 
 BOILERPLATE = (
     "Free shipping on all orders over fifty euros. Returns accepted within thirty days of delivery. "
@@ -28,7 +29,7 @@ def land(warehouse, folder, key, rows, landed=1e9):
     write_batch(folder, key, rows, landed=landed)
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, LadderSettings(chunk_size=50))
-    deduplicate_batch(warehouse, key, f"run-{key}", LadderSettings(chunk_size=50))
+    deduplicate_batch(warehouse, key, new_run_id(key), LadderSettings(chunk_size=50))
 
 
 def stored(warehouse):

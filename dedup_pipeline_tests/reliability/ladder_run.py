@@ -19,6 +19,7 @@ from dedup_pipeline.store.schema import (
 )
 from dedup_pipeline.store.seen_set import SeenSet
 from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline_tests.helpers import new_run_id
 
 SETTINGS = LadderSettings(chunk_size=7)
 NEAR = NearDupParams(threshold=0.5)
@@ -39,7 +40,7 @@ def run_ladder(
     """All four rungs for one batch, as the `dedup_ladder` job runs them."""
     raw = ingest_raw_batch(warehouse, find_batch(folder, key))
     canonical = canonicalise_batch(warehouse, key, settings)
-    exact = deduplicate_batch(warehouse, key, run_id or f"run-{key}", settings, seen_set)
+    exact = deduplicate_batch(warehouse, key, run_id or new_run_id(key), settings, seen_set)
     near = cluster_batch(warehouse, key, NEAR, settings.chunk_size)
     return LadderReports(raw, canonical, exact, near)
 

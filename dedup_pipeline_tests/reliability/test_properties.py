@@ -30,6 +30,7 @@ from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import record_hashes, record_history
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.reliability.ladder_run import canonical_lines, decisions_by_line, quarantined_lines
+from dedup_pipeline_tests.helpers import new_run_id
 
 VERSIONS = ("content/1", "content/2")
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -219,7 +220,7 @@ def test_every_line_is_stored_or_quarantined_never_both_never_neither(lines):
             settings_ = LadderSettings(chunk_size=4)
             ingest_raw_batch(warehouse, find_batch(folder, "p"))
             canonicalise_batch(warehouse, "p", settings_)
-            deduplicate_batch(warehouse, "p", "run", settings_)
+            deduplicate_batch(warehouse, "p", new_run_id("p"), settings_)
             engine = warehouse.engine
             quarantined, canonical = quarantined_lines(engine, "p"), canonical_lines(engine, "p")
             decisions = decisions_by_line(engine, "p")

@@ -31,6 +31,7 @@ from dedup_pipeline.store.schema import (
 from dedup_pipeline.store.seen_set import RedisSeenSet
 from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
+from dedup_pipeline_tests.helpers import new_run_id
 
 DAY = 86400.0
 T0 = 1_700_000_000
@@ -49,7 +50,7 @@ def tombstone_key(monkeypatch):
 def run_ladder(warehouse, folder, key, seen_set=None):
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, SETTINGS)
-    exact = deduplicate_batch(warehouse, key, f"run-{key}", SETTINGS, seen_set)
+    exact = deduplicate_batch(warehouse, key, new_run_id(key), SETTINGS, seen_set)
     cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
     return exact
 

@@ -15,6 +15,7 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.exact import load_state
 from dedup_pipeline_tests.helpers import listing, write_batch
+from dedup_pipeline_tests.helpers import new_run_id
 
 # content/2 leaves the URL (the natural key) out, so one content can be stored under two keys.
 VERSION = "content/2"
@@ -42,7 +43,7 @@ def stored_warehouse(warehouse, tmp_path):
     settings = LadderSettings(chunk_size=50)
     ingest_raw_batch(warehouse, find_batch(tmp_path / "landing", "a"))
     canonicalise_batch(warehouse, "a", settings)
-    deduplicate_batch(warehouse, "a", "run", settings)
+    deduplicate_batch(warehouse, "a", new_run_id("a"), settings)
     return warehouse
 
 

@@ -16,6 +16,7 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.seen_set import BloomSeenSet, NoSeenSet, RedisSeenSet, SeenSetUnavailable
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
+from dedup_pipeline_tests.helpers import new_run_id
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 DEAD_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there: a stopped Redis
@@ -102,7 +103,7 @@ def test_bloom_is_sized_from_the_resource_or_the_environment(tmp_path, monkeypat
 def run(warehouse, folder, key, seen_set, chunk=50):
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, LadderSettings(chunk_size=chunk))
-    return deduplicate_batch(warehouse, key, "run", LadderSettings(chunk_size=chunk), seen_set)
+    return deduplicate_batch(warehouse, key, new_run_id(key), LadderSettings(chunk_size=chunk), seen_set)
 
 
 @pytest.fixture
