@@ -52,6 +52,17 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 
 _JSON_CODEC = {"json_serializer": json_text.dumps, "json_deserializer": json_text.loads}
 
+#: libpq settings of every PostgreSQL connection, unless the warehouse URL gives its own. Without them a server
+#: that stops answering (a dead host, a half-open connection) hangs a step for ever, and a transaction of a
+#: vanished worker keeps its locks (the erasure lock among them) until the OS notices, about two hours later.
+PG_CONNECT_DEFAULTS = {
+    "connect_timeout": 10,  # seconds to reach the server
+    "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,  # a silent peer: ~1 min
+    "tcp_user_timeout": 60_000,  # ms: data the server has not acknowledged for a minute ends the connection
+    # Server side: a transaction left idle for 10 minutes (its client gone or stuck) is ended, its locks freed.
+    "options": "-c idle_in_transaction_session_timeout=600000",
+}
+
 
 def make_engine(url: str) -> Engine:
     """An engine with the settings each backend needs for concurrent pipeline steps."""
@@ -62,7 +73,11 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 120}, **_JSON_CODEC)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, **_JSON_CODEC)
+    connect_args = {name: value for name, value in PG_CONNECT_DEFAULTS.items() if name not in parsed.query}
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **_JSON_CODEC)
+
+
+_SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"dedup:schema").digest()[:8], "big", signed=True)
 
 
 class Warehouse:
@@ -77,9 +92,11 @@ class Warehouse:
         return self.engine.dialect.name
 
     def create_schema(self) -> "Warehouse":
-        """Create missing tables and initial settings; safe to call on every run."""
-        metadata.create_all(self.engine)
+        """Create missing tables and initial settings; safe to call on every run, from many processes at once."""
         with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # two processes creating a new warehouse's tables would collide
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+            metadata.create_all(conn)
             if read_setting(conn, ACTIVE_HASH_VERSION) is None:
                 insert = upsert_ignore(conn, settings).values(
                     name=ACTIVE_HASH_VERSION, value=INITIAL_ACTIVE_VERSION, updated_at=utcnow()

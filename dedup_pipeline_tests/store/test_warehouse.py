@@ -1,0 +1,57 @@
+"""The warehouse engine and schema on the real PostgreSQL: created by many processes at once, never hanging."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import create_engine, inspect, text
+
+from dedup_pipeline.store.schema import metadata
+from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline_tests.conftest import PG_ADMIN_URL
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def empty_database():
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"dedup_test_schema_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_processes_creating_a_new_warehouse_at_once_all_succeed():
+    """Breaks: four processes (two `dedup-pipeline run`s, say) create the tables of an empty warehouse together.
+
+    Must hold: each succeeds (once, all but one failed on a duplicate type in PostgreSQL's catalogue), and the
+    schema is whole.
+    """
+    with empty_database() as url:
+        code = f"from dedup_pipeline.store.warehouse import Warehouse; Warehouse({url!r}).create_schema()"
+        processes = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE) for _ in range(4)]
+        failures = [p.stderr.read().decode()[-500:] for p in processes if p.wait(timeout=120) != 0]
+        assert not failures, failures
+        engine = create_engine(url)
+        assert set(metadata.tables) <= set(inspect(engine).get_table_names())
+        engine.dispose()
+
+
+def test_connections_give_up_on_a_silent_server_and_a_forgotten_transaction_unless_the_url_says_otherwise():
+    with empty_database() as url:
+        for query, expected in (("", "10min"), ("?options=-c%20idle_in_transaction_session_timeout%3D2000", "2s")):
+            warehouse = Warehouse(url + query)
+            with warehouse.engine.connect() as conn:
+                assert conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar() == expected
+                assert conn.connection.driver_connection.info.get_parameters()["connect_timeout"] == "10"
+            warehouse.dispose()
