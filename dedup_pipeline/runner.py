@@ -8,6 +8,7 @@ their metadata show in the Dagster UI afterwards.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
 
 LOCAL_DAGSTER_HOME = ".dagster_home"
+#: host:pid of the `dedup-pipeline` process that executes a run in process (see `release_runs_of_dead_processes`).
+PROCESS_TAG = "dedup/process"
 # The command line prints its own summary; Dagster's step-by-step log stays in the UI.
 _QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
@@ -78,6 +81,46 @@ def _metadata(result: dg.ExecuteInProcessResult, asset_name: str) -> dict:
     return {key: value.value for key, value in materializations[-1].metadata.items()}
 
 
+def _process_tag() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def release_runs_of_dead_processes(instance: dg.DagsterInstance) -> list[str]:
+    """Mark failed, and free the pool slots of, runs that a `dedup-pipeline` process of this host executed and
+    that died with it (killed, out of memory); returns their ids.
+
+    A run executed in process never says it ended when its process is killed: it stays STARTED and keeps the
+    slots its steps claimed in the `warehouse` pool, and with no daemon to notice, every later run would wait
+    for those slots for ever. A run whose process still lives, or that another host executes, is left alone.
+    """
+    storage = instance.event_log_storage
+    holding = storage.get_concurrency_run_ids() if storage.supports_global_concurrency_limits else set()
+    started = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING]))
+    holders = instance.get_run_records(dg.RunsFilter(run_ids=list(holding))) if holding else []
+    released = []
+    for record in {r.dagster_run.run_id: r for r in [*started, *holders]}.values():
+        run = record.dagster_run
+        host, _, pid = run.tags.get(PROCESS_TAG, "").rpartition(":")
+        if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if not run.is_finished:
+            instance.report_run_failed(run, message=f"its dedup-pipeline process ({pid}) is gone: it was killed")
+        if storage.supports_global_concurrency_limits:
+            storage.free_concurrency_slots_for_run(run.run_id)
+        released.append(run.run_id)
+    return released
+
+
 def _failure_reason(result: dg.ExecuteInProcessResult) -> str:
     """What failed the run, on one line: the step and its innermost error, as the failure alert says it."""
     for event in result.get_step_failure_events():
@@ -112,9 +155,12 @@ def run_landing_folder(
         instance.add_dynamic_partitions(crawl_batches_partitions.name, missing)
     job = defs.resolve_job_def("dedup_ladder")
     summary = LadderSummary(notices=scan.notices(settle_seconds))
+    for run_id in release_runs_of_dead_processes(instance):
+        summary.notices.append(f"run {run_id} died with its process: marked failed, its warehouse pool slots freed")
     for batch in batches:
         result = job.execute_in_process(
-            partition_key=batch.key, instance=instance, raise_on_error=False, run_config=_QUIET_RUN_CONFIG
+            partition_key=batch.key, instance=instance, raise_on_error=False, run_config=_QUIET_RUN_CONFIG,
+            tags={PROCESS_TAG: _process_tag()},
         )
         if not result.success:
             summary.failed[batch.key] = _failure_reason(result)
