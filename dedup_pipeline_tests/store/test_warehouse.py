@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,23 +11,15 @@ from sqlalchemy import create_engine, inspect, text
 
 from dedup_pipeline.store.schema import metadata
 from dedup_pipeline.store.warehouse import Warehouse
-from dedup_pipeline_tests.conftest import PG_ADMIN_URL
+from dedup_pipeline_tests.e2e.deployment import database_url, fresh_database
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
 def empty_database():
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"dedup_test_schema_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with fresh_database("dedup_test_schema") as name:
+        yield database_url(name)
 
 
 def test_processes_creating_a_new_warehouse_at_once_all_succeed():
