@@ -302,13 +302,19 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
 
 
 def _json_strings(text: str) -> set[str]:
-    """The decoded value of every complete JSON string literal in `text` (`"https:\\/\\/..."` is a URL)."""
+    """The decoded value of every complete JSON string literal in `text` (`"https:\\/\\/..."` is a URL).
+
+    A literal whose escapes make a lone surrogate (`"\\ud800"`) is no text anyone can be named by (nor
+    fingerprinted: it has no UTF-8 form); the raw text around it is searched as it is.
+    """
     strings = set()
     for literal in _JSON_STRING.findall(text):
         try:
-            strings.add(json.loads(literal))
-        except ValueError:  # a lone surrogate escape, say: the raw text is searched as it is
+            value = json.loads(literal)
+            value.encode("utf-8")
+        except ValueError:  # UnicodeEncodeError is one
             continue
+        strings.add(value)
     return strings
 
 

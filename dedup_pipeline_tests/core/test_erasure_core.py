@@ -128,3 +128,19 @@ def test_quarantine_matcher_searches_broken_lines_as_text():
 
 def test_subject_kinds_are_the_documented_four():
     assert [k.value for k in SubjectKind] == ["natural_key", "canonical_url", "field", "content_digest"]
+
+
+def test_raw_lines_with_lone_surrogate_escapes_are_fingerprinted_without_failing():
+    """A broken line may escape a lone surrogate anywhere (a URL, a field value, a plain string); once tombstones
+    exist, the quarantine check fingerprints every such line, and once that failed the whole raw rung."""
+    from dedup_pipeline.core.erasure import Catalogue, raw_line_fingerprints
+
+    key = b"k" * 32
+    catalogue = Catalogue(fields=frozenset({"seller_id"}), versions=frozenset({"content/1"}), key_ids=frozenset({"k"}),
+                          url_versions=frozenset({"url/1", "quarantine"}), natural_keys=True)
+    named = b'"url": "https://x.example/a", "seller_id": "s-1"'
+    clean = set(raw_line_fingerprints(key, catalogue, b"{" + named + b', "ti'))
+    beside = set(raw_line_fingerprints(key, catalogue, b'{"title": "\\udc00", ' + named + b', "ti'))
+    assert clean and clean <= beside  # the subject is still found beside the bad escape
+    raw_line_fingerprints(key, catalogue, b'{"url": "https://x.example/a\\ud800", "seller_id": "\\ud800", "ti')
+    raw_line_fingerprints(key, catalogue, b'{' + named + b', "title": "\\ud800"}')
