@@ -73,8 +73,27 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 120}, **_JSON_CODEC)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    connect_args = {name: value for name, value in PG_CONNECT_DEFAULTS.items() if name not in parsed.query}
-    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **_JSON_CODEC)
+    return create_engine(url, pool_pre_ping=True, connect_args=pg_connect_args(parsed.query), **_JSON_CODEC)
+
+
+#: libpq's environment variables for the defaults that have one: the operator's environment wins too.
+_PG_ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT", "options": "PGOPTIONS"}
+
+
+def pg_connect_args(query: Mapping[str, Any]) -> dict[str, Any]:
+    """`PG_CONNECT_DEFAULTS` less what the URL's query or libpq's environment sets; `PGOPTIONS` is kept, with
+    the idle-in-transaction timeout added unless it sets one."""
+    args = {}
+    for name, value in PG_CONNECT_DEFAULTS.items():
+        variable = _PG_ENVIRONMENT.get(name)
+        if name in query or (variable and os.environ.get(variable) and name != "options"):
+            continue
+        args[name] = value
+    operator_options = os.environ.get("PGOPTIONS", "")
+    if "options" in args and operator_options:  # explicit options replace PGOPTIONS: carry it along
+        args["options"] = operator_options if "idle_in_transaction_session_timeout" in operator_options \
+            else f"{operator_options} {args['options']}"
+    return args
 
 
 _SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"dedup:schema").digest()[:8], "big", signed=True)

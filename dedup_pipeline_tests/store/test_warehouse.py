@@ -46,3 +46,16 @@ def test_connections_give_up_on_a_silent_server_and_a_forgotten_transaction_unle
                 assert conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar() == expected
                 assert conn.connection.driver_connection.info.get_parameters()["connect_timeout"] == "10"
             warehouse.dispose()
+
+
+def test_libpq_environment_settings_still_apply(monkeypatch):
+    """PGOPTIONS and PGCONNECT_TIMEOUT, which an explicit parameter would silently override, keep their effect."""
+    monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=5000")
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "30")
+    with empty_database() as url:
+        warehouse = Warehouse(url)
+        with warehouse.engine.connect() as conn:
+            assert conn.execute(text("SHOW statement_timeout")).scalar() == "5s"
+            assert conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar() == "10min"
+            assert conn.connection.driver_connection.info.get_parameters()["connect_timeout"] == "30"
+        warehouse.dispose()
