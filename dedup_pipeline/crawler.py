@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from functools import lru_cache
 from typing import Iterable
 
@@ -58,31 +59,37 @@ class UrlSeenSet:
         self.client, reached = (client, True) if client is not None else connect_redis(url)
         self._breaker = CircuitBreaker(retry_after, open_now=not reached)
         self._add_request = self.client.register_script(_ADD_REQUEST)
-        # What this process saw while Redis could not answer: (key, request field or "") pairs.
+        # What this process saw while Redis could not answer: (key, request field or "") pairs; one lock, as a
+        # crawler's threads share the seen-set.
         self._meanwhile: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
 
     def _while_down(self, items: list[tuple[str, str]], reason: str) -> list[bool]:
         """First seen, from this process's memory, for items Redis could not answer for."""
-        if not self._meanwhile:
-            log.warning("URL seen-set unavailable (%s): this process remembers the URLs it sees until Redis answers",
-                        reason)
-        answers = []
-        for item in items:
-            answers.append(item not in self._meanwhile)
-            self._meanwhile.add(item)
+        with self._lock:
+            if not self._meanwhile:
+                log.warning("URL seen-set unavailable (%s): this process remembers the URLs it sees until Redis "
+                            "answers", reason)
+            answers = []
+            for item in items:
+                answers.append(item not in self._meanwhile)
+                self._meanwhile.add(item)
         return answers
 
     def _catch_up(self) -> None:
         """Redis answers again: write what was seen meanwhile to it (SET NX / HSETNX), then forget it here."""
+        with self._lock:
+            items = list(self._meanwhile)
         pipe = self.client.pipeline(transaction=False)
-        for key, field in self._meanwhile:
+        for key, field in items:
             if field:
                 self._add_request(keys=[key], args=[field, self.ttl_seconds], client=pipe)
             else:
                 pipe.set(key, b"1", nx=True, ex=self.ttl_seconds)
         pipe.execute()
-        log.warning("URL seen-set available again: %d URL(s) seen meanwhile written to it", len(self._meanwhile))
-        self._meanwhile.clear()
+        with self._lock:
+            self._meanwhile.difference_update(items)
+        log.warning("URL seen-set available again: %d URL(s) seen meanwhile written to it", len(items))
 
     def _ask(self, items: list[tuple[str, str]], ask) -> list[bool]:
         """`ask()` Redis for `items`, through the breaker; the process's memory answers while it cannot."""
@@ -136,11 +143,13 @@ class UrlSeenSet:
     def forget(self, urls: Iterable[str]) -> int:
         """Drop URLs and their other requests (an erasure request, or a forced re-crawl); returns the keys removed.
 
-        Raises what redis-py raises when Redis cannot be reached: the caller reports what is left to expire.
+        Raises `SeenSetUnavailable` when Redis cannot answer (at once while the breaker is open): the caller
+        reports what is left to expire.
         """
         keys = [key for url_key in map(self.key, urls) for key in (url_key, _requests_of(url_key))]
-        self._meanwhile = {item for item in self._meanwhile if item[0] not in set(keys)}
-        return int(self.client.delete(*keys)) if keys else 0
+        with self._lock:
+            self._meanwhile = {item for item in self._meanwhile if item[0] not in set(keys)}
+        return int(self._breaker.call(lambda: self.client.delete(*keys))) if keys else 0
 
 
 @lru_cache(maxsize=4)

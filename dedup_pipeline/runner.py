@@ -170,6 +170,13 @@ def _failure_reason(result: dg.ExecuteInProcessResult) -> str:
     return failure.message if failure is not None else "the run failed"
 
 
+def _local_instance() -> dg.DagsterInstance:
+    """The instance of $DAGSTER_HOME; processes starting on a new one at once create its storage one at a time."""
+    with open(Path(os.environ["DAGSTER_HOME"]) / ".dedup-instance.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # Dagster's SQLite storage creation is not safe against a twin
+        return dg.DagsterInstance.get()
+
+
 def run_landing_folder(
     landing: Path, instance: dg.DagsterInstance | None = None, settle_seconds: float = 0.0
 ) -> LadderSummary:
@@ -185,7 +192,7 @@ def run_landing_folder(
 
     landing = landing.resolve()
     os.environ[LANDING_DIR_ENV] = str(landing)
-    instance = instance or dg.DagsterInstance.get()
+    instance = instance or _local_instance()
     scan = scan_landing(landing, settle_seconds)
     batches = scan.batches
     warehouse = Warehouse().create_schema()  # unreachable: one clear error now, not a failed run per batch

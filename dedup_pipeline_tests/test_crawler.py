@@ -212,3 +212,27 @@ def test_scrapy_crawls_fetch_each_page_once_across_the_fleet(shop, seen):
     assert second["filtered"] == len(_INDEX_LINKS) + 3
     # The library API agrees with what the crawlers recorded.
     assert not seen.first_time_seen(f"{base}/p/3?utm_campaign=spring#top")
+
+
+def test_many_threads_share_the_memory_of_an_outage(tmp_path):
+    """Threads of one crawler ask while Redis goes away and comes back: no error (once, writing the memory back
+    to Redis met another thread adding to it), and each URL is first seen once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dedup_pipeline_tests.reliability.redis_server import PrivateRedis
+
+    server = PrivateRedis(tmp_path / "redis").start()
+    seen = UrlSeenSet(server.url, retry_after=0.01, prefix="threads")
+    try:
+        def ask(n: int) -> list[bool]:
+            return seen.first_time_seen_many([f"https://a.example/{n}/{i}" for i in range(50)])
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(ask, range(0, 200, 2)))
+            server.kill()
+            answers += list(pool.map(ask, range(200, 400, 2)))
+            server.start()
+            answers += list(pool.map(ask, range(400, 600, 2)))
+    finally:
+        server.kill()
+    assert all(all(batch) for batch in answers)  # every URL new, none lost or doubled, no exception

@@ -81,18 +81,22 @@ _PG_ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT", "options": "PGOPTIONS
 
 
 def pg_connect_args(query: Mapping[str, Any]) -> dict[str, Any]:
-    """`PG_CONNECT_DEFAULTS` less what the URL's query or libpq's environment sets; `PGOPTIONS` is kept, with
-    the idle-in-transaction timeout added unless it sets one."""
+    """`PG_CONNECT_DEFAULTS` less what the URL's query or libpq's environment sets; the options the URL or
+    `PGOPTIONS` gives are kept, with the idle-in-transaction timeout added unless they set one."""
     args = {}
     for name, value in PG_CONNECT_DEFAULTS.items():
         variable = _PG_ENVIRONMENT.get(name)
         if name in query or (variable and os.environ.get(variable) and name != "options"):
             continue
         args[name] = value
-    operator_options = os.environ.get("PGOPTIONS", "")
-    if "options" in args and operator_options:  # explicit options replace PGOPTIONS: carry it along
-        args["options"] = operator_options if "idle_in_transaction_session_timeout" in operator_options \
-            else f"{operator_options} {args['options']}"
+    # Explicit options replace PGOPTIONS, and the URL's replace both: carry theirs along, adding the timeout.
+    given = query.get("options") or os.environ.get("PGOPTIONS", "")
+    if isinstance(given, (tuple, list)):
+        given = " ".join(given)
+    if "idle_in_transaction_session_timeout" in given:
+        args.pop("options", None)
+    else:
+        args["options"] = f"{given} {PG_CONNECT_DEFAULTS['options']}".strip()
     return args
 
 

@@ -59,3 +59,12 @@ def test_libpq_environment_settings_still_apply(monkeypatch):
             assert conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar() == "10min"
             assert conn.connection.driver_connection.info.get_parameters()["connect_timeout"] == "30"
         warehouse.dispose()
+
+
+def test_a_url_s_own_options_keep_the_idle_in_transaction_timeout():
+    with empty_database() as url:
+        warehouse = Warehouse(url + "?options=-c%20statement_timeout%3D5000")
+        with warehouse.engine.connect() as conn:
+            assert conn.execute(text("SHOW statement_timeout")).scalar() == "5s"
+            assert conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar() == "10min"
+        warehouse.dispose()
