@@ -126,10 +126,15 @@ def process_alive(folder: Path, token: str) -> bool | None:
 _mark: ProcessMark | None = None
 
 
-def _process_token(folder: Path) -> str:
+def _marks_folder(instance: dg.DagsterInstance) -> Path:
+    return Path(instance.root_directory) / PROCESS_MARKS
+
+
+def _process_token(instance: dg.DagsterInstance) -> str:
+    """The token of this process's mark beside `instance` (made on first use)."""
     global _mark
-    if _mark is None or _mark.path.parent != folder:
-        _mark = ProcessMark(folder)
+    if _mark is None or _mark.path.parent != _marks_folder(instance):
+        _mark = ProcessMark(_marks_folder(instance))
     return _mark.token
 
 
@@ -142,7 +147,7 @@ def release_runs_of_dead_processes(instance: dg.DagsterInstance) -> list[str]:
     for those slots for ever. A run whose process still holds its mark (`ProcessMark`), or whose mark is not
     beside this instance (another host's), is left alone.
     """
-    folder = Path(instance.root_directory) / PROCESS_MARKS
+    folder = _marks_folder(instance)
     storage = instance.event_log_storage
     holding = storage.get_concurrency_run_ids() if storage.supports_global_concurrency_limits else set()
     started = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING]))
@@ -207,7 +212,7 @@ def run_landing_folder(
     for batch in batches:
         result = job.execute_in_process(
             partition_key=batch.key, instance=instance, raise_on_error=False, run_config=_QUIET_RUN_CONFIG,
-            tags={PROCESS_TAG: _process_token(Path(instance.root_directory) / PROCESS_MARKS)},
+            tags={PROCESS_TAG: _process_token(instance)},
         )
         if not result.success:
             summary.failed[batch.key] = _failure_reason(result)

@@ -87,7 +87,8 @@ def plan_chunk(
     ``stored_by_key`` holds the current rows of the chunk's natural keys and
     ``stored_digests`` maps active-version digests already stored to the
     natural keys of the rows holding them: every digest of the chunk known to
-    be stored, and every digest one of its keys holds and changes away from
+    be stored, every digest the rows of ``stored_by_key`` hold (`load_state`
+    gives both), and every digest one of its keys holds and changes away from
     (during a rehash migration's overlap, two rows may hold one digest, and it
     stays stored while either does). ``batch_order`` is (landing time, batch id) of the
     batch; a record older than the stored version of its key is stale, which is
@@ -98,9 +99,6 @@ def plan_chunk(
     current: dict[str, str] = {key: row.content_hash for key, row in stored_by_key.items()}
     current_order: dict[str, Order] = {key: row.order for key, row in stored_by_key.items()}
     holders: dict[str, set[str]] = {digest: set(keys) for digest, keys in stored_digests.items()}
-    for key, row in stored_by_key.items():
-        if row.content_hash:
-            holders.setdefault(row.content_hash, set()).add(key)
     for position, record in enumerate(records):
         if erased and position in erased:
             plan.decisions.append((record, Decision.ERASED))
