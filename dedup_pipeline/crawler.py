@@ -147,8 +147,9 @@ class UrlSeenSet:
         reports what is left to expire.
         """
         keys = [key for url_key in map(self.key, urls) for key in (url_key, _requests_of(url_key))]
+        dropped = set(keys)
         with self._lock:
-            self._meanwhile = {item for item in self._meanwhile if item[0] not in set(keys)}
+            self._meanwhile = {item for item in self._meanwhile if item[0] not in dropped}
         return int(self._breaker.call(lambda: self.client.delete(*keys))) if keys else 0
 
 
