@@ -5,15 +5,16 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import uuid
+from contextlib import ExitStack
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from dedup_pipeline.store.schema import metadata
 from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline_tests.helpers import PG_ADMIN_URL, database_url, fresh_database
 
-PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -94,17 +95,12 @@ def data_dir_of_its_own(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def pg_database_url():
     """A fresh PostgreSQL database for this test session, dropped at the end."""
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"dedup_test_{uuid.uuid4().hex[:12]}"
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # noqa: BLE001 - say clearly what is missing
-        pytest.fail(f"PostgreSQL is required at {PG_ADMIN_URL} (start it, see .ci/run): {exc}")
-    yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with ExitStack() as stack:
+        try:
+            name = stack.enter_context(fresh_database("dedup_test"))
+        except OperationalError as exc:  # say clearly what is missing
+            pytest.fail(f"PostgreSQL is required at {PG_ADMIN_URL} (start it, see .ci/run): {exc}")
+        yield database_url(name)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -1,4 +1,4 @@
-"""Small builders shared by the tests: batch files and table snapshots."""
+"""Small builders shared by the tests: batch files, table snapshots and scratch PostgreSQL databases."""
 
 from __future__ import annotations
 
@@ -7,11 +7,35 @@ import json
 import uuid
 import os
 import random
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
-from sqlalchemy import select
+from sqlalchemy import create_engine, select, text
 
 from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, record_history, records
+
+PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@contextmanager
+def fresh_database(prefix: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database on the test server; yields its name and drops it afterwards."""
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def database_url(name: str) -> str:
+    """The SQLAlchemy (psycopg 3) URL of a database on the test server."""
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
 
 
 _WORDS = (

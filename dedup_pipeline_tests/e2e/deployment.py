@@ -24,35 +24,15 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 import dagster as dg
-from sqlalchemy import create_engine, text
+
+from dedup_pipeline_tests.helpers import PG_ADMIN_URL, database_url, fresh_database  # noqa: F401 - re-exported to the e2e tests
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BROKER_BASE = os.environ.get("DEDUP_TEST_BROKER_URL", "pyamqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = os.environ.get("DEDUP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 T = TypeVar("T")
-
-
-@contextmanager
-def fresh_database(prefix: str) -> Iterator[str]:
-    """A new, empty PostgreSQL database; yields its name and drops it afterwards."""
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-def database_url(name: str) -> str:
-    """The SQLAlchemy (psycopg 3) URL of a database on the test server."""
-    return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
 
 
 def free_port() -> int:

@@ -196,9 +196,9 @@ def test_a_rehash_backfill_killed_mid_shard(warehouse, warehouse_url, tmp_path):
 def test_a_process_mark_tells_a_live_process_from_a_killed_one(tmp_path):
     """The mark behind the release of dead runs: a file locked by its process, whatever its PID (a container's
     PID 1, a PID reused or in another namespace), so a live run is never released and a dead one always is."""
-    from dedup_pipeline.runner import process_alive
+    from dedup_pipeline.process_marks import process_alive
 
-    code = ("import sys, time; from pathlib import Path; from dedup_pipeline.runner import ProcessMark; "
+    code = ("import sys, time; from pathlib import Path; from dedup_pipeline.process_marks import ProcessMark; "
             "mark = ProcessMark(Path(sys.argv[1])); print(mark.token, flush=True); time.sleep(120)")
     process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

@@ -24,8 +24,7 @@ from dedup_pipeline.metrics import prometheus_text
 from dedup_pipeline.store.roles import RoleNames, grant_roles, roles_sql
 from dedup_pipeline.store.schema import lsh_buckets
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR, Warehouse, analyze, analyze_grown
-from dedup_pipeline_tests.conftest import PG_ADMIN_URL
-from dedup_pipeline_tests.helpers import listing, write_batch
+from dedup_pipeline_tests.helpers import PG_ADMIN_URL, fresh_database, listing, write_batch
 from dedup_pipeline_tests.store.test_erasure import T0, run_ladder
 from dedup_pipeline_tests.store.test_statistics import (
     add_buckets, counted_and_live, wait_for_live_rows, without_autovacuum,
@@ -66,23 +65,23 @@ def database(tmp_path, monkeypatch):
     monkeypatch.setenv(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     tag = uuid.uuid4().hex[:10]
-    name = f"dedup_roles_{tag}"
     names = RoleNames(f"t{tag}_writer", f"t{tag}_analyst", f"t{tag}_eraser", f"t{tag}_monitor")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    db = Database(admin, name, names)
-    owner = Warehouse(db.url.render_as_string(hide_password=False)).create_schema()
-    grant_roles(owner.engine, names)
-    grant_roles(owner.engine, names)  # idempotent: a second run (after an upgrade) changes nothing
-    db.owner = owner
+    db = None
     try:
-        yield db
-    finally:
-        for warehouse in db.engines + [owner]:
-            warehouse.dispose()
+        with fresh_database("dedup_roles") as name:
+            db = Database(admin, name, names)
+            owner = Warehouse(db.url.render_as_string(hide_password=False)).create_schema()
+            grant_roles(owner.engine, names)
+            grant_roles(owner.engine, names)  # idempotent: a second run (after an upgrade) changes nothing
+            db.owner = owner
+            try:
+                yield db
+            finally:
+                for warehouse in db.engines + [owner]:
+                    warehouse.dispose()
+    finally:  # roles are global to the server: dropped once their database is gone
         with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            for role in [*db.logins.values(), *names.all()]:
+            for role in [*(db.logins.values() if db else ()), *names.all()]:
                 conn.connection.driver_connection.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
         admin.dispose()
 

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from dedup_pipeline.store.schema import metadata
 from dedup_pipeline.store.warehouse import Warehouse
-from dedup_pipeline_tests.e2e.deployment import database_url, fresh_database
+from dedup_pipeline_tests.helpers import database_url, fresh_database
 
 REPO = Path(__file__).resolve().parents[2]
 
