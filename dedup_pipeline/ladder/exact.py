@@ -28,7 +28,7 @@ from dedup_pipeline.store.schema import (
 )
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable, fallback_warning
 from dedup_pipeline.store.warehouse import (
-    Warehouse, active_hash_version, analyze_grown, analyze_new_batch, as_utc, record_rung_run, utcnow,
+    Warehouse, active_hash_version, analyze_grown, analyze_new_batch, as_utc, batch_rung_held, record_rung_run, utcnow,
 )
 
 log = logging.getLogger(__name__)
@@ -149,18 +149,37 @@ def _batch_time(conn: Connection, batch_id: str) -> datetime:
     return as_utc(landed)
 
 
-def decided_in_run(conn: Connection, batch_id: str, run_id: str) -> tuple[int, Counter]:
-    """(last line, decision counts) of what an earlier execution of run `run_id` committed for the batch.
+def decided_by_unfinished_runs(conn: Connection, batch_id: str, run_id: str) -> tuple[int, Counter]:
+    """(last line, decision counts) of what runs that did not finish committed for the batch, this one included.
 
-    Chunks commit in line order, each with its decisions, so everything up to the last line decided is done.
+    A run that failed or was killed part-way (or an earlier attempt of this
+    run's step) leaves the chunks it committed, each with its decisions, in
+    line order: everything up to the last line decided is done, and the next
+    run takes it over rather than decide those lines again as exact duplicates
+    of themselves. Decisions up to the last finished run of another id (its
+    `decisions_through`, or its own last decision) are that run's, and not
+    taken over: a new run of a finished batch decides every line again.
     """
-    d = dedup_decisions.c
+    d, runs = dedup_decisions.c, exact_rung_runs.c
+    others = (runs.batch_id == batch_id) & (runs.run_id != run_id)
+    finished_through = max(
+        conn.execute(select(func.max(runs.stats["decisions_through"].as_integer())).where(others)).scalar() or 0,
+        conn.execute(
+            select(func.max(d.decision_id)).where(d.batch_id == batch_id, d.run_id.in_(select(runs.run_id).where(others)))
+        ).scalar() or 0,
+    )
     rows = conn.execute(
         select(d.decision, func.count(), func.max(d.line_no))
-        .where(d.batch_id == batch_id, d.run_id == run_id)
+        .where(d.batch_id == batch_id, d.decision_id > finished_through)
         .group_by(d.decision)
     ).all()
     return max((last for _, _, last in rows), default=0), Counter({decision: n for decision, n, _ in rows})
+
+
+def _decisions_through(conn: Connection, batch_id: str) -> int:
+    """The last decision id of the batch: what the run finishing now has counted."""
+    d = dedup_decisions.c
+    return conn.execute(select(func.max(d.decision_id)).where(d.batch_id == batch_id)).scalar() or 0
 
 
 def staged_without(conn: Connection, batch_id: str, version: str) -> bool:
@@ -187,10 +206,19 @@ def deduplicate_batch(
     and changes nothing. A batch staged before a switch of the active hash
     version is canonicalised again first (its landing file must still be there).
 
-    A second execution of the same run (a step retried after a dropped
-    connection) resumes after the last chunk the first one committed, and
-    reports the whole batch: each line is decided once per run.
+    A run that takes over from one that failed or was killed part-way (a step
+    retried after a dropped connection, a re-execution, `dedup-pipeline run`
+    again) resumes after the last chunk that one committed, and reports the
+    whole batch: each line is decided, and counted, once until a run finishes.
+    Runs of one batch's exact rung wait for each other.
     """
+    with batch_rung_held(warehouse.engine, batch_id, "exact"):
+        return _deduplicate_held_batch(warehouse, batch_id, run_id, settings, seen_set)
+
+
+def _deduplicate_held_batch(
+    warehouse: Warehouse, batch_id: str, run_id: str, settings: LadderSettings, seen_set: SeenSet | None
+) -> ExactReport:
     with warehouse.engine.connect() as conn:
         version = active_hash_version(conn)
         stale = staged_without(conn, batch_id, version)
@@ -204,10 +232,10 @@ def deduplicate_batch(
         quarantined = reader.execute(
             select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)
         ).scalar_one()
-        done_until, done = decided_in_run(reader, batch_id, run_id)
+        done_until, done = decided_by_unfinished_runs(reader, batch_id, run_id)
         if done:
-            log.info("run %s resumes batch %s after line %d (%d records decided)", run_id, batch_id, done_until,
-                     sum(done.values()))
+            log.info("run %s takes batch %s over after line %d (%d records decided by runs that did not finish)",
+                     run_id, batch_id, done_until, sum(done.values()))
         report = deduplicate_records(
             warehouse, batch_id, run_id, iter_canonical_chunks(reader, batch_id, settings.chunk_size, done_until),
             settings, seen_set, batch_time, version,
@@ -217,7 +245,8 @@ def deduplicate_batch(
     report.records_in += sum(done.values())
     report.quarantined = quarantined
     with warehouse.engine.begin() as conn:
-        record_rung_run(conn, exact_rung_runs, batch_id, run_id, report.as_metadata())
+        figures = {**report.as_metadata(), "decisions_through": _decisions_through(conn, batch_id)}
+        record_rung_run(conn, exact_rung_runs, batch_id, run_id, figures)
     return report
 
 

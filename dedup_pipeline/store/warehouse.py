@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.schema import metadata, settings
 
+log = logging.getLogger(__name__)
 DATABASE_URL_ENV = "DEDUP_DATABASE_URL"
 DATA_DIR_ENV = "DEDUP_DATA_DIR"
 ACTIVE_HASH_VERSION = "active_hash_version"
@@ -228,6 +232,11 @@ def analyze_grown(conn: Connection, tables: Mapping[Any, Sequence[str]]) -> list
     return grown
 
 
+def _batch_lock_key(batch_id: str, rung: str = "") -> int:
+    name = f"dedup:batch:{batch_id}" + (f":{rung}" if rung else "")
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
 def lock_batch(conn: Connection, batch_id: str) -> None:
     """Serialise the rungs that rewrite one batch's staged rows (raw, canonical) until the transaction ends.
 
@@ -237,8 +246,32 @@ def lock_batch(conn: Connection, batch_id: str) -> None:
     serial already.
     """
     if conn.dialect.name == "postgresql":
-        key = int.from_bytes(hashlib.sha256(f"dedup:batch:{batch_id}".encode()).digest()[:8], "big", signed=True)
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _batch_lock_key(batch_id)})
+
+
+@contextmanager
+def batch_rung_held(engine: Engine, batch_id: str, rung: str) -> Iterator[None]:
+    """Run `rung` over one batch in one process at a time, across the many transactions it commits.
+
+    PostgreSQL: a session-level advisory lock on a connection of its own, which
+    the server drops if the process dies; a second run of the partition waits
+    (and says so in its log). SQLite writers are serial already.
+    """
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    key = {"key": _batch_lock_key(batch_id, rung)}
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if not conn.execute(text("SELECT pg_try_advisory_lock(:key)"), key).scalar_one():
+            log.info("batch %s: waiting for another run of its %s rung to end", batch_id, rung)
+            conn.execute(text("SELECT pg_advisory_lock(:key)"), key)
+        try:
+            yield
+        finally:
+            try:
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), key)
+            except DBAPIError:
+                conn.invalidate()  # closing the connection drops the lock
 
 
 def record_rung_run(conn: Connection, table, batch_id: str, run_id: str, figures: Mapping[str, Any]) -> None:

@@ -270,6 +270,47 @@ def test_a_worker_killed_mid_batch_fails_the_rung_and_leaves_the_partition_as_it
     assert not multiprocessing.active_children()
 
 
+def _staged_batch_of_30(warehouse, tmp_path) -> LadderSettings:
+    """Batch "b": 30 distinct listings, staged up to the exact rung, which takes them in chunks of 7."""
+    folder = tmp_path / "landing"
+    write_batch(folder, "b", [listing(n) for n in range(30)], landed=1_700_000_000)
+    settings = LadderSettings(chunk_size=7)
+    ingest_raw_batch(warehouse, find_batch(folder, "b"))
+    canonicalise_batch(warehouse, "b", settings)
+    return settings
+
+
+def _dies_after(monkeypatch, chunks: int):
+    """The warehouse connection drops as the exact rung writes its chunk number `chunks` + 1 (of this run)."""
+    from sqlalchemy.exc import OperationalError
+
+    from dedup_pipeline.ladder import exact as exact_rung
+
+    real, calls = exact_rung.apply_plan, []
+
+    def drops(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == chunks + 1:
+            raise OperationalError("INSERT ...", {}, Exception("server closed the connection unexpectedly"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exact_rung, "apply_plan", drops)
+    return lambda: monkeypatch.setattr(exact_rung, "apply_plan", real)
+
+
+def _decided_lines(warehouse, run_id: str) -> list[int]:
+    with warehouse.engine.connect() as conn:
+        return sorted(conn.execute(select(dedup_decisions.c.line_no).where(dedup_decisions.c.run_id == run_id)).scalars())
+
+
+def _counted(warehouse) -> dict:
+    """What the counters say: the sums of every finished run's figures."""
+    from dedup_pipeline.metrics import totals
+
+    with warehouse.engine.connect() as conn:
+        return dict(+totals(conn)["decisions"])
+
+
 def test_a_retried_step_resumes_its_run_and_decides_each_line_once(warehouse, tmp_path, monkeypatch):
     """Breaks: the warehouse connection drops after the exact rung committed some chunks of a batch, and the step
     is retried under the same run id (Dagster's RetryPolicy does that).
@@ -280,30 +321,104 @@ def test_a_retried_step_resumes_its_run_and_decides_each_line_once(warehouse, tm
     """
     from sqlalchemy.exc import OperationalError
 
-    from dedup_pipeline.ladder import exact as exact_rung
     from dedup_pipeline.store.schema import exact_rung_runs
 
-    folder = tmp_path / "landing"
-    write_batch(folder, "b", [listing(n) for n in range(30)], landed=1_700_000_000)
-    settings = LadderSettings(chunk_size=7)
-    ingest_raw_batch(warehouse, find_batch(folder, "b"))
-    canonicalise_batch(warehouse, "b", settings)
-    real, calls = exact_rung.apply_plan, []
-
-    def drops_on_the_third_chunk(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise OperationalError("INSERT ...", {}, Exception("server closed the connection unexpectedly"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(exact_rung, "apply_plan", drops_on_the_third_chunk)
+    settings = _staged_batch_of_30(warehouse, tmp_path)
+    heal = _dies_after(monkeypatch, 2)
     with pytest.raises(OperationalError):
         deduplicate_batch(warehouse, "b", "run-1", settings)
+    heal()
     assert count(warehouse, records) == 14  # two chunks committed
     report = deduplicate_batch(warehouse, "b", "run-1", settings)
     assert (report.records_in, dict(+report.decisions)) == (30, {"new": 30})
     with warehouse.engine.connect() as conn:
-        lines = conn.execute(select(dedup_decisions.c.line_no).where(dedup_decisions.c.run_id == "run-1")).scalars().all()
         stats = conn.execute(select(exact_rung_runs.c.stats).where(exact_rung_runs.c.run_id == "run-1")).scalar_one()
-    assert sorted(lines) == list(range(1, 31)) and stats["new"] == 30 and stats.get("exact_duplicate", 0) == 0
+    assert _decided_lines(warehouse, "run-1") == list(range(1, 31))
+    assert stats["new"] == 30 and stats.get("exact_duplicate", 0) == 0
     assert count(warehouse, records) == 30
+
+
+def test_a_new_run_takes_over_the_chunks_of_runs_that_did_not_finish(warehouse, tmp_path, monkeypatch):
+    """Breaks: two runs of a partition die part-way (a dropped connection, a killed process) after committing
+    some chunks; a third run of the partition (a re-execution, `dedup-pipeline run` again) finishes it.
+
+    Must hold: the third run resumes after the last committed chunk and reports the whole batch as `new`, and
+    so do the counters (once, the lines the dead runs committed were decided again as exact duplicates of
+    themselves: a batch of distinct records showed a 20% collapse). A run after that, of a finished batch,
+    decides every line again (all exact duplicates) and takes nothing over.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    settings = _staged_batch_of_30(warehouse, tmp_path)
+    for run_id in ("run-1", "run-2"):
+        heal = _dies_after(monkeypatch, 1)
+        with pytest.raises(OperationalError):
+            deduplicate_batch(warehouse, "b", run_id, settings)
+        heal()
+    assert _decided_lines(warehouse, "run-1") == list(range(1, 8))
+    assert _decided_lines(warehouse, "run-2") == list(range(8, 15))
+    report = deduplicate_batch(warehouse, "b", "run-3", settings)
+    assert (report.records_in, dict(+report.decisions)) == (30, {"new": 30})
+    assert _decided_lines(warehouse, "run-3") == list(range(15, 31))
+    assert _counted(warehouse) == {"new": 30}
+
+    again = deduplicate_batch(warehouse, "b", "run-4", settings)
+    assert (again.records_in, dict(+again.decisions)) == (30, {"exact_duplicate": 30})
+    assert _counted(warehouse) == {"new": 30, "exact_duplicate": 30}
+    assert count(warehouse, records) == 30
+
+
+def test_a_run_that_committed_every_chunk_but_did_not_finish_is_taken_over_once(warehouse, tmp_path, monkeypatch):
+    """Breaks: a run commits every chunk of the batch, then dies before it records its figures; the next run
+    has no line left to decide.
+
+    Must hold: that run reports (and counts) the whole batch as `new`; a later run of the finished batch
+    decides every line again instead of taking the dead run's decisions over a second time.
+    """
+    from dedup_pipeline.ladder import exact as exact_rung
+
+    settings = _staged_batch_of_30(warehouse, tmp_path)
+    real = exact_rung.record_rung_run
+
+    def dies(*args, **kwargs):
+        raise ConnectionResetError("the process died before its figures were written")
+
+    monkeypatch.setattr(exact_rung, "record_rung_run", dies)
+    with pytest.raises(ConnectionResetError):
+        deduplicate_batch(warehouse, "b", "run-1", settings)
+    monkeypatch.setattr(exact_rung, "record_rung_run", real)
+    taken_over = deduplicate_batch(warehouse, "b", "run-2", settings)
+    assert dict(+taken_over.decisions) == {"new": 30} and _decided_lines(warehouse, "run-2") == []
+    again = deduplicate_batch(warehouse, "b", "run-3", settings)
+    assert dict(+again.decisions) == {"exact_duplicate": 30}
+    assert _counted(warehouse) == {"new": 30, "exact_duplicate": 30}
+
+
+@pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
+def test_runs_of_one_batch_take_its_exact_rung_in_turn(warehouse, warehouse_url, tmp_path, monkeypatch):
+    """Breaks: two runs of the same partition reach the exact rung at the same time.
+
+    Must hold: the second waits for the first (it would otherwise take the live run's committed chunks over
+    as a dead run's, and both would count them): one reports all `new`, the other all exact duplicates.
+    """
+    from dedup_pipeline.ladder import exact as exact_rung
+
+    settings = _staged_batch_of_30(warehouse, tmp_path)
+    real, calls, reports = exact_rung.apply_plan, [], {}
+    second = threading.Thread(target=lambda: reports.update(run_2=deduplicate_batch(warehouse, "b", "run-2", settings)))
+
+    def second_run_starts_mid_way(conn, plan, version, batch_id, run_id, *args, **kwargs):
+        if run_id == "run-1":
+            calls.append(1)
+            if len(calls) == 3:  # run-1 has committed two chunks
+                second.start()
+                second.join(timeout=2)  # time enough for run-2 to take them over, were it let in
+        return real(conn, plan, version, batch_id, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(exact_rung, "apply_plan", second_run_starts_mid_way)
+    reports["run_1"] = deduplicate_batch(warehouse, "b", "run-1", settings)
+    second.join(timeout=60)
+    reports = list(reports.values())
+    assert sorted(tuple(+r.decisions) for r in reports) == [("exact_duplicate",), ("new",)]
+    assert all(r.records_in == 30 for r in reports)
+    assert _counted(warehouse) == {"new": 30, "exact_duplicate": 30}

@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 
 from dedup_pipeline.ladder.rehash import backfill
 from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.metrics import totals
 from dedup_pipeline.quality.history import first_decision_counts
 from dedup_pipeline.store.schema import dedup_decisions, minhash_signatures, record_hashes, records
 from dedup_pipeline.store.warehouse import Warehouse
@@ -76,8 +77,9 @@ def test_a_ladder_process_killed_mid_partition(warehouse, warehouse_url, tmp_pat
     (or of the near-duplicate rung) have committed.
 
     Must hold: only whole chunks are in the warehouse (every stored row has
-    its decision); re-running the partition gives one clean run's tables and
-    the batch's first decisions equal the clean run's.
+    its decision); re-running the partition gives one clean run's tables, and
+    the batch's first decisions and the counters equal the clean run's (once,
+    the re-run counted the killed run's records again, as exact duplicates).
     """
     folder = tmp_path / "landing"
     write_batch(folder, "big", crawl_lines(1200), landed=1e9)
@@ -106,7 +108,11 @@ def test_a_ladder_process_killed_mid_partition(warehouse, warehouse_url, tmp_pat
     clean = Warehouse(f"sqlite:///{tmp_path / 'clean.sqlite'}")
     with engine.connect() as conn, clean.engine.connect() as clean_conn:
         assert first_decision_counts(conn, ["big"]) == first_decision_counts(clean_conn, ["big"])
+        counted, clean_counted = totals(conn), totals(clean_conn)
     clean.dispose()
+    assert counted["near_duplicates_flagged"] == clean_counted["near_duplicates_flagged"]
+    if during == "exact":  # else the killed run's exact rung had finished: the re-run counts the batch again
+        assert (counted["decisions"], counted["quarantined"]) == (clean_counted["decisions"], clean_counted["quarantined"])
 
 
 @pytest.mark.slow
@@ -117,7 +123,8 @@ def test_dedup_pipeline_run_killed_mid_partition(warehouse, warehouse_url, tmp_p
     `warehouse` pool, which no daemon frees).
 
     Must hold: running the same command again succeeds (once, it waited for the dead runs' slots for ever),
-    the dead runs are marked failed, and the tables equal one clean run of the batch.
+    the dead runs are marked failed, and the tables, the batch's figures and the counters equal one clean run's
+    (once, the killed runs' records were reported and counted again, as exact duplicates).
     """
     folder = tmp_path / "landing"
     write_batch(folder, "cli", crawl_lines(3700), landed=1e9)  # 4,075 lines: three chunks of the default 2,000
@@ -145,6 +152,14 @@ def test_dedup_pipeline_run_killed_mid_partition(warehouse, warehouse_url, tmp_p
         assert not instance.event_log_storage.get_concurrency_run_ids()  # no slot held by a dead run
     assert statuses == ["FAILURE", "FAILURE", "SUCCESS"]
     assert snapshot(warehouse.engine) == clean_run(tmp_path, folder, ["cli"], LadderSettings(chunk_size=500))
+    clean = Warehouse(f"sqlite:///{tmp_path / 'clean.sqlite'}")
+    with warehouse.engine.connect() as conn, clean.engine.connect() as clean_conn:
+        counted, clean_counted = totals(conn), totals(clean_conn)
+        clean_figures = first_decision_counts(clean_conn, ["cli"])["cli"]
+    clean.dispose()
+    assert (counted["decisions"], counted["quarantined"]) == (clean_counted["decisions"], clean_counted["quarantined"])
+    (batch,) = summary["batches"]
+    assert (batch["new"], batch["exact_duplicates"]) == (clean_figures["new"], clean_figures.get("exact_duplicate", 0))
 
 
 def _digests(engine, version: str) -> list[tuple]:
