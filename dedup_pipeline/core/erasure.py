@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping
 from dedup_pipeline.core.fields import canonical_fields, normalise_text
 from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes
 from dedup_pipeline.core.errors import RecordError
+from dedup_pipeline.core.numbers import plain_decimal
 from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url, canonicalize_url_strict
 
 TOMBSTONE_VERSION = "tombstone/1"
@@ -275,10 +276,12 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
     """Every fingerprint a quarantined line could match a tombstone by, read as text (it may not parse).
 
     Each URL in it (canonicalised) by URL and as a natural key; each complete
-    JSON string in it as a natural key and as the value of every tombstoned
-    field path; and when it parses as an object, its digests under every
-    version with tombstones. What `RawLineMatcher` cannot find in a line is
-    not found here either (an identifier cut by a truncation, a number).
+    JSON string in it, and each number given to a member named as a
+    tombstoned field path ends, as the value of that path (and strings as a
+    natural key); and when it parses as an object, the value of every
+    tombstoned field path and its digests under every version with
+    tombstones. What `RawLineMatcher` cannot find in a line is not found here
+    either (an identifier cut by a truncation).
     """
     text = raw.decode("utf-8", errors="replace")
     strings = _json_strings(text)
@@ -291,14 +294,46 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
         ]
     values = {normalise_field_value(value) for value in strings} - {None}
     found += [fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in values]
-    record = _loads_object(text) if catalogue.versions else None
-    if record is not None:
+    found += [
+        fingerprint(key, _FIELD, path, number) for path in catalogue.fields for number in _named_numbers(text, path)
+    ]
+    fields = _canonical_fields_of(text) if catalogue.fields or catalogue.versions else None
+    if fields is not None:
+        named = {(path, normalise_field_value(field_value(fields, tuple(path.split("."))))) for path in catalogue.fields}
+        found += [fingerprint(key, _FIELD, path, value) for path, value in named if value is not None]
         try:
-            digests, _ = compute_hashes(canonical_fields(record), [v for v in catalogue.versions if v in HASH_RULES])
+            digests, _ = compute_hashes(fields, [v for v in catalogue.versions if v in HASH_RULES])
         except (RecordError, RecursionError):
             digests = {}
         found += [fingerprint(key, _DIGEST, version, digest) for version, digest in digests.items()]
     return found
+
+
+def _canonical_fields_of(text: str) -> dict | None:
+    """The `record/1` fields of a line that parses as an object (and canonicalises), else None."""
+    record = _loads_object(text)
+    if record is None:
+        return None
+    try:
+        return canonical_fields(record)
+    except Exception:  # noqa: BLE001 - a broken record is searched as text instead
+        return None
+
+
+#: A JSON number as the value of a named member: `"seller_id": 4711001`.
+_NAMED_NUMBER = r'"{name}"\s*:\s*(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\d.eE])'
+
+
+def _named_numbers(text: str, path: str) -> set[str]:
+    """The numbers a line (parsed or not) gives the last member of a field path, in their `record/1` text."""
+    pattern = _NAMED_NUMBER.format(name=re.escape(path.rsplit(".", 1)[-1]))
+    found = set()
+    for literal in re.findall(pattern, text):
+        try:
+            found.add(normalise_field_value(plain_decimal(Decimal(literal))))
+        except (RecordError, ArithmeticError, ValueError):
+            continue
+    return found - {None}
 
 
 def _json_strings(text: str) -> set[str]:
@@ -337,7 +372,8 @@ class RawLineMatcher:
     every version. Any other line (malformed JSON, invalid UTF-8, truncated)
     is searched as text: URLs by host and path (case-insensitive, ending at a
     URL boundary, so ``/p/1`` does not match ``/p/10``), natural keys and field
-    values as complete JSON strings. What cannot be matched: an identifier cut
+    values as complete JSON strings, and field values that are numbers as the
+    number given to a member named as the field path ends (``"seller_id": 4711001``). What cannot be matched: an identifier cut
     by the truncation, escaped in an unusual way (``\\u`` escapes inside a URL,
     other percent-encodings), or a content digest in a line that does not parse.
     """
@@ -366,7 +402,9 @@ class RawLineMatcher:
             return True
         if any(token in text for token in self._tokens):
             return True
-        return any(normalise_field_value(s) in self._values for s in strings)
+        if any(normalise_field_value(s) in self._values for s in strings):
+            return True
+        return any(_named_numbers(text, path) & values for path, values in self.fields.items())
 
     def _matches_record(self, record: dict) -> bool:
         try:

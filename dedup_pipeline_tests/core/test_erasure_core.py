@@ -126,6 +126,15 @@ def test_quarantine_matcher_searches_broken_lines_as_text():
     assert not matcher.matches(b'{"email": "jane@exam')
 
 
+def test_quarantine_matcher_finds_a_number_given_to_the_field():
+    matcher = _matcher(fields={"seller.id": {"4711001"}})
+    assert matcher.matches(b'{"seller": {"id": 4711001, "name": "Jan')
+    assert matcher.matches(b'{"seller": {"id" : 4711001}, "x": ')
+    assert not matcher.matches(b'{"seller": {"id": 47110012, "name": "Jan')  # a number is matched whole
+    assert not matcher.matches(b'{"seller": {"id": 4711001.5, "name": "Jan')
+    assert not matcher.matches(b'{"price": 4711001, "title": "Kett')  # another field's number
+
+
 def test_subject_kinds_are_the_documented_four():
     assert [k.value for k in SubjectKind] == ["natural_key", "canonical_url", "field", "content_digest"]
 

@@ -145,6 +145,39 @@ def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_qua
     assert rows[("p1", 4)][1] == other.encode()
 
 
+def test_a_subject_named_by_a_number_never_brings_its_bytes_back_to_quarantine(warehouse, tmp_path):
+    """Breaks: a seller id is a JSON number, in a line with no URL (quarantined by the canonical rung) and in a
+    truncated one (by the raw rung); the seller is erased by field, and the batch is materialised again.
+
+    Must hold: the erasure removes both lines (once, it found neither), and the re-run keeps their numbers
+    and reasons but not their bytes (once, the URL-less line came back whole); a line giving the number to
+    another field keeps its bytes.
+    """
+    from dedup_pipeline.ladder.raw import WITHHELD
+    from dedup_pipeline.store.schema import quarantine
+
+    folder = tmp_path / "landing"
+    no_url = '{"title": "no url", "seller_id": 4711001, "price": "1", "currency": "EUR"}'
+    truncated = '{"url": "https://shop.example.com/p/9", "seller_id": 4711001, "title": '
+    priced = '{"title": "no url either", "seller_id": "s-2", "price": 4711001}'
+    write_batch(folder, "p1", [listing(1, seller_id=4711001), listing(2), no_url, truncated, priced], landed=T0)
+    run_ladder(warehouse, folder, "p1")
+
+    def quarantined():
+        with warehouse.engine.connect() as conn:
+            return {line: (reason, bytes(raw)) for line, reason, raw in conn.execute(
+                select(quarantine.c.line_no, quarantine.c.reason, quarantine.c.raw_line))}
+
+    assert set(quarantined()) == {3, 4, 5}
+    erase_subject(warehouse, Subject.parse("field", "4711001", field="seller_id"), "DSR-N")
+    assert set(quarantined()) == {5}
+    exact = run_ladder(warehouse, folder, "p1")
+    assert exact.decisions["erased"] == 1
+    rows = quarantined()
+    assert set(rows) == {3, 4, 5} and rows[3][1] == rows[4][1] == b"" and rows[5][1] == priced.encode()
+    assert rows[3][0].endswith(WITHHELD) and rows[4][0].endswith(WITHHELD)
+
+
 def test_an_erased_page_does_not_come_back_under_its_trailing_slash_twin(warehouse, tmp_path):
     """`url/1` keeps /a and /a/ apart (a server may serve two pages); for erasure they are one page."""
     folder = tmp_path / "landing"
