@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import Connection, delete
+from sqlalchemy import Connection, delete, select
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
@@ -13,8 +14,9 @@ from dedup_pipeline.landing import BatchFile, Fingerprint, TruncatedBatch, iter_
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.erasure import erased_raw_lines
 from dedup_pipeline.store.schema import crawl_batches, quarantine
-from dedup_pipeline.store.warehouse import Warehouse, lock_batch, upsert_ignore, utcnow
+from dedup_pipeline.store.warehouse import Warehouse, as_utc, lock_batch, upsert_ignore, utcnow
 
+log = logging.getLogger(__name__)
 RUNG = "raw"
 
 
@@ -88,12 +90,30 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
             lines += 1
             bad.add(exc.line_no, f"truncated batch file: {exc.reason}", exc.tail)
         bad.flush()
+        landed_at = _first_landed_at(conn, batch, read.hexdigest())
         conn.execute(delete(crawl_batches).where(crawl_batches.c.batch_id == batch.key))
         conn.execute(
             upsert_ignore(conn, crawl_batches).values(
                 batch_id=batch.key, file_path=str(batch.path), file_sha256=read.hexdigest(),
                 file_bytes=read.size, lines=lines, parsed=parsed, quarantined=bad.count,
-                landed_at=datetime.fromtimestamp(batch.mtime, timezone.utc), registered_at=utcnow(),
+                landed_at=landed_at, registered_at=utcnow(),
             )
         )
     return RawReport(batch.key, read.size, lines, parsed, bad.count)
+
+
+def _first_landed_at(conn: Connection, batch: BatchFile, sha256: str) -> datetime:
+    """When the batch first landed: its registered landing time if it has one, else its file's modification time.
+
+    The policy orders batches by it, so a file touched, copied again or restored since (or re-delivered with
+    corrections) never moves its crawl after newer ones, where its old content would overwrite theirs.
+    """
+    registered = conn.execute(
+        select(crawl_batches.c.landed_at, crawl_batches.c.file_sha256).where(crawl_batches.c.batch_id == batch.key)
+    ).first()
+    if registered is None:
+        return datetime.fromtimestamp(batch.mtime, timezone.utc)
+    if registered.file_sha256 != sha256:
+        log.warning("batch %s: its file changed since it was registered; its lines are read again, its landing "
+                    "time (%s) is kept", batch.key, as_utc(registered.landed_at).isoformat())
+    return as_utc(registered.landed_at)
