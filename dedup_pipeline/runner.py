@@ -15,6 +15,7 @@ from pathlib import Path
 import dagster as dg
 from sqlalchemy import func, select
 
+from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.landing import LANDING_DIR_ENV, scan_landing
@@ -35,6 +36,10 @@ def ensure_dagster_home() -> Path:
     """
     home = os.environ.get("DAGSTER_HOME")
     if home:
+        if not Path(home).is_dir():  # as Dagster says it, before the run would fail on a file inside it
+            raise ConfigurationError(
+                f"DAGSTER_HOME={home} is not a folder: create it (mkdir -p), or unset DAGSTER_HOME to use ./{LOCAL_DAGSTER_HOME}"
+            )
         return Path(home)
     local = Path.cwd() / LOCAL_DAGSTER_HOME
     local.mkdir(parents=True, exist_ok=True)

@@ -121,7 +121,8 @@ def test_decisions_piped_into_a_reader_that_stops_early_ends_without_a_traceback
 
 def test_what_the_operator_must_fix_is_one_line_of_error_not_a_traceback(tmp_path, pg_database_url):
     """An unwritable path, an unreachable warehouse (for `run` too, before any batch is tried), a landing folder
-    that does not exist, a wrong retention setting, a missing tombstone key: one line naming it, status 1."""
+    or a DAGSTER_HOME that does not exist, a wrong retention setting, a missing tombstone key: one line naming
+    it, status 1."""
     unwritable = str(tmp_path / "no" / "such" / "dir" / "dedup.prom")
     down = {"DEDUP_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/nowhere"}
     write_batch(tmp_path / "landing", "a", [listing(1)], landed=1e9)
@@ -130,6 +131,8 @@ def test_what_the_operator_must_fix_is_one_line_of_error_not_a_traceback(tmp_pat
         (["metrics"], down, "connection failed"),
         (["run", "--landing", str(tmp_path / "landing")], down, "connection failed"),
         (["run", "--landing", str(tmp_path / "nowhere")], {}, "does not exist or is not a folder"),
+        (["run", "--landing", str(tmp_path / "landing")], {"DAGSTER_HOME": str(tmp_path / "no-home")},
+         f"DAGSTER_HOME={tmp_path / 'no-home'} is not a folder"),
         (["prune-retention"], {"DEDUP_HISTORY_RETENTION_DAYS": "a year"}, "DEDUP_HISTORY_RETENTION_DAYS must be a whole number"),
         (["erase", "--kind", "canonical_url", "--value", "https://shop.example.com/p/1"],
          {"DEDUP_DATABASE_URL": pg_database_url}, "DEDUP_TOMBSTONE_KEY is not set"),
