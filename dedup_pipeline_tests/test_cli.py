@@ -131,6 +131,8 @@ def test_what_the_operator_must_fix_is_one_line_of_error_not_a_traceback(tmp_pat
         (["metrics"], down, "connection failed"),
         (["run", "--landing", str(tmp_path / "landing")], down, "connection failed"),
         (["run", "--landing", str(tmp_path / "nowhere")], {}, "does not exist or is not a folder"),
+        (["metrics"], {"DEDUP_DATABASE_URL": "postgres://postgres@127.0.0.1/test"}, "the warehouse URL is not one"),
+        (["metrics"], {"DEDUP_DATABASE_URL": "not a url"}, "the warehouse URL is not one"),
         (["run", "--landing", str(tmp_path / "landing")], {"DAGSTER_HOME": str(tmp_path / "no-home")},
          f"DAGSTER_HOME={tmp_path / 'no-home'} is not a folder"),
         (["prune-retention"], {"DEDUP_HISTORY_RETENTION_DAYS": "a year"}, "DEDUP_HISTORY_RETENTION_DAYS must be a whole number"),

@@ -12,8 +12,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.schema import metadata, settings
@@ -70,7 +71,13 @@ PG_CONNECT_DEFAULTS = {
 
 def make_engine(url: str) -> Engine:
     """An engine with the settings each backend needs for concurrent pipeline steps."""
-    parsed = make_url(url)
+    try:
+        parsed = make_url(url)
+        parsed.get_dialect()
+    except ArgumentError as exc:  # a setting to fix (`postgres://`, a typo), not a fault of the code
+        raise ConfigurationError(
+            f"the warehouse URL is not one SQLAlchemy can use ({exc}); PostgreSQL is postgresql+psycopg://user@host/db"
+        ) from None
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
