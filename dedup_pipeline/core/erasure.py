@@ -299,7 +299,7 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
     ]
     fields = _canonical_fields_of(text) if catalogue.fields or catalogue.versions else None
     if fields is not None:
-        named = {(path, normalise_field_value(field_value(fields, tuple(path.split("."))))) for path in catalogue.fields}
+        named = {(path, _field_text(fields, path)) for path in catalogue.fields}
         found += [fingerprint(key, _FIELD, path, value) for path, value in named if value is not None]
         try:
             digests, _ = compute_hashes(fields, [v for v in catalogue.versions if v in HASH_RULES])
@@ -318,6 +318,11 @@ def _canonical_fields_of(text: str) -> dict | None:
         return canonical_fields(record)
     except Exception:  # noqa: BLE001 - a broken record is searched as text instead
         return None
+
+
+def _field_text(fields: Mapping[str, Any], path: str) -> str | None:
+    """The text a record's value at a dotted field path is fingerprinted and matched by."""
+    return normalise_field_value(field_value(fields, tuple(path.split("."))))
 
 
 #: A JSON number as the value of a named member: `"seller_id": 4711001`.
@@ -394,8 +399,8 @@ class RawLineMatcher:
 
     def matches(self, raw: bytes) -> bool:
         text = raw.decode("utf-8", errors="replace")
-        record = _loads_object(text)
-        if record is not None and self._matches_record(record):
+        fields = _canonical_fields_of(text)
+        if fields is not None and self._matches_fields(fields):
             return True
         strings = _json_strings(text)  # decoded: `\/` and other escapes read as what they stand for
         if self._url_pattern is not None and any(self._url_pattern.search(s.lower()) for s in (text, *strings)):
@@ -406,16 +411,12 @@ class RawLineMatcher:
             return True
         return any(_named_numbers(text, path) & values for path, values in self.fields.items())
 
-    def _matches_record(self, record: dict) -> bool:
-        try:
-            fields = canonical_fields(record)
-        except Exception:  # noqa: BLE001 - a broken record is searched as text instead
-            return False
+    def _matches_fields(self, fields: dict) -> bool:
         url = fields.get("url")
         if isinstance(url, str) and (url in self.urls or url in self.natural_keys):
             return True
         for path, values in self.fields.items():
-            if normalise_field_value(field_value(fields, tuple(path.split(".")))) in values:
+            if _field_text(fields, path) in values:
                 return True
         if any(isinstance(v, str) and v in self.natural_keys for v in fields.values()):
             return True
