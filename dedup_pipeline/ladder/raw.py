@@ -90,11 +90,12 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
             lines += 1
             bad.add(exc.line_no, f"truncated batch file: {exc.reason}", exc.tail)
         bad.flush()
-        landed_at = _first_landed_at(conn, batch, read.hexdigest())
+        sha256 = read.hexdigest()
+        landed_at = _first_landed_at(conn, batch, sha256)
         conn.execute(delete(crawl_batches).where(crawl_batches.c.batch_id == batch.key))
         conn.execute(
             upsert_ignore(conn, crawl_batches).values(
-                batch_id=batch.key, file_path=str(batch.path), file_sha256=read.hexdigest(),
+                batch_id=batch.key, file_path=str(batch.path), file_sha256=sha256,
                 file_bytes=read.size, lines=lines, parsed=parsed, quarantined=bad.count,
                 landed_at=landed_at, registered_at=utcnow(),
             )
