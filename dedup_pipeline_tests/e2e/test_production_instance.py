@@ -37,7 +37,7 @@ def test_partitions_run_through_the_queue_and_the_daemon(tmp_path):
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
             assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
             assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
-            assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+            assert type(instance.run_coordinator).__name__ == "SourceTaggingRunCoordinator"  # a QueuedRunCoordinator
             assert instance.run_retries_enabled and instance.run_retries_max_retries == 1
             instance.add_dynamic_partitions(crawl_batches_partitions.name, ["shard-a", "shard-b"])
 
@@ -49,6 +49,8 @@ def test_partitions_run_through_the_queue_and_the_daemon(tmp_path):
             done = wait_until(lambda: deployment.runs_done(2), 300, "two runs to finish through the daemon")
 
             assert {r.dagster_run.tags["dagster/partition"] for r in done} == {"shard-a", "shard-b"}
+            # launched without it, tagged by the run coordinator (an undated key is its own source)
+            assert {r.dagster_run.tags["dedup/source"] for r in done} == {"shard-a", "shard-b"}
             assert_no_overlap(done)  # dedup/migration: limit 1
             for record in done:
                 events = set(deployment.event_types(record.dagster_run.run_id))
