@@ -82,11 +82,13 @@ class BatchFile:
 
 @dataclass(frozen=True)
 class LandingScan:
-    """What a landing folder holds: settled batches, batches still being written, and files that are no batch."""
+    """What a landing folder holds: settled batches, batches still being written, files that are no batch, and batch
+    keys that several files map to."""
 
     batches: list[BatchFile]
     unsettled: list[BatchFile]
     ignored: list[tuple[str, str]]  # (file name, why it is not a batch file)
+    ambiguous: dict[str, str]  # batch key -> which files map to it: none of them is taken
 
     def notices(self, settle_seconds: float) -> list[str]:
         """One line per file left alone, for an operator: which, and why."""
@@ -96,7 +98,9 @@ class LandingScan:
             f"{settle_seconds:g} s a batch must be left unchanged (still being written?)"
             for batch in self.unsettled
         ]
-        return lines + [f"ignored: {name}: {reason}" for name, reason in self.ignored]
+        return lines + [f"ignored: {name}: {reason}" for name, reason in self.ignored] + [
+            f"ambiguous: batch {key!r}: {reason}" for key, reason in self.ambiguous.items()
+        ]
 
 
 def scan_landing(folder: Path, settle_seconds: float = 0.0) -> LandingScan:
@@ -106,13 +110,14 @@ def scan_landing(folder: Path, settle_seconds: float = 0.0) -> LandingScan:
     when done, as it should) and folders are passed over without a word.
     Files modified in the last `settle_seconds` are `unsettled`, so a
     crawler still writing a batch never yields a partial partition; other
-    files whose name is not a batch's are `ignored`, with the reason.
+    files whose name is not a batch's are `ignored`, with the reason. A key
+    that several files map to (`x.jsonl` and `x.jsonl.gz`, settled or not)
+    is `ambiguous`, with the files: none of them is taken, never one at random.
     """
     if not folder.is_dir():
         raise BatchFileError(f"landing folder {folder} does not exist or is not a folder")
     now = time.time()
-    found: dict[str, BatchFile] = {}
-    unsettled: list[BatchFile] = []
+    files: dict[str, list[BatchFile]] = {}
     ignored: list[tuple[str, str]] = []
     for path in sorted(folder.iterdir()):
         if path.name.startswith(".") or not path.is_file():
@@ -122,14 +127,19 @@ def scan_landing(folder: Path, settle_seconds: float = 0.0) -> LandingScan:
             ignored.append((path.name, reason))
             continue
         stat = path.stat()
-        batch = BatchFile(key, path, stat.st_size, stat.st_mtime)
-        if now - stat.st_mtime < settle_seconds:
-            unsettled.append(batch)
-            continue
-        if key in found:
-            raise BatchFileError(f"two landing files map to batch {key!r}: {found[key].path.name} and {path.name}")
-        found[key] = batch
-    return LandingScan([found[key] for key in sorted(found)], unsettled, ignored)
+        files.setdefault(key, []).append(BatchFile(key, path, stat.st_size, stat.st_mtime))
+    batches: list[BatchFile] = []
+    unsettled: list[BatchFile] = []
+    ambiguous: dict[str, str] = {}
+    for key, found in sorted(files.items()):
+        if len(found) > 1:
+            names = ", ".join(batch.path.name for batch in found)
+            ambiguous[key] = f"{len(found)} files map to it ({names}): none is taken until all but one are removed or renamed"
+        elif now - found[0].mtime < settle_seconds:
+            unsettled.append(found[0])
+        else:
+            batches.append(found[0])
+    return LandingScan(batches, unsettled, ignored, ambiguous)
 
 
 def list_batches(folder: Path, settle_seconds: float = 0.0) -> list[BatchFile]:
@@ -138,7 +148,11 @@ def list_batches(folder: Path, settle_seconds: float = 0.0) -> list[BatchFile]:
 
 
 def find_batch(folder: Path, key: str) -> BatchFile:
-    for batch in list_batches(folder):
+    """The landing file of batch `key`: a BatchFileError if there is none, or if several files map to the key."""
+    scan = scan_landing(folder)
+    if key in scan.ambiguous:
+        raise BatchFileError(f"batch {key!r} in {folder} is ambiguous: {scan.ambiguous[key]}")
+    for batch in scan.batches:
         if batch.key == key:
             return batch
     raise BatchFileError(f"no landing file for batch {key!r} in {folder}")

@@ -38,8 +38,9 @@ def test_run_json_on_the_embedded_default(tmp_path):
 
 
 def test_run_goes_on_past_a_failed_batch_and_names_every_file_it_left_alone(tmp_path):
-    """Breaks: a landing folder with a corrupt batch between good ones, a batch still being written, and files
-    that are not batches (a README, a name no partition key can take, an upper-case suffix).
+    """Breaks: a landing folder with a corrupt batch between good ones, a batch still being written, files
+    that are not batches (a README, a name no partition key can take, an upper-case suffix), and two files of
+    one batch key.
 
     Must hold: the good batches are stored; the corrupt one is reported as failed (stderr and JSON) and the
     exit status is 1; the fresh file is left for a later run, and so is every other file, each named with why.
@@ -57,6 +58,8 @@ def test_run_goes_on_past_a_failed_batch_and_names_every_file_it_left_alone(tmp_
     for name in ("README.md", "2026-11-05 e.jsonl", "2026-11-06-f.JSONL"):
         write_batch(landing, name.removesuffix(".jsonl"), [listing(30)], landed=1e9) if name.endswith(".jsonl") else \
             (landing / name).write_text("notes\n")
+    write_batch(landing, "2026-11-07-g", [listing(40)], landed=1e9)
+    write_batch(landing, "2026-11-07-g", [listing(41)], landed=1e9, gz=True)  # two files, one batch key
 
     result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path)
     assert result.returncode == 1, result.stderr
@@ -71,6 +74,7 @@ def test_run_goes_on_past_a_failed_batch_and_names_every_file_it_left_alone(tmp_
     assert "ignored: README.md: not a batch file" in notices
     assert "ignored: 2026-11-05 e.jsonl: its name (less the suffix) is not a batch key" in notices
     assert "ignored: 2026-11-06-f.JSONL: not a batch file" in notices
+    assert "ambiguous: batch '2026-11-07-g': 2 files map to it (2026-11-07-g.jsonl, 2026-11-07-g.jsonl.gz)" in notices
     assert all(f"dedup-pipeline run: {notice}" in result.stderr for notice in out["notices"])
 
     later = run_cli(["run", "--landing", str(landing), "--json", "--settle-seconds", "0"], cwd=tmp_path)

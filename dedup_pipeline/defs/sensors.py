@@ -26,6 +26,8 @@ def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource
     scan = scan_landing(landing.path(), landing.settle_seconds)
     for name, reason in scan.ignored:  # a file a crawler meant as a batch must not vanish without a word
         context.log.warning(f"landing file {name} ignored: {reason}")
+    for key, reason in scan.ambiguous.items():  # the other batches go on; this one waits for a single file
+        context.log.warning(f"landing batch {key} set aside: {reason}")
     new_keys = [batch.key for batch in scan.batches if batch.key not in known]
     if not new_keys:
         return dg.SensorResult(skip_reason="no new batch files")

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import dagster as dg
@@ -281,6 +282,59 @@ def test_files_that_cannot_be_batches_are_named_with_the_reason(tmp_path):
     notices = scan.notices(5)
     assert notices[0].startswith("not yet: fresh.jsonl was modified ") and "less than the 5 s" in notices[0]
     assert "ignored: notes.txt: not a batch file: batch names end in .json.gz, .jsonl, " in "\n".join(notices)
+
+
+def test_two_files_of_one_batch_key_set_aside_only_that_key(tmp_path, capfd):
+    """Breaks: the landing folder holds files that map to one batch key (x.jsonl, x.jsonl.gz, x.ndjson; y.jsonl
+    beside a y.ndjson still being written), beside a good batch.
+
+    Must hold: neither key is taken and each is named with the files that collide, by the scan, the sensor and
+    the catch-up schedule alike; the good batch goes on as usual; materialising an ambiguous partition fails
+    with one line naming the files, never reading one of them.
+    """
+    from dedup_pipeline.defs.alerts import error_summary
+    from dedup_pipeline.defs.assets import raw_crawl_batches
+    from dedup_pipeline.defs.partitions import crawl_batches_partitions
+    from dedup_pipeline.defs.resources import WarehouseResource
+    from dedup_pipeline.defs.schedules import ladder_catch_up
+    from dedup_pipeline.landing import scan_landing
+
+    folder = tmp_path / "landing"
+    write_batch(folder, "ok", [listing(1)], landed=1e9)
+    for name in ("x.jsonl", "x.jsonl.gz", "x.ndjson", "y.jsonl"):
+        (folder / name).write_text(json.dumps(listing(2)) + "\n")
+        os.utime(folder / name, (1e9, 1e9))
+    (folder / "y.ndjson").write_text(json.dumps(listing(3)) + "\n")  # modified now: still being written
+    scan = scan_landing(folder, settle_seconds=5)
+    assert [b.key for b in scan.batches] == ["ok"] and not scan.unsettled
+    notices = scan.notices(5)
+    assert any(all(name in n for name in ("'x'", "x.jsonl,", "x.jsonl.gz", "x.ndjson")) for n in notices), notices
+    assert any("'y'" in n and "y.jsonl" in n and "y.ndjson" in n for n in notices), notices
+
+    with pytest.raises(BatchFileError) as error:
+        find_batch(folder, "x")
+    assert "x.jsonl" in str(error.value) and "x.jsonl.gz" in str(error.value) and "\n" not in str(error.value)
+    assert find_batch(folder, "ok").path.name == "ok.jsonl"
+
+    resources = {"landing": LandingResource(folder=str(folder), settle_seconds=5)}
+    with dg.instance_for_test() as instance:  # the schedule needs an instance with a ref
+        with dg.build_sensor_context(instance=instance, resources=resources) as context:
+            result = landing_sensor(context)
+        assert [r.partition_key for r in result.run_requests] == ["ok"]
+        assert [list(r.partition_keys) for r in result.dynamic_partitions_requests] == [["ok"]]
+        assert "landing batch x set aside: 3 files map to it (x.jsonl, x.jsonl.gz, x.ndjson)" in capfd.readouterr().err
+        tick = datetime.now(timezone.utc)
+        with dg.build_schedule_context(instance=instance, resources=resources, scheduled_execution_time=tick) as context:
+            assert [r.partition_key for r in ladder_catch_up(context)] == ["ok"]
+
+        instance.add_dynamic_partitions(crawl_batches_partitions.name, ["x"])  # registered before x.jsonl.gz came
+        result = dg.materialize(
+            [raw_crawl_batches], partition_key="x", instance=instance, raise_on_error=False,
+            resources={**resources, "warehouse": WarehouseResource(database_url=f"sqlite:///{tmp_path / 'w.sqlite'}")},
+        )
+        [failure] = result.get_step_failure_events()
+        message = error_summary(failure.step_failure_data.error)
+        assert message.startswith("BatchFileError: batch 'x' ") and "x.jsonl, x.jsonl.gz, x.ndjson" in message, message
 
 
 def test_a_batch_file_that_changes_after_the_raw_rung_is_refused(warehouse, tmp_path):
