@@ -61,7 +61,8 @@ def test_run_goes_on_past_a_failed_batch_and_names_every_file_it_left_alone(tmp_
     write_batch(landing, "2026-11-07-g", [listing(40)], landed=1e9)
     write_batch(landing, "2026-11-07-g", [listing(41)], landed=1e9, gz=True)  # two files, one batch key
 
-    result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path)
+    # 60 s, not the default 5: on a busy machine the command can take longer than 5 s to start, and d would settle
+    result = run_cli(["run", "--landing", str(landing), "--json", "--settle-seconds", "60"], cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     out = json.loads(result.stdout)
     assert [b["batch"] for b in out["batches"]] == ["2026-11-01-a", "2026-11-03-c"]
