@@ -2,6 +2,7 @@
 
 
 import os
+from datetime import datetime, timezone
 
 import dagster as dg
 
@@ -21,7 +22,12 @@ def automation_status() -> dg.DefaultSensorStatus:
 
 @dg.sensor(job=dedup_ladder_job, minimum_interval_seconds=30, default_status=automation_status())
 def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource) -> dg.SensorResult:
-    """Adds a partition for each new, fully written batch file in the landing folder and requests its run."""
+    """Adds a partition for each new, fully written batch file in the landing folder and requests its run.
+
+    A run key is the batch key and the time of the tick that registers it: the daemon never runs a run key of
+    this sensor twice, so a partition deleted (to reprocess it) and added again by a later tick gets a new run,
+    while a tick that finds nothing new requests nothing (its batches are registered already).
+    """
     known = set(context.instance.get_dynamic_partitions(crawl_batches_partitions.name))
     scan = scan_landing(landing.path(), landing.settle_seconds)
     for name, reason in scan.ignored:  # a file a crawler meant as a batch must not vanish without a word
@@ -31,7 +37,11 @@ def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource
     new_keys = [batch.key for batch in scan.batches if batch.key not in known]
     if not new_keys:
         return dg.SensorResult(skip_reason="no new batch files")
+    registered = datetime.now(timezone.utc).isoformat()
     return dg.SensorResult(
         dynamic_partitions_requests=[crawl_batches_partitions.build_add_request(new_keys)],
-        run_requests=[dg.RunRequest(partition_key=key, run_key=key, tags={SOURCE_TAG: batch_source(key)}) for key in new_keys],
+        run_requests=[
+            dg.RunRequest(partition_key=key, run_key=f"{key}@{registered}", tags={SOURCE_TAG: batch_source(key)})
+            for key in new_keys
+        ],
     )

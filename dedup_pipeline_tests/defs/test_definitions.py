@@ -109,6 +109,44 @@ def test_landing_sensor_adds_partitions_and_requests_runs(tmp_path):
     assert not landing_sensor(context).run_requests
 
 
+def test_a_partition_deleted_and_added_again_by_the_sensor_is_run_again(tmp_path):
+    """Breaks: a user deletes a batch's partition in the UI (to reprocess it) while its file is still landed.
+
+    Must hold: the sensor's next tick adds the partition again with a run the sensor daemon does not skip (it
+    skips a request whose run key a run of the same sensor already carries), while a tick that finds nothing
+    new requests nothing.
+    """
+    import uuid
+
+    key = "2026-11-01-shop-a"
+    write_batch(tmp_path / "landing", key, [listing(1)], landed=1e9)
+    resources = {"landing": LandingResource(folder=str(tmp_path / "landing"), settle_seconds=0)}
+    with dg.instance_for_test() as instance:
+
+        def tick() -> list[str]:
+            """One evaluation, carried out as the daemon does: partitions added, then each run not skipped."""
+            with dg.build_sensor_context(instance=instance, definitions=defs, resources=resources) as context:
+                result = landing_sensor(context)
+            for request in result.dynamic_partitions_requests:
+                instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+            launched = []
+            for request in result.run_requests:
+                tags = {"dagster/run_key": request.run_key, "dagster/sensor_name": landing_sensor.name}
+                if instance.get_runs(dg.RunsFilter(tags=tags)):
+                    continue  # the daemon: "already completed with run keys ..."
+                instance.add_run(dg.DagsterRun(job_name="dedup_ladder", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.SUCCESS,
+                                               tags={**tags, **request.tags, "dagster/partition": request.partition_key}))
+                launched.append(request.partition_key)
+            return launched
+
+        assert tick() == [key]
+        assert tick() == []  # nothing new: nothing requested
+        instance.delete_dynamic_partition(crawl_batches_partitions.name, key)
+        assert tick() == [key]
+        assert instance.get_dynamic_partitions(crawl_batches_partitions.name) == [key]
+        assert len(instance.get_runs(dg.RunsFilter(tags={"dagster/partition": key}))) == 2
+
+
 @pytest.mark.parametrize(("key", "source"), [
     ("2026-11-30-shop-a", "shop-a"), ("2026-11-02-syndication", "syndication"), ("20261130_shop", "shop"),
     ("2026-11-30T06:00Z_shop-a", "shop-a"), ("shop-a", "shop-a"), ("2026-11-30", "2026-11-30"), ("2024-model-1", "2024-model-1"),
