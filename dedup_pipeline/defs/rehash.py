@@ -6,7 +6,9 @@ stays thin: every body is a call into `dedup_pipeline.ladder.rehash`.
 
 Every run of these jobs carries the `dedup/migration` tag, which the
 instance's tag concurrency limit (dagster.yaml, limit 1) runs one at a time,
-so a backfill of sixteen shards never floods the warehouse.
+so a backfill of sixteen shards never floods the warehouse. A run of the
+migration's assets launched from their own page carries no job tags; the
+production instance's run coordinator gives it the tag (`migration_lane`).
 """
 
 import time
@@ -21,6 +23,7 @@ from dedup_pipeline.ladder.rehash import DEFAULT_CHUNK_SIZE, Comparison, ShardRe
 from dedup_pipeline.ladder.rehash_switch import MigrationRefused, retire_hash_version, switch_hash_version
 from dedup_pipeline.store.rehash import SHARDS
 
+#: The run tag of a migration's lane, `dedup/migration=<target version>` (`migration_lane` gives it for a run).
 MIGRATION_TAG = "dedup/migration"
 GROUP = "rehash_migration"
 COMPARISON_CHECK = "collapse_change_in_band"
@@ -320,6 +323,18 @@ def retire_job():
 
 #: Migrations offered in the UI. The next rule change is one more line: rehash_migration("content/2", "content/3").
 MIGRATIONS = [rehash_migration("content/1", "content/2")]
+
+#: The target version of each registered migration's assets: the value of their runs' `dedup/migration` tag.
+MIGRATION_ASSETS: dict[dg.AssetKey, str] = {a.key: m.target for m in MIGRATIONS for a in (m.hashes, m.comparison)}
+
+
+def migration_lane(run: dg.DagsterRun) -> str | None:
+    """The target version of the migration whose assets (or their checks) `run` materialises, or None.
+
+    From the run's asset and check selection alone: a run of a whole job has none, and its job's tags say.
+    """
+    keys = [*(run.asset_selection or ()), *(check.asset_key for check in run.asset_check_selection or ())]
+    return next((MIGRATION_ASSETS[key] for key in keys if key in MIGRATION_ASSETS), None)
 
 
 def rehash_definitions(migrations: list[RehashMigration] = MIGRATIONS) -> dg.Definitions:

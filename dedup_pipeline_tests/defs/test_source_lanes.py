@@ -8,7 +8,8 @@ from the UI (GraphQL `launchPartitionBackfill`, of the assets and of the job),
 submitted by one iteration of the daemon's backfill loop, and the launchpad
 (GraphQL `launchPipelineExecution`). Then iterations of the daemon's run queue
 (`QueuedRunCoordinatorDaemon`) decide which queued runs start: a source's
-newer batch waits while its older one runs, another source's batch does not.
+newer batch waits while its older one runs, another source's batch does not. A rehash migration's runs take
+its `dedup/migration` lane instead, launched from the asset's page as well as from its jobs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION, LAU
 from dagster_graphql.test.utils import execute_dagster_graphql
 
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.defs.rehash import MIGRATION_TAG, MIGRATIONS
 from dedup_pipeline.landing import SOURCE_TAG
 from dedup_pipeline_tests.helpers import fresh_database
 
@@ -114,11 +116,11 @@ def test_a_backfill_from_the_ui_runs_one_batch_per_source_at_a_time(workspace_co
 
 
 def test_runs_from_the_launchpad_are_tagged_by_partition_and_others_left_alone(workspace_context):
-    def launch(job: str, tags: dict[str, str]) -> dict:
-        params = {
-            "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "pipelineName": job},
-            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
-        }
+    def launch(job: str, tags: dict[str, str], assets: list[dg.AssetKey] | None = None) -> dict:
+        selector = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "pipelineName": job}
+        if assets is not None:  # an asset's own page: "Materialize"
+            selector["assetSelection"] = [{"path": key.path} for key in assets]
+        params = {"selector": selector, "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}
         launched = _graphql(workspace_context, LAUNCH_PIPELINE_EXECUTION_MUTATION, {"executionParams": params})
         assert launched["__typename"] == "LaunchRunSuccess", launched
         return launched["run"]
@@ -128,9 +130,53 @@ def test_runs_from_the_launchpad_are_tagged_by_partition_and_others_left_alone(w
     launch("dedup_ladder_celery", {"dagster/partition": OTHER})
     unpartitioned = launch("prune_retention", {"team": "ops"})
     own_lane = launch("dedup_ladder", {"dagster/partition": "shop-a-day9", SOURCE_TAG: "shop-a"})  # an operator's tag
+    migration = MIGRATIONS[0]
+    comparison = launch("__ASSET_JOB", {}, assets=[migration.comparison.key])
+    shard = launch("rehash_content_v2", {"dagster/partition": "3"})  # the job's own tag, no source lane
 
     instance = workspace_context.instance
+    for run_id in (comparison["runId"], shard["runId"]):
+        tags = instance.get_run_by_id(run_id).tags
+        assert (tags.get(MIGRATION_TAG), tags.get(SOURCE_TAG)) == (migration.target, None)
     prune = instance.get_run_by_id(unpartitioned["runId"])
     assert prune.status == dg.DagsterRunStatus.QUEUED and SOURCE_TAG not in prune.tags
     assert instance.get_run_by_id(own_lane["runId"]).tags[SOURCE_TAG] == "shop-a"  # kept, not re-derived
     _assert_one_run_per_source(workspace_context)
+
+
+def test_an_asset_backfill_of_migration_shards_runs_one_shard_at_a_time(workspace_context):
+    """The asset page's "Materialize" of shard partitions carries none of the rehash job's tags: the run coordinator
+    gives each run its migration's lane, not a source lane named after the shard."""
+    migration = MIGRATIONS[0]
+    shards = ["0", "1", "2"]
+    params = {"partitionNames": shards, "assetSelection": [{"path": migration.hashes.key.path}]}
+    launched = _graphql(workspace_context, LAUNCH_PARTITION_BACKFILL_MUTATION, {"backfillParams": params})
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+
+    instance = workspace_context.instance
+
+    def shard_runs() -> dict[str, dg.DagsterRun]:
+        return {run.tags["dagster/partition"]: run for run in instance.get_runs() if run.tags.get("dagster/partition") in shards}
+
+    for _ in range(5):
+        list(execute_backfill_iteration(workspace_context, logging.getLogger("test_source_lanes")))
+        if len(shard_runs()) == len(shards):
+            break
+    runs = shard_runs()
+    assert {key: (run.tags.get(MIGRATION_TAG), run.tags.get(SOURCE_TAG)) for key, run in runs.items()} == {
+        shard: (migration.target, None) for shard in shards
+    }
+
+    def started() -> set[str]:
+        list(daemon.run_iteration(workspace_context))
+        return {key for key, run in shard_runs().items() if run.status in IN_PROGRESS}
+
+    with QueuedRunCoordinatorDaemon(interval_seconds=1) as daemon:
+        done: set[str] = set()
+        for _ in shards:
+            running = started() - done
+            assert len(running) == 1, running
+            assert started() - done == running  # the lane is held: the other shards keep waiting
+            instance.report_run_failed(runs[running.pop()])
+            done = {key for key, run in shard_runs().items() if run.status == dg.DagsterRunStatus.FAILURE}
+        assert done == set(shards)
