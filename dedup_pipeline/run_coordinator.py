@@ -37,7 +37,7 @@ def lane_tags(run: dg.DagsterRun) -> dict[str, str]:
     return {}
 
 
-class SourceTaggingRunCoordinator(dg.QueuedRunCoordinator):
+class LaneTaggingRunCoordinator(dg.QueuedRunCoordinator):
     """A `QueuedRunCoordinator` that tags each run with its lane (`lane_tags`) before it is queued.
 
     The tag is added in the run storage. A tag the run already carries is kept (the sensor's `dedup/source`, or

@@ -37,7 +37,7 @@ def test_partitions_run_through_the_queue_and_the_daemon(tmp_path):
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
             assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
             assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
-            assert type(instance.run_coordinator).__name__ == "SourceTaggingRunCoordinator"  # a QueuedRunCoordinator
+            assert type(instance.run_coordinator).__name__ == "LaneTaggingRunCoordinator"  # a QueuedRunCoordinator
             assert instance.run_retries_enabled and instance.run_retries_max_retries == 1
             instance.add_dynamic_partitions(crawl_batches_partitions.name, ["shard-a", "shard-b"])
 
