@@ -68,7 +68,7 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     from dedup_pipeline.decision_log import iter_events
     from dedup_pipeline.store.warehouse import Warehouse
 
-    with Warehouse().create_schema().engine.connect() as conn:
+    with Warehouse.existing().engine.connect() as conn:
         for event in iter_events(conn, args.batch, args.run):
             print(json.dumps(event, ensure_ascii=False))
     return 0
@@ -106,7 +106,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from dedup_pipeline.metrics import prometheus_text, write_textfile
     from dedup_pipeline.store.warehouse import Warehouse
 
-    warehouse = Warehouse().create_schema()
+    warehouse = Warehouse.existing()
     if args.serve:
         return _serve_metrics(warehouse, args.serve, args.max_age)
     with warehouse.engine.connect() as conn:

@@ -69,7 +69,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         staging_days=args.staging_days, quarantine_days=args.quarantine_days,
     )
     run_hours = erasure_run_hours(args.erasure_run_hours)
-    warehouse = Warehouse().create_schema()
+    warehouse = Warehouse.existing()  # a wrong URL: an error, not a new warehouse pruned of nothing
     try:
         report = prune_retention(warehouse, settings)
     finally:

@@ -128,11 +128,16 @@ def test_what_the_operator_must_fix_is_one_line_of_error_not_a_traceback(tmp_pat
     """An unwritable path, an unreachable warehouse (for `run` too, before any batch is tried), a landing folder
     or a DAGSTER_HOME that does not exist, a wrong retention setting, a missing tombstone key: one line naming
     it, status 1."""
+    from dedup_pipeline.store.warehouse import Warehouse
+
     unwritable = str(tmp_path / "no" / "such" / "dir" / "dedup.prom")
     down = {"DEDUP_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/nowhere"}
     write_batch(tmp_path / "landing", "a", [listing(1)], landed=1e9)
+    existing = f"sqlite:///{tmp_path / 'warehouse.sqlite'}"
+    Warehouse(existing).create_schema().dispose()
     cases = [
-        (["metrics", "--textfile", unwritable], {}, f"cannot write {unwritable}: No such file or directory"),
+        (["metrics", "--textfile", unwritable], {"DEDUP_DATABASE_URL": existing},
+         f"cannot write {unwritable}: No such file or directory"),
         (["metrics"], down, "connection failed"),
         (["run", "--landing", str(tmp_path / "landing")], down, "connection failed"),
         (["run", "--landing", str(tmp_path / "nowhere")], {}, "does not exist or is not a folder"),
@@ -163,3 +168,52 @@ def test_the_kubernetes_exporter_runs_a_command_the_cli_accepts():
     parsed = build_parser().parse_args(args)
     assert program == "dedup-pipeline" and parsed.command == "metrics"
     assert parsed.serve[1] == container["ports"][0]["containerPort"]
+
+
+def test_read_only_commands_refuse_a_database_without_a_warehouse_and_create_nothing(tmp_path):
+    """Breaks: `metrics`, `decisions` and `prune-retention` pointed at a wrong SQLite path, an empty SQLite file, a
+    database of another application and an empty PostgreSQL database (the URL with a password).
+
+    Must hold: one line of error naming the URL (its password hidden), status 1, and nothing created there:
+    no file, no folder, no table.
+    """
+    from sqlalchemy import create_engine, inspect, text
+
+    from dedup_pipeline.store.warehouse import Warehouse
+    from dedup_pipeline_tests.helpers import database_url, fresh_database
+
+    missing = tmp_path / "typo" / "warehouse.sqlite"
+    empty = tmp_path / "empty.sqlite"
+    empty.touch()
+    other = tmp_path / "other.sqlite"
+    with create_engine(f"sqlite:///{other}").begin() as conn:
+        conn.execute(text("CREATE TABLE dedup_settings (name TEXT)"))  # one name in common, not a warehouse
+    older = tmp_path / "older.sqlite"  # a warehouse of a version before erasure scopes
+    Warehouse(f"sqlite:///{older}").create_schema().dispose()
+    with create_engine(f"sqlite:///{older}").begin() as conn:
+        conn.execute(text("DROP TABLE erasure_scopes"))
+    with fresh_database("dedup_cli_empty") as name:
+        pg_url = database_url(name).replace("postgres@", "postgres:s3cret@")
+        shown_pg = pg_url.replace(":s3cret@", ":***@")
+        every = (["metrics"], ["metrics", "--serve", "127.0.0.1:0"], ["decisions"], ["prune-retention"])
+        cases = [(f"sqlite:///{missing}", "there is no dedup_pipeline warehouse at", every),
+                 (f"sqlite:///{empty}", "there is no dedup_pipeline warehouse at", (["decisions"],)),
+                 (f"sqlite:///{other}", "there is no dedup_pipeline warehouse at", (["metrics"],)),
+                 (f"sqlite:///{older}", "the dedup_pipeline warehouse at", (["metrics"],)),
+                 (pg_url, "there is no dedup_pipeline warehouse at", every)]
+        for url, reason, commands in cases:
+            for args in commands:
+                result = run_cli(args, cwd=tmp_path, DEDUP_DATABASE_URL=url)
+                assert result.returncode == 1, (args, url, result.stdout, result.stderr)
+                assert result.stderr.startswith(f"dedup-pipeline {args[0]}: error: {reason} "), result.stderr
+                assert (shown_pg if url == pg_url else url) in result.stderr and "s3cret" not in result.stderr
+                assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+                assert url != f"sqlite:///{older}" or "lacks the tables erasure_scopes: a `dedup-pipeline run`" in result.stderr
+        assert not missing.parent.exists()
+        assert empty.stat().st_size == 0  # and no journal beside it, nor beside the other application's file:
+        assert not {"typo", "empty.sqlite-wal", "empty.sqlite-shm", "other.sqlite-wal"} & {p.name for p in tmp_path.iterdir()}
+        for url in (f"sqlite:///{other}", database_url(name)):
+            engine = create_engine(url)
+            with engine.connect() as conn:
+                assert inspect(conn).get_table_names() == (["dedup_settings"] if "other" in url else [])
+            engine.dispose()

@@ -10,14 +10,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from sqlalchemy import Connection, Engine, create_engine, event, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, select, text
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
 from dedup_pipeline.store import json_text
-from dedup_pipeline.store.schema import metadata, settings
+from dedup_pipeline.store.schema import metadata, records, settings
 
 log = logging.getLogger(__name__)
 DATABASE_URL_ENV = "DEDUP_DATABASE_URL"
@@ -69,8 +69,8 @@ PG_CONNECT_DEFAULTS = {
 }
 
 
-def make_engine(url: str) -> Engine:
-    """An engine with the settings each backend needs for concurrent pipeline steps."""
+def parse_url(url: str) -> URL:
+    """The warehouse URL parsed, or a ConfigurationError for one SQLAlchemy cannot use."""
     try:
         parsed = make_url(url)
         parsed.get_dialect()
@@ -78,6 +78,12 @@ def make_engine(url: str) -> Engine:
         raise ConfigurationError(
             f"the warehouse URL is not one SQLAlchemy can use ({exc}); PostgreSQL is postgresql+psycopg://user@host/db"
         ) from None
+    return parsed
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with the settings each backend needs for concurrent pipeline steps."""
+    parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
@@ -120,6 +126,37 @@ class Warehouse:
     def __init__(self, url: str | None = None, engine: Engine | None = None):
         self.url = url or default_database_url()
         self.engine = engine or make_engine(self.url)
+
+    @classmethod
+    def existing(cls, url: str | None = None) -> "Warehouse":
+        """The warehouse at `url` (default: the configured one), for a command that must not create one.
+
+        Nothing is created there, not even a SQLite file: where there is no
+        warehouse (a typo in the URL, an empty database, the wrong path), a
+        ConfigurationError names the URL, its password hidden; one of an
+        older version that lacks a newer table is named as such.
+        """
+        url = url or default_database_url()
+        parsed = parse_url(url)
+        shown = parsed.render_as_string(hide_password=True)
+        sqlite = parsed.get_backend_name() == "sqlite"
+        if sqlite and not (parsed.database and Path(parsed.database).is_file()):
+            raise ConfigurationError(f"there is no dedup_pipeline warehouse at {shown}: no such file")
+        # SQLite: a bare engine, whose connection leaves a file that is not ours as it was (no WAL pragma).
+        probe = create_engine(url) if sqlite else make_engine(url)
+        try:
+            with probe.connect() as conn:
+                missing = sorted(set(metadata.tables) - set(inspect(conn).get_table_names()))
+        finally:
+            probe.dispose()
+        if records.name in missing:
+            raise ConfigurationError(f"there is no dedup_pipeline warehouse at {shown}: it has no {records.name} table")
+        if missing:  # a warehouse of an older version
+            raise ConfigurationError(
+                f"the dedup_pipeline warehouse at {shown} lacks the tables {', '.join(missing)}: "
+                "a `dedup-pipeline run` of this version adds them"
+            )
+        return cls(url)
 
     @property
     def dialect(self) -> str:
