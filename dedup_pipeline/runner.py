@@ -2,7 +2,9 @@
 
 Shared by the command line and the end-to-end tests: every batch becomes a
 partition and one in-process run of the `dedup_ladder` job, so the runs and
-their metadata show in the Dagster UI afterwards.
+their metadata show in the Dagster UI afterwards. Each run is created with the
+origin of the workspace's code location, as a run launched from the UI is, so
+the UI can re-execute a failed one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.definitions.job_base import InMemoryJob
+from dagster._core.execution.api import create_execution_plan, execute_run
+from dagster._core.execution.execute_in_process import merge_run_tags
+from dagster._core.execution.execution_result import ExecutionResult
+from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
+from dagster._core.workspace.load import location_origin_from_module_name
 from sqlalchemy import func, select
 
 from dedup_pipeline.core.errors import ConfigurationError
@@ -26,6 +34,9 @@ from dedup_pipeline.store.warehouse import Warehouse
 LOCAL_DAGSTER_HOME = ".dagster_home"
 # The command line prints its own summary; Dagster's step-by-step log stays in the UI.
 _QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+#: The code location of the repository's workspace.yaml (and of pyproject's [tool.dagster]), whose origin runs carry.
+CODE_LOCATION = "dedup_pipeline"
+DEFINITIONS_MODULE = "dedup_pipeline.definitions"
 
 
 def ensure_dagster_home() -> Path:
@@ -78,14 +89,39 @@ class LadderSummary:
         }
 
 
-def _metadata(result: dg.ExecuteInProcessResult, asset_name: str) -> dict:
+def remote_job_origin(job_name: str, repository_name: str) -> RemoteJobOrigin:
+    """The origin of a job of the code location as workspace.yaml declares it (built by the function Dagster's
+    workspace loader calls for its `python_module` entry).
+
+    The UI re-executes a run (and the daemon retries one) in the code location its origin names.
+    """
+    location = location_origin_from_module_name(DEFINITIONS_MODULE, None, None, CODE_LOCATION)
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, repository_name), job_name)
+
+
+def execute_partition(
+    job: dg.JobDefinition, partition_key: str, instance: dg.DagsterInstance, origin: RemoteJobOrigin, tags: dict
+) -> ExecutionResult:
+    """Execute `job` for one partition in this process, as `job.execute_in_process` does (the same executor,
+    tags and run config), in a run created with `origin`."""
+    in_process = job.as_ephemeral_job(resource_defs={}, input_values={})  # what execute_in_process runs
+    tags = merge_run_tags(job, partition_key, tags, None, instance, _QUIET_RUN_CONFIG)
+    ref = instance.get_ref() if instance.is_persistent else None
+    plan = create_execution_plan(in_process, _QUIET_RUN_CONFIG, instance_ref=ref, tags=tags)
+    run = instance.create_run_for_job(
+        in_process, execution_plan=plan, run_config=_QUIET_RUN_CONFIG, tags=tags, remote_job_origin=origin
+    )
+    return execute_run(InMemoryJob(in_process), run, instance)
+
+
+def _metadata(result: ExecutionResult, asset_name: str) -> dict:
     materializations = result.asset_materializations_for_node(asset_name)
     if not materializations:
         return {}
     return {key: value.value for key, value in materializations[-1].metadata.items()}
 
 
-def _failure_reason(result: dg.ExecuteInProcessResult) -> str:
+def _failure_reason(result: ExecutionResult) -> str:
     """What failed the run, on one line: the step and its innermost error, as the failure alert says it."""
     for event in result.get_step_failure_events():
         if event.step_failure_data.error is not None:
@@ -125,14 +161,12 @@ def run_landing_folder(
     if missing:
         instance.add_dynamic_partitions(crawl_batches_partitions.name, missing)
     job = defs.resolve_job_def("dedup_ladder")
+    origin = remote_job_origin(job.name, defs.get_repository_def().name)
     summary = LadderSummary(notices=scan.notices(settle_seconds))
     for run_id in release_runs_of_dead_processes(instance):
         summary.notices.append(f"run {run_id} died with its process: marked failed, its warehouse pool slots freed")
     for batch in batches:
-        result = job.execute_in_process(
-            partition_key=batch.key, instance=instance, raise_on_error=False, run_config=_QUIET_RUN_CONFIG,
-            tags={PROCESS_TAG: process_token(instance)},
-        )
+        result = execute_partition(job, batch.key, instance, origin, {PROCESS_TAG: process_token(instance)})
         if not result.success:
             summary.failed[batch.key] = _failure_reason(result)
             continue
