@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.storage.tags import PARENT_RUN_ID_TAG
 
 #: The token of the `dedup-pipeline` process that executes a run in process (see `release_runs_of_dead_processes`).
 PROCESS_TAG = "dedup/process"
@@ -81,7 +82,8 @@ def release_runs_of_dead_processes(instance: dg.DagsterInstance) -> list[str]:
     A run executed in process never says it ended when its process is killed: it stays STARTED and keeps the
     slots its steps claimed in the `warehouse` pool, and with no daemon to notice, every later run would wait
     for those slots for ever. A run whose process still holds its mark (`ProcessMark`), or whose mark is not
-    beside this instance (another host's), is left alone.
+    beside this instance (another host's), is left alone, and so is a re-execution (from the UI, or the daemon's
+    retry): it inherits its parent's tags, the mark among them, but runs in a run worker of its own.
     """
     folder = _marks_folder(instance)
     storage = instance.event_log_storage
@@ -92,7 +94,7 @@ def release_runs_of_dead_processes(instance: dg.DagsterInstance) -> list[str]:
     for record in {r.dagster_run.run_id: r for r in [*started, *holders]}.values():
         run = record.dagster_run
         token = run.tags.get(PROCESS_TAG)
-        if not token or process_alive(folder, token) is not False:
+        if not token or PARENT_RUN_ID_TAG in run.tags or process_alive(folder, token) is not False:
             continue
         if not run.is_finished:
             instance.report_run_failed(run, message="its dedup-pipeline process is gone: it was killed")
