@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import tempfile
 import warnings
@@ -18,6 +19,8 @@ from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, BatchFileError
 from dedup_pipeline.runner import LadderSummary, ensure_dagster_home
 
 _INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
+#: What SQLite says of a file that is not one of its databases, or is a damaged one.
+_NOT_SQLITE = {"file is not a database", "database disk image is malformed"}
 _COLUMNS = [("batch", "batch"), ("records_in", "in"), ("quarantined", "quarantined"),
             ("exact_duplicates", "exact dup"), ("changed", "changed"), ("new", "new"),
             ("stale", "stale"), ("near_duplicates", "near dup")]
@@ -162,13 +165,22 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a fault of the code, whose traceback is what a bug report needs
         # The environment, not the code: a path, a port, a setting, the warehouse or the login's rights.
         reason = exc.orig if isinstance(exc, DBAPIError) else exc
+        if isinstance(reason, sqlite3.DatabaseError) and str(reason) in _NOT_SQLITE:
+            from dedup_pipeline.store.warehouse import default_database_url
+
+            reason = f"the warehouse {default_database_url()}: {reason}"
         print(f"dedup-pipeline {args.command}: error: {' '.join(str(reason).split())}", file=sys.stderr)
         return 1
 
 
 def _environmental(exc: DBAPIError) -> bool:
-    """A database error the operator fixes: the server unreachable, or the login lacking a privilege."""
-    return isinstance(exc, OperationalError) or getattr(exc.orig, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE
+    """A database error the operator fixes: the server unreachable, the login lacking a privilege, or a warehouse
+    URL naming a file that is no SQLite database."""
+    return (
+        isinstance(exc, OperationalError)
+        or getattr(exc.orig, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE
+        or (isinstance(exc.orig, sqlite3.DatabaseError) and str(exc.orig) in _NOT_SQLITE)
+    )
 
 
 if __name__ == "__main__":

@@ -125,7 +125,8 @@ def test_decisions_piped_into_a_reader_that_stops_early_ends_without_a_traceback
 
 
 def test_what_the_operator_must_fix_is_one_line_of_error_not_a_traceback(tmp_path, pg_database_url):
-    """An unwritable path, an unreachable warehouse (for `run` too, before any batch is tried), a landing folder
+    """An unwritable path, an unreachable warehouse (for `run` too, before any batch is tried), a warehouse file
+    that is not an SQLite database, a landing folder
     or a DAGSTER_HOME that does not exist, a wrong retention setting, a missing tombstone key: one line naming
     it, status 1."""
     from dedup_pipeline.store.warehouse import Warehouse
@@ -135,6 +136,8 @@ def test_what_the_operator_must_fix_is_one_line_of_error_not_a_traceback(tmp_pat
     write_batch(tmp_path / "landing", "a", [listing(1)], landed=1e9)
     existing = f"sqlite:///{tmp_path / 'warehouse.sqlite'}"
     Warehouse(existing).create_schema().dispose()
+    not_sqlite = tmp_path / "notes.sqlite"
+    not_sqlite.write_text("a text file, not a database\n")
     cases = [
         (["metrics", "--textfile", unwritable], {"DEDUP_DATABASE_URL": existing},
          f"cannot write {unwritable}: No such file or directory"),
@@ -143,6 +146,9 @@ def test_what_the_operator_must_fix_is_one_line_of_error_not_a_traceback(tmp_pat
         (["run", "--landing", str(tmp_path / "nowhere")], {}, "does not exist or is not a folder"),
         (["metrics"], {"DEDUP_DATABASE_URL": "postgres://postgres@127.0.0.1/test"}, "the warehouse URL is not one"),
         (["metrics"], {"DEDUP_DATABASE_URL": "not a url"}, "the warehouse URL is not one"),
+        (["metrics"], {"DEDUP_DATABASE_URL": f"sqlite:///{not_sqlite}"}, "file is not a database"),
+        (["run", "--landing", str(tmp_path / "landing")], {"DEDUP_DATABASE_URL": f"sqlite:///{not_sqlite}"},
+         "file is not a database"),
         (["run", "--landing", str(tmp_path / "landing")], {"DAGSTER_HOME": str(tmp_path / "no-home")},
          f"DAGSTER_HOME={tmp_path / 'no-home'} is not a folder"),
         (["prune-retention"], {"DEDUP_HISTORY_RETENTION_DAYS": "a year"}, "DEDUP_HISTORY_RETENTION_DAYS must be a whole number"),
