@@ -23,14 +23,22 @@ _INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denie
 _NOT_SQLITE = {"file is not a database", "database disk image is malformed"}
 _COLUMNS = [("batch", "batch"), ("records_in", "in"), ("quarantined", "quarantined"),
             ("exact_duplicates", "exact dup"), ("changed", "changed"), ("new", "new"),
-            ("stale", "stale"), ("near_duplicates", "near dup")]
+            ("stale", "stale"), ("change_ignored", "change ignored"), ("erased", "erased"),
+            ("near_duplicates", "near dup")]
+#: Decisions most runs never make (the `keep_first` policy's, an erased subject's): a column only when a batch has one.
+_RARE_COLUMNS = {"change_ignored", "erased"}
 
 
 def format_summary(summary: LadderSummary) -> str:
-    """A plain-text table of decision counts per batch, then the warehouse row count."""
-    rows = [[header for _, header in _COLUMNS]]
-    rows += [[str(getattr(b, name)) for name, _ in _COLUMNS] for b in summary.batches]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    """A plain-text table of decision counts per batch, then the warehouse row count.
+
+    Every line of a batch is counted once: quarantined, or in one decision column (near dup counts survivors).
+    """
+    columns = [(name, header) for name, header in _COLUMNS
+               if name not in _RARE_COLUMNS or any(getattr(b, name) for b in summary.batches)]
+    rows = [[header for _, header in columns]]
+    rows += [[str(getattr(b, name)) for name, _ in columns] for b in summary.batches]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(f"\nwarehouse records: {summary.warehouse_records}")

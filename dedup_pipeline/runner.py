@@ -72,6 +72,8 @@ class BatchSummary:
     new: int
     stale: int
     near_duplicates: int
+    change_ignored: int = 0  # the `keep_first` policy's changes left unstored
+    erased: int = 0  # records of erased subjects, suppressed
 
 
 @dataclass
@@ -184,6 +186,8 @@ def run_landing_folder(
                 new=int(exact.get("new", 0)),
                 stale=int(exact.get("stale", 0)),
                 near_duplicates=int(near.get("near_duplicates", 0)),
+                change_ignored=int(exact.get("change_ignored", 0)),
+                erased=int(exact.get("erased", 0)),
             )
         )
     with warehouse.engine.connect() as conn:

@@ -30,11 +30,38 @@ def test_run_json_on_the_embedded_default(tmp_path):
     assert out["warehouse_records"] == 8
     a, b = out["batches"]
     assert a == {"batch": "a", "records_in": 7, "quarantined": 1, "exact_duplicates": 1, "changed": 0, "new": 5,
-                 "stale": 0, "near_duplicates": 0}
+                 "stale": 0, "near_duplicates": 0, "change_ignored": 0, "erased": 0}
     assert (b["exact_duplicates"], b["changed"], b["new"]) == (1, 1, 3)
     # the embedded default: a SQLite warehouse and a local Dagster instance inside the working directory
     assert (tmp_path / ".dedup" / "warehouse.sqlite").exists()
     assert (tmp_path / ".dagster_home").is_dir()
+
+
+def test_every_line_of_a_run_is_counted_once_erased_records_too(tmp_path):
+    """Breaks: the summary left erased records out, so a batch's figures did not add up to its lines. The table
+    shows the `erased` column when a batch has one, and only then."""
+    import secrets
+
+    env = {"DEDUP_TOMBSTONE_KEY": secrets.token_hex(32)}
+    landing = tmp_path / "landing"
+    write_batch(landing, "a", [listing(n) for n in range(3)], landed=1e9)
+    first = run_cli(["run", "--landing", str(landing)], cwd=tmp_path, **env)
+    assert first.returncode == 0 and "erased" not in first.stdout, first.stdout + first.stderr
+    erase = ["erase", "--kind", "canonical_url", "--value", listing(1)["url"], "--request-id", "R-1"]
+    assert run_cli(erase, cwd=tmp_path, **env).returncode == 0
+    write_batch(landing, "b", [listing(1, crawl_id="again"), listing(2, price="99.90"), "{broken"], landed=1e9 + 60)
+    result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path, **env)
+    assert result.returncode == 0, result.stderr
+    a, b = json.loads(result.stdout)["batches"]
+    assert (a["erased"], a["exact_duplicates"], b["erased"], b["changed"], b["quarantined"]) == (1, 2, 1, 1, 1)
+    for batch in (a, b):
+        decided = sum(batch[k] for k in ("quarantined", "exact_duplicates", "changed", "new", "stale",
+                                         "change_ignored", "erased"))
+        assert decided == batch["records_in"], batch
+    table = run_cli(["run", "--landing", str(landing)], cwd=tmp_path, **env).stdout
+    header, _, row_a, row_b = table.splitlines()[:4]
+    assert "erased" in header.split("  ") and "change ignored" not in header, table
+    assert row_b.split()[header.split().index("erased") - 1] == "1", table  # "exact dup": two words, one cell
 
 
 def test_run_goes_on_past_a_failed_batch_and_names_every_file_it_left_alone(tmp_path):
