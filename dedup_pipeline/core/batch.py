@@ -44,8 +44,8 @@ from operator import itemgetter
 from typing import Any, Mapping, Sequence
 
 from dedup_pipeline.core.errors import NESTING_TOO_DEEP, RecordError
-from dedup_pipeline.core.fields import NUMERIC_FIELDS, UPPER_CASE_FIELDS, VOLATILE_FIELDS, canonical_fields, field_value
-from dedup_pipeline.core.hashing import IDENTITY_FIELDS, compute_hashes, content_v1_field, hash_rule
+from dedup_pipeline.core.fields import NUMERIC_FIELDS, UPPER_CASE_FIELDS, VOLATILE_FIELDS, canonical_fields, field_value, is_blank
+from dedup_pipeline.core.hashing import IDENTITY_FIELDS, V2_REQUIRED, compute_hashes, content_v1_field, hash_rule
 from dedup_pipeline.core.numbers import currency_exponent, plain_decimal
 from dedup_pipeline.core.url import canonical_url
 
@@ -60,7 +60,6 @@ _SMALL_INT = 10**18  # ints below this are exact through Decimal arithmetic at t
 _PLAIN_INT = re.compile(r"-?[0-9]{1,18}").fullmatch
 _PLAIN_DECIMAL = re.compile(r"(-?)([0-9]{1,18})(?:\.([0-9]{1,18}))?").fullmatch
 _VECTORISED = frozenset({"content/1", "content/2"})
-_V2_TEXT = ("title", "currency", "seller_id")
 #: Records processed as one set of columns: small enough that a block's records stay
 #: in the CPU cache across the passes over its columns, large enough to spread the
 #: per-column work (measured best between 128 and 512 on the benchmark corpus).
@@ -503,10 +502,10 @@ def _v2_minor_units(canonical: dict[str, list]) -> list[int | None] | None:
 
 def _content_v2(canonical: dict[str, list], n: int) -> list[str | None] | None:
     """`content/2` digests of a group from its canonical columns; None (per row, or for all) to leave to the rule."""
-    if not all(f in canonical for f in _V2_TEXT) or set(map(type, canonical["currency"])) != {str}:
+    if not all(f in canonical for f in V2_REQUIRED) or set(map(type, canonical["currency"])) != {str}:
         return None  # a missing field's error, or a currency to_minor_units would not read: the rule decides
     texts = {}
-    for name in (*_V2_TEXT, "description"):
+    for name in (*V2_REQUIRED, "description"):
         if name in canonical:
             encoded = _v2_text(canonical[name], upper=name == "currency")
             if encoded is None:
@@ -515,6 +514,10 @@ def _content_v2(canonical: dict[str, list], n: int) -> list[str | None] | None:
     minors = _v2_minor_units(canonical)
     if minors is None:
         return None
+    for name in V2_REQUIRED:  # a blank one is missing: the rule raises its error
+        column = canonical[name]
+        if "" in column:  # canonical text is normalised, so a column without "" has no blank value
+            minors = [None if is_blank(value) else minor for value, minor in zip(column, minors)]
     fields = []
     for name in sorted(IDENTITY_FIELDS):
         if name == "price_minor":

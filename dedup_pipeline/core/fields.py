@@ -40,6 +40,11 @@ def normalise_text(value: str) -> str:
     return " ".join(value.split())
 
 
+def is_blank(value: Any) -> bool:
+    """Whether a field counts as missing: absent (None) or text that is empty once normalised ("", "   ")."""
+    return value is None or (isinstance(value, str) and not normalise_text(value))
+
+
 def field_value(key: str, value: Any) -> Any:
     """One (non-URL) field's `record/1` form."""
     if isinstance(value, str):

@@ -13,7 +13,11 @@ the fixed form ``format(x, ".4f")``, keys sorted. The URL enters in its
 canonical `url/1` form, so tracking-parameter variants hash the same.
 
 `content/2` is the seeds' second rule: a fixed tuple of identity fields, the
-price in exact minor units, floats refused. Adding a field to a record does
+price in exact minor units, floats refused. `title`, `price` (or
+`price_minor`), `currency` and `seller_id` are required: absent or blank
+(`is_blank`: "" or whitespace only, a failed extraction), the record cannot be
+hashed, rather than sharing one digest with every other record whose
+extraction failed the same way. Adding a field to a record does
 not change its `content/2` digest; the URL is not part of it, so the same
 listing served under two URLs is one content.
 
@@ -32,7 +36,7 @@ from decimal import Decimal
 from typing import Any, Callable, Iterable, Mapping
 
 from dedup_pipeline.core.errors import RecordError
-from dedup_pipeline.core.fields import NUMERIC_FIELDS, canonical_fields, normalise_text
+from dedup_pipeline.core.fields import NUMERIC_FIELDS, canonical_fields, is_blank, normalise_text
 from dedup_pipeline.core.numbers import parse_decimal, plain_decimal, to_minor_units
 
 #: The fixed identity tuple of `content/2`.
@@ -89,14 +93,19 @@ def content_v1_bytes(fields: Mapping[str, Any]) -> bytes:
 
 # ---------------------------------------------------------------- content/2
 
-_V2_REQUIRED = ("title", "currency", "seller_id")
+#: The text identity fields a record must have (and a price, `price` or `price_minor`): absent or blank, it cannot be hashed.
+V2_REQUIRED = ("title", "currency", "seller_id")
+
+
+def _missing(field: str) -> RecordError:
+    return RecordError(f"content/2: missing identity field '{field}'")
 
 
 def _v2_text(record: Mapping[str, Any], field: str) -> str | None:
     value = record.get(field)
+    if field in V2_REQUIRED and is_blank(value):  # "" or "   " is a failed extraction, not a value
+        raise _missing(field)
     if value is None:
-        if field in _V2_REQUIRED:
-            raise RecordError(f"content/2: missing identity field '{field}'")
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise RecordError(f"content/2: field '{field}' must be text, got {type(value).__name__}")
@@ -106,11 +115,11 @@ def _v2_text(record: Mapping[str, Any], field: str) -> str | None:
 def _v2_price_minor(record: Mapping[str, Any]) -> int | str:
     if record.get("price_minor") is not None:
         minor = parse_decimal(record["price_minor"], "price_minor")
-    elif record.get("price") is not None:
+    elif not is_blank(record.get("price")):
         price = parse_decimal(record["price"], "price")
         minor = to_minor_units(price, record.get("currency") if isinstance(record.get("currency"), str) else None)
     else:
-        raise RecordError("content/2: missing identity field 'price'")
+        raise _missing("price")
     if isinstance(minor, Decimal) and minor == minor.to_integral_value():
         minor = int(minor)  # exact: no rounding to the decimal context's 28 digits
     return minor if isinstance(minor, int) else plain_decimal(minor)

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from dedup_pipeline.core.batch import hash_records
 from dedup_pipeline.core.errors import MAX_NESTING, NESTING_TOO_DEEP, RecordError
-from dedup_pipeline.core.fields import RECORD_VERSION, canonical_fields
+from dedup_pipeline.core.fields import RECORD_VERSION, canonical_fields, is_blank
 from dedup_pipeline.core.hashing import compute_hashes
 from dedup_pipeline.core.numbers import OUT_OF_RANGE, json_decimal
 from dedup_pipeline.core.url import URL_VERSION, UrlError, canonicalize_url_strict
@@ -129,7 +129,7 @@ def natural_key_of(payload: Mapping[str, Any], canonical: str, key_fields: Seque
     values = []
     for name in key_fields:
         value = canonical if name == "canonical_url" else payload.get(name)
-        if value is None or value == "":
+        if is_blank(value):
             raise RecordError(f"missing natural-key field '{name}'")
         values.append(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
     key = values[0] if len(values) == 1 else json.dumps(values, ensure_ascii=False)

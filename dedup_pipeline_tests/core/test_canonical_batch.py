@@ -191,6 +191,22 @@ def test_parsed_lines_canonicalise_like_the_per_record_path():
             assert isinstance(result, RecordError) and str(result) == str(exc)
 
 
+@pytest.mark.parametrize("field", ["title", "currency", "seller_id", "price"])
+def test_a_blank_required_field_is_missing_in_the_columns_too(field):
+    """The column path leaves a blank required field to the rule: its error, never a digest of "" ."""
+    records = [listing(i) for i in range(20)]
+    for i, blank in ((3, ""), (7, "   "), (12, "\u3000\t")):
+        records[i] = listing(i, **{field: blank})
+    last = listing(20)
+    del last[field]
+    records.append({**last, field: ""})  # the field last: a layout of its own, blank in its only row
+    got = batched(records)
+    assert got == per_record(records)
+    missing = [i for i, (_, _, errors) in enumerate(got) if errors.get("content/2") == f"content/2: missing identity field '{field}'"]
+    assert missing == [3, 7, 12, 20]
+    assert all("content/1" in digests for _, digests, _ in got)
+
+
 @pytest.mark.parametrize("prices", [
     [Decimal("-0"), Decimal("-0.00"), Decimal("0E-7"), Decimal("-12.5"), Decimal("1.000000000000000000000000000049999"),
      Decimal("1E+3"), Decimal("0.00005"), Decimal("-0.00004"), Decimal("12345678901234567890.123"),

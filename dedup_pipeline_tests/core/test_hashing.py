@@ -115,6 +115,32 @@ def test_content2_refuses_floats_and_missing_identity_fields():
         content_hash({k: v for k, v in LISTING.items() if k != "price"})
 
 
+@pytest.mark.parametrize("blank", ["", "   ", "\u3000\t\n"], ids=["empty", "spaces", "unicode-whitespace"])
+@pytest.mark.parametrize("field", ["title", "price", "currency", "seller_id"])
+def test_content2_a_blank_required_field_is_missing(field, blank):
+    """An extraction that failed ("" or whitespace only) is a missing field, as if absent, not an empty value."""
+    with pytest.raises(RecordError, match=f"^content/2: missing identity field '{field}'$"):
+        content_hash({**LISTING, field: blank})
+    with pytest.raises(RecordError, match=f"^content/2: missing identity field '{field}'$"):
+        content_hash({k: v for k, v in LISTING.items() if k != field})
+
+
+def test_content2_two_sites_whose_extraction_failed_are_not_one_content():
+    # Same price, currency and description, empty title and seller: two listings, never one digest.
+    a = {"url": "https://a.example/p/1", "title": "", "price": "10", "currency": "EUR", "seller_id": " ", "description": "Red shoes"}
+    b = {"url": "https://b.example/x/9", "title": " ", "price": "10", "currency": "EUR", "seller_id": "", "description": "Red shoes"}
+    digests, errors = compute_hashes(canonical_fields(a), ["content/1", "content/2"])
+    assert errors == {"content/2": "content/2: missing identity field 'title'"} and set(digests) == {"content/1"}
+    assert content_hash(a, "content/1") != content_hash(b, "content/1")  # content/1 hashes the URL
+
+
+def test_content2_a_blank_optional_field_keeps_its_digest():
+    # Only required fields changed meaning: a blank description hashes as "" (not as absent), as it always has.
+    blank = content_hash({**LISTING, "description": "  "})
+    assert blank == content_hash({**LISTING, "description": ""})
+    assert blank != content_hash({k: v for k, v in LISTING.items() if k != "description"})
+
+
 def test_content2_currency_case_does_not_matter():
     assert content_hash({**LISTING, "currency": "EUR"}) == content_hash({**LISTING, "currency": " eur "})
 

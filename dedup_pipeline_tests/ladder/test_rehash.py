@@ -199,6 +199,27 @@ def test_the_whole_migration(warehouse, tmp_path):
     assert (later.decisions["exact_duplicate"], later.decisions["new"]) == (1, 1)
 
 
+def test_rows_with_a_blank_required_field_stay_apart_through_the_migration(warehouse):
+    """Two sites' listings whose extraction failed (empty title and seller) are unhashable, never merged and retired."""
+    blank = [
+        {**migration_listing(30), "url": "https://a.example/p/1", "title": "", "seller_id": " "},
+        {**migration_listing(30), "url": "https://b.example/x/9", "title": " ", "seller_id": ""},
+    ]
+    want = load_legacy_rows(warehouse, [migration_listing(n) for n in range(6, 26)] + blank)  # no special case among them
+    assert want["unhashable"] == 2 and want["merge_groups"] == 0
+
+    reports = backfill(warehouse, TARGET)
+    assert sum(r.unhashable for r in reports) == 2
+    assert sorted(e for _, _, e in hashes_of(warehouse, TARGET) if e) == ["content/2: missing identity field 'title'"] * 2
+    assert compare_versions(warehouse, SOURCE, TARGET, -0.01, 0.05).figures["merge_groups"] == 0
+    now = utcnow()
+    assert switch_hash_version(warehouse, TARGET, overlap_hours=0, now=now).kept_unhashable == 2
+    assert retire_hash_version(warehouse, SOURCE, now=now + timedelta(hours=1)).merged_moved == 0
+    with warehouse.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(record_history)).scalar_one() == 0
+        assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 22
+
+
 def test_a_forced_switch_needs_a_reason_and_is_audited(warehouse):
     load_legacy_rows(warehouse, [migration_listing(n) for n in range(50)])
     with pytest.raises(ValueError, match="needs a reason"):

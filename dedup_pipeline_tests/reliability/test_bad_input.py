@@ -28,7 +28,7 @@ from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.reliability import corpus
 from dedup_pipeline_tests.reliability.ladder_run import (
     assert_one_row_per_key_and_content, canonical_lines, count, decisions_by_line, hash_errors, quarantined_lines,
-    run_ladder, stored_payloads,
+    run_ladder, set_active_version, stored_payloads,
 )
 
 
@@ -246,3 +246,34 @@ def test_floats_from_library_callers(warehouse):
     assert report.decisions == {"new": 1}
     assert stored_payloads(warehouse.engine)["https://shop.example.com/f/1"]["price"] == 9.9
     assert hash_errors(warehouse.engine) == {("https://shop.example.com/f/1", "content/2"): canonical.hash_errors["content/2"]}
+
+
+@pytest.mark.parametrize("active", ["content/1", "content/2"])
+def test_two_sites_whose_extraction_failed_are_two_listings(warehouse, tmp_path, active):
+    """Breaks: two sites' listings whose extraction failed (empty title and seller), price and description alike.
+
+    Must hold: a blank required field is missing for `content/2`, so the two
+    never share its digest (which collapsed the second into an exact
+    duplicate of the first). While `content/2` is active, both lines are
+    quarantined with its reason; under `content/1`, both are stored (their
+    URLs differ) and keep that reason as their `content/2` error.
+    """
+    set_active_version(warehouse, active)
+    folder = tmp_path / "landing"
+    lines = [
+        {"url": "https://a.example/p/1", "title": "", "price": "10", "currency": "EUR", "seller_id": " ", "description": "Red shoes"},
+        {"url": "https://b.example/x/9", "title": " ", "price": "10", "currency": "EUR", "seller_id": "", "description": "Red shoes"},
+    ]
+    write_batch(folder, "blank", lines)
+    reports = run_ladder(warehouse, folder, "blank")
+    reason = "content/2: missing identity field 'title'"
+    if active == "content/2":
+        assert quarantined_lines(warehouse.engine, "blank") == {
+            n: ("canonical", reason, json.dumps(line).encode()) for n, line in enumerate(lines, start=1)
+        }
+        assert reports.exact.decisions == {} and not stored_payloads(warehouse.engine)
+    else:
+        assert reports.exact.decisions == {"new": 2}
+        assert hash_errors(warehouse.engine) == {
+            ("https://a.example/p/1", "content/2"): reason, ("https://b.example/x/9", "content/2"): reason,
+        }
