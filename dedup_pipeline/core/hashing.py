@@ -7,10 +7,13 @@ stored payload hash the same. A rule is never edited in place: a changed rule is
 version string, migrated to by the rehash job. The version is stored beside
 every digest, and digests of different versions are never compared.
 
-`content/1` is the seeds' first rule: every non-volatile field, strings NFC
-normalised with whitespace collapsed, numbers (and numeric price strings) in
-the fixed form ``format(x, ".4f")``, keys sorted. The URL enters in its
-canonical `url/1` form, so tracking-parameter variants hash the same.
+`content/1` is the seeds' first rule over `record/1` fields: every field,
+keys sorted, the price fields (`price`, `price_minor`: a number or numeric
+text) in the fixed form ``format(x, ".4f")``; other decimals are exact text in
+`record/1` already. It is not the seeds' `canonicalise` byte for byte: numeric
+price text, other and nested decimals, nested text and nulls, the currency's
+case, three more volatile fields and the URL (in its `url/1` form) differ; the
+README ("Hashes") says how and why, and `test_hashing.py` pins it.
 
 `content/2` is the seeds' second rule: a fixed tuple of identity fields, the
 price in exact minor units, floats refused. `title`, `price` (or

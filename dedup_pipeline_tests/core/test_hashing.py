@@ -1,13 +1,16 @@
 """The seeds' hash properties, the two rules' details, and golden digests that pin them across releases."""
 
+import json
 from decimal import Decimal
 
 import pytest
 
+from benchmarks.bench_exact import seed_canonicalise, seed_content_hash  # the seeds' code, as the seeds write it
 from dedup_pipeline import content_hash
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.fields import canonical_fields
 from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes, content_v1_bytes, hash_rule
+from dedup_pipeline.core.records import parse_line
 
 SEED_A = {"sku": "A1", "title": "Widget ", "price": 9.9, "scraped_at": "2026-07-05T10:00:00Z", "proxy_ip": "10.0.0.1"}
 SEED_B = {"price": 9.90, "sku": "A1", "title": "Widget", "scraped_at": "2026-07-05T11:30:00Z", "proxy_ip": "10.0.0.9"}
@@ -41,23 +44,56 @@ def test_content1_price_text_and_number_forms_agree():
 
 
 def test_content1_matches_the_seed_rule_byte_for_byte():
-    import hashlib
-    import json
-    import unicodedata
-
-    def seed_canonicalise(record):
-        def norm(v):
-            if isinstance(v, str):
-                return " ".join(unicodedata.normalize("NFC", v).strip().split())
-            if isinstance(v, float):
-                return format(v, ".4f")
-            return v
-        cleaned = {k: norm(v) for k, v in record.items() if k not in {"scraped_at", "crawl_id", "proxy_ip", "response_ms", "etag"} and v is not None}
-        return json.dumps(cleaned, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
     record = {"sku": "A1", "title": "Cafe\u0301  au lait", "price": 12.5, "stock": 3, "url": "https://a.example/x", "etag": "e"}
     assert content_v1_bytes(canonical_fields(record)) == seed_canonicalise(record)
-    assert content_hash(record, "content/1")[0] == hashlib.sha256(seed_canonicalise(record)).hexdigest()
+    assert content_hash(record, "content/1")[0] == seed_content_hash(record)
+
+
+def ours_and_the_seeds(line: str) -> tuple[str, str]:
+    """The `content/1` digest of a line as the ladder reads it (`parse_line`), and the seeds' as they read it (`json.loads`)."""
+    return content_hash(parse_line(line.encode()), "content/1")[0], seed_content_hash(json.loads(line))
+
+
+BASE = '"url":"https://shop.example.com/p/1","title":"Kettle","currency":"EUR","seller_id":"s1"'
+
+
+@pytest.mark.parametrize("line", [
+    '{%s,"price":9.9,"sku":"K-1","stock":3,"on_sale":true,"colour":null}' % BASE,
+    '{%s,"price":10,"price_minor":990}' % BASE,  # integers as they are, on both sides
+    '{%s,"price":99999999999.9999}' % BASE,  # four decimals, below 10**11: the float's .4f is the number's
+    '{%s,"price":-12.5,"rating":4.1234}' % BASE,  # a decimal whose exact text has four decimals
+    '{%s,"price":"call for price"}' % BASE,  # price text that is no number: normalised text on both sides
+    '{"url":"https://shop.example.com/p/1","title":"  Cafe\\u0301 \\t au lait ","price":9.9,"scraped_at":"x","etag":"e"}',
+    '{%s,"price":1,"tags":["a","b"],"specs":{"w":3,"sizes":[1,2],"ok":false}}' % BASE,  # nested: nothing to change
+    '{"title":"no url","price":9.9}',
+])
+def test_content1_is_the_seeds_digest_for_records_without_the_documented_differences(line):
+    ours, seeds = ours_and_the_seeds(line)
+    assert ours == seeds
+
+
+# Each documented difference (README, "Hashes"): our digest of the line is the seeds' digest of what we make of it.
+DIFFERENCES = {
+    "numeric price text": ('{%s,"price":" 9.90 "}' % BASE, {"price": 9.9}),
+    "numeric price_minor text": ('{%s,"price_minor":"990"}' % BASE, {"price_minor": 990.0}),
+    "price past the float's precision": ('{%s,"price":0.00005}' % BASE, {"price": 0.0}),  # the seeds: "0.0001"
+    "negative zero price": ('{%s,"price":-0.0}' % BASE, {"price": 0.0}),
+    "decimal in another field": ('{%s,"price":1,"weight":1.25,"n":1e2}' % BASE, {"weight": "1.25", "n": "100"}),
+    "nested values": ('{%s,"price":1,"specs":{"w":1.50,"h":null,"unit":" c  m ","currency":"eur"},"sizes":[1.5,2.0]}' % BASE,
+                      {"specs": {"w": "1.5", "unit": "c m", "currency": "EUR"}, "sizes": ["1.5", "2"]}),
+    "currency case": ('{%s,"price":1,"currency":"eur"}' % BASE, {"currency": "EUR"}),
+    "more volatile fields": ('{%s,"price":1,"fetched_at":"t","request_id":"r","user_agent":"u"}' % BASE,
+                             {"fetched_at": None, "request_id": None, "user_agent": None}),
+    "url/1": ('{%s,"price":1,"url":"https://Shop.example.com/p/1?utm_source=x#top"}' % BASE,
+              {"url": "https://shop.example.com/p/1"}),
+}
+
+
+@pytest.mark.parametrize("line, as_we_read_it", DIFFERENCES.values(), ids=DIFFERENCES.keys())
+def test_content1_differs_from_the_seeds_as_documented(line, as_we_read_it):
+    ours, seeds = ours_and_the_seeds(line)
+    assert ours != seeds
+    assert ours == seed_content_hash({**json.loads(line), **as_we_read_it})
 
 
 def test_content1_canonicalises_the_url():
