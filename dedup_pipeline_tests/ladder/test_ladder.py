@@ -170,6 +170,35 @@ def test_an_unchanged_recrawl_then_a_change_of_the_key_in_one_chunk(warehouse, t
         assert [p["price"] for p in conn.execute(select(record_history.c.payload)).scalars()] == ["1"]
 
 
+@pytest.mark.parametrize("active", ["content/1", "content/2"])
+@pytest.mark.parametrize("old, new", [('"0.00001"', '"0.00004"'), ("9.90001", "9.90002")], ids=["text", "number"])
+def test_a_price_change_below_a_ten_thousandth(warehouse, tmp_path, active, old, new):
+    """Breaks: a re-crawl whose price changed by less than 0.0001 (price text, or a JSON number).
+
+    Must hold: under `content/1` (prices in the seeds' fixed `.4f` form) it is an exact duplicate: the row is
+    re-dated to the newer batch and keeps the old price. `content/2` (exact minor units) sees the change.
+    """
+    from dedup_pipeline_tests.reliability.ladder_run import set_active_version
+
+    set_active_version(warehouse, active)
+    folder = tmp_path / "landing"
+    line = '{"url": "https://shop.example.com/p/1", "title": "Kettle", "price": %s, "currency": "EUR", "seller_id": "s1"}'
+    write_batch(folder, "p1", [(line % old).encode()], landed=1_700_000_000)
+    write_batch(folder, "p2", [(line % new).encode()], landed=1_700_000_000 + DAY)
+    run_batch(warehouse, folder, "p1")
+    _, _, exact, _ = run_batch(warehouse, folder, "p2")
+    kept, replaced = old.strip('"'), new.strip('"')
+    with warehouse.engine.connect() as conn:
+        row = conn.execute(select(records.c.payload["price"].as_string(), records.c.last_batch_id)).one()
+        history = [p["price"] for p in conn.execute(select(record_history.c.payload)).scalars()]
+    if active == "content/1":
+        assert dict(+exact.decisions) == {"exact_duplicate": 1}
+        assert tuple(row) == (kept, "p2") and history == []
+    else:
+        assert dict(+exact.decisions) == {"changed": 1}
+        assert tuple(row) == (replaced, "p2") and history == [kept]
+
+
 def test_content_stored_under_another_key_is_an_exact_duplicate_whatever_the_seen_set_says(warehouse, tmp_path):
     """Breaks: under content/2 (the URL is not part of the content), a key kept first (keep_first) re-appears
     with content that another key holds, with no seen-set (nothing tells the rung that digest is stored, and
