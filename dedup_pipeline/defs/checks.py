@@ -78,7 +78,8 @@ def collapse_rate_in_band(
         metadata.update(trailing_median=verdict.trailing_median, trailing_mad=verdict.trailing_mad)
     return dg.AssetCheckResult(
         passed=verdict.passed, severity=_ERROR if verdict.error else _WARN, metadata=metadata,
-        description=f"collapse rate {verdict.rate:.3f} {'in' if verdict.passed else 'outside'} "
+        description=f"collapse rate {verdict.rate:.3f} "
+        f"{'in' if verdict.lower_bound <= verdict.rate <= verdict.upper_bound else 'outside'} "
         f"[{verdict.lower_bound:.3f}, {verdict.upper_bound:.3f}]: " + verdict.note,
     )
 

@@ -162,11 +162,15 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
             warehouse.get(), source, target, rehash.min_collapse_change, rehash.max_collapse_change, rehash.examples
         )
         f = result.figures
+        # Nothing compared (no stored row hashed under both, e.g. after the old version was retired): nothing was
+        # judged, a warning rather than a green check; the switch is not held up by it.
+        empty = not f["rows_compared"]
         check = dg.AssetCheckResult(
             check_name=COMPARISON_CHECK,
-            passed=result.passed,
-            severity=dg.AssetCheckSeverity.ERROR,
+            passed=result.passed and not empty,
+            severity=dg.AssetCheckSeverity.WARN if empty else dg.AssetCheckSeverity.ERROR,
             description=(
+                f"nothing compared: no stored row is hashed under both {source} and {target}" if empty else
                 f"collapse rate {f['collapse_rate_source']:.4f} under {source}, {f['collapse_rate_target']:.4f} "
                 f"under {target}: change {f['collapse_rate_change']:+.4f}, band [{f['band_low']}, {f['band_high']}]"
             ),
@@ -263,9 +267,12 @@ class RetireConfig(dg.Config):
     reason: str = Field(default="", description="Why (required with force); stored in hash_version_events.")
 
 
-def _refused(context: dg.OpExecutionContext, exc: MigrationRefused) -> dg.Failure:
+def _refused(context: dg.OpExecutionContext, exc: MigrationRefused | ValueError) -> dg.Failure:
+    """A refusal (not safe now) or a launchpad mistake (an unknown version, force without a reason) as a step
+    failure that says what to change, not a traceback."""
     context.log.error(str(exc))
-    return dg.Failure(description=str(exc), metadata={"problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in exc.problems))})
+    problems = exc.problems if isinstance(exc, MigrationRefused) else [str(exc)]
+    return dg.Failure(description=str(exc), metadata={"problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems))})
 
 
 @dg.op(description="Make the target hash version active (refused while rows lack it or the comparison failed, unless forced).")
@@ -275,7 +282,7 @@ def switch_active_hash_version(context: dg.OpExecutionContext, config: SwitchCon
             warehouse.get(), config.target, force=config.force, reason=config.reason, run_id=context.run_id,
             overlap_hours=config.overlap_hours,
         )
-    except MigrationRefused as exc:
+    except (MigrationRefused, ValueError) as exc:
         raise _refused(context, exc) from None
     if report.forced:
         context.log.warning(f"FORCED switch {report.from_version} -> {report.to_version}: {report.reason} ({'; '.join(report.problems)})")
@@ -296,7 +303,7 @@ def retire_old_hash_version(
             warehouse.get(), config.version, force=config.force, reason=config.reason, run_id=context.run_id,
             representative=near_dup.representative,
         )
-    except MigrationRefused as exc:
+    except (MigrationRefused, ValueError) as exc:
         raise _refused(context, exc) from None
     if report.forced:
         context.log.warning(f"FORCED retire of {report.version}: {report.reason} ({'; '.join(report.problems)})")

@@ -20,7 +20,12 @@ def automation_status() -> dg.DefaultSensorStatus:
     return dg.DefaultSensorStatus.RUNNING if enabled else dg.DefaultSensorStatus.STOPPED
 
 
-@dg.sensor(job=dedup_ladder_job, minimum_interval_seconds=30, default_status=automation_status())
+@dg.sensor(
+    job=dedup_ladder_job, minimum_interval_seconds=30, default_status=automation_status(),
+    description="Adds a partition for each new, fully written batch file in the landing folder and requests its "
+    "run, tagged with the batch's source. Files still being written, files that are no batch and keys that two "
+    "files map to are left alone and named in the tick's log.",
+)
 def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource) -> dg.SensorResult:
     """Adds a partition for each new, fully written batch file in the landing folder and requests its run.
 

@@ -54,6 +54,7 @@ def test_every_check_passes_on_the_demo_crawl_and_the_ui_gets_its_figures(tmp_pa
     keys = [b.key for b in list_batches(folder)]
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, keys)
+    outside_but_small = 0
     for key in keys:
         result = run(instance, url, folder, key)
         assert result.success
@@ -64,6 +65,11 @@ def test_every_check_passes_on_the_demo_crawl_and_the_ui_gets_its_figures(tmp_pa
                                ("near_duplicate_clusters", RUNAWAY_CHECK)}
         assert all(e.passed for e in checks.values()), {k: e.description for k, e in checks.items() if not e.passed}
         assert all(e.partition == key for e in checks.values())
+        collapse = checks[("deduplicated_records", COLLAPSE_CHECK)]  # a batch too small to judge passes, but its
+        rate, low, high = (collapse.metadata[k].value for k in ("collapse_rate", "lower_bound", "upper_bound"))
+        assert (" in [" in collapse.description) == (low <= rate <= high), collapse.description  # rate is as it is
+        outside_but_small += not low <= rate <= high
+    assert outside_but_small == 1  # the syndication batch: 0 of 8 lines are exact duplicates
 
     suite = values(checks[("canonical_records", GE_CHECK)].metadata)
     assert suite["failed"] == 0 and suite["evaluated"] == 11 and suite["unexpected MatchRegex(canonical_url)"] == 0

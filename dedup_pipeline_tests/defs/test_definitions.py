@@ -31,6 +31,18 @@ def test_definitions_load():
     assert defs.resolve_job_def("dedup_ladder") is not None
 
 
+def test_everything_the_ui_lists_says_what_it_does():
+    """Breaks: `landing_sensor` showed no description (Dagster's @sensor does not read docstrings)."""
+    repository = defs.get_repository_def()
+    described = {
+        **{f"asset {node.key.to_user_string()}": node.description for node in defs.resolve_asset_graph().asset_nodes},
+        **{f"sensor {sensor.name}": sensor.description for sensor in repository.sensor_defs},
+        **{f"schedule {schedule.name}": schedule.description for schedule in repository.schedule_defs},
+        **{f"job {job.name}": job.description for job in repository.get_all_jobs() if not job.name.startswith("__")},
+    }
+    assert not [name for name, text in described.items() if not (text or "").strip()]
+
+
 def resources(url, folder, **ladder):
     return {
         "warehouse": WarehouseResource(database_url=url),

@@ -124,3 +124,24 @@ def test_backfill_compare_switch_retire_in_dagster(legacy):
     assert not retire(version="content/1", force=True).success  # a forced retire needs a reason
     retired = retire(version="content/1", force=True, reason="crawl cycle finished early")
     assert retired.success
+
+
+def test_launchpad_mistakes_fail_the_step_with_what_to_change_not_a_traceback(legacy):
+    """Breaks: an unknown version or a force without a reason failed with a ValueError's traceback."""
+    url, _ = legacy
+    for config, says in (({"target": "content/9"}, "unknown hash version 'content/9'"),
+                         ({"target": "content/2", "force": True}, "needs a reason")):
+        failed = switch(url, **config)
+        failure = failed.failure_data_for_node("switch_active_hash_version")
+        assert not failed.success and failure.user_failure_data is not None, failure.error.message
+        assert says in failure.user_failure_data.description
+
+
+def test_a_comparison_of_nothing_is_a_warning_not_a_pass(tmp_path):
+    """Breaks: with no row hashed under both versions (an empty warehouse, or after a retire) the check was green."""
+    url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
+    Warehouse(url).create_schema().dispose()
+    result = dg.materialize([MIGRATION.comparison], instance=dg.DagsterInstance.ephemeral(), resources=resources(url))
+    [check] = result.get_asset_check_evaluations()
+    assert result.success and not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert check.description.startswith("nothing compared")
