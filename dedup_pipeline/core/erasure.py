@@ -13,7 +13,8 @@ kind                scope                         value
                                                   ``url/1`` form)
 ``canonical_url``   the URL version (``url/1``)   the canonical URL, so every URL variant matches
 ``field``           the field path (``seller_id``, the field's text (NFC, whitespace
-                    ``author.email``)             collapsed, like the stored payload)
+                    ``author.email``)             collapsed, like the stored payload); a list
+                                                  field: the text of each element (`field_texts`)
 ``content_digest``  the hash version              the lowercase hex digest
 ==================  ============================  ====================================
 
@@ -151,7 +152,10 @@ def normalise_natural_key(value: str) -> str:
 
 
 def normalise_field_value(value: Any) -> str | None:
-    """The text a field value is fingerprinted by, or None for values that name nobody (objects, lists, null)."""
+    """The text a scalar field value is fingerprinted by, or None for values that name nobody (objects, lists, null).
+
+    A list is not one value: `field_texts` reads its elements.
+    """
     if value is None or isinstance(value, (dict, list, tuple, bool)):
         return None
     if not isinstance(value, str):
@@ -169,6 +173,20 @@ def field_value(payload: Mapping[str, Any], path: tuple[str, ...]) -> Any:
             return None
         value = value.get(name)
     return value
+
+
+def field_texts(payload: Mapping[str, Any], path: str) -> frozenset[str]:
+    """The texts a record's field at a dotted path names someone by: "the field's values".
+
+    The field's own text, or, for a list (Scrapy's `getall()`: `"author": ["Jane Doe", "Bob Roe"]`), the
+    text of each element that is a string or a number, normalised alike; elements that are lists or
+    objects are not looked into, and a path does not go through a list. Tombstone fingerprints, the
+    quarantine matcher and staged rows read a field with this; the warehouse search
+    (`store.erasure._field_holds`) is its SQL twin.
+    """
+    value = field_value(payload, tuple(path.split(".")))
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    return frozenset(text for text in map(normalise_field_value, items) if text is not None)
 
 
 def key_id(key: bytes) -> str:
@@ -239,7 +257,8 @@ def record_fingerprints(
 ) -> list[bytes]:
     """Every fingerprint an incoming record could match a tombstone by.
 
-    Its natural key, its canonical URL, each tombstoned field it carries, and
+    Its natural key, its canonical URL, each tombstoned field it carries (each
+    of a list's elements: `field_texts`), and
     its digest under every hash version that has tombstones. A version the
     record was not hashed under (the ladder's `hash_versions` left it out) is
     computed here from the canonical payload, so a digest tombstone holds
@@ -248,10 +267,7 @@ def record_fingerprints(
     found = [fingerprint(key, _KEY, "", natural_key)] if catalogue.natural_keys else []
     if catalogue.url_versions:
         found.append(fingerprint(key, _URL, URL_VERSION, canonical))
-    for path in catalogue.fields:
-        text = normalise_field_value(field_value(payload, tuple(path.split("."))))
-        if text is not None:
-            found.append(fingerprint(key, _FIELD, path, text))
+    found += [fingerprint(key, _FIELD, path, text) for path in catalogue.fields for text in field_texts(payload, path)]
     missing = [v for v in catalogue.versions if v not in hashes and v in HASH_RULES]
     computed = compute_hashes(payload, missing)[0] if missing else {}
     for version in catalogue.versions:
@@ -299,8 +315,7 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
     ]
     fields = _canonical_fields_of(text) if catalogue.fields or catalogue.versions else None
     if fields is not None:
-        named = {(path, _field_text(fields, path)) for path in catalogue.fields}
-        found += [fingerprint(key, _FIELD, path, value) for path, value in named if value is not None]
+        found += [fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in field_texts(fields, path)]
         try:
             digests, _ = compute_hashes(fields, [v for v in catalogue.versions if v in HASH_RULES])
         except (RecordError, RecursionError):
@@ -318,11 +333,6 @@ def _canonical_fields_of(text: str) -> dict | None:
         return canonical_fields(record)
     except Exception:  # noqa: BLE001 - a broken record is searched as text instead
         return None
-
-
-def _field_text(fields: Mapping[str, Any], path: str) -> str | None:
-    """The text a record's value at a dotted field path is fingerprinted and matched by."""
-    return normalise_field_value(field_value(fields, tuple(path.split("."))))
 
 
 #: A JSON number as the value of a named member: `"seller_id": 4711001`.
@@ -416,7 +426,7 @@ class RawLineMatcher:
         if isinstance(url, str) and (url in self.urls or url in self.natural_keys):
             return True
         for path, values in self.fields.items():
-            if _field_text(fields, path) in values:
+            if field_texts(fields, path) & values:
                 return True
         if any(isinstance(v, str) and v in self.natural_keys for v in fields.values()):
             return True

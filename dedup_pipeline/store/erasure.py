@@ -35,9 +35,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import (
-    JSON, Connection, Engine, String, and_, any_, bindparam, cast, delete, false, func, or_, select, text, tuple_, update,
+    JSON, Connection, Engine, String, and_, any_, bindparam, case, cast, delete, false, func, literal_column, or_, select,
+    text, tuple_, update,
 )
-from sqlalchemy.dialects.postgresql import BYTEA
+from sqlalchemy import column as sql_column
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 from sqlalchemy.engine import make_url
 
 from dedup_pipeline.core import erasure as core
@@ -341,7 +343,32 @@ def _digest_condition(version_column, digest_column, digests: dict[str, set[byte
     return or_(false(), *parts)
 
 
-def _subject_conditions(subject: Subject):
+def _field_holds(column, path: Sequence[str], value: str, dialect: str):
+    """Whether a JSON column's field at `path` is `value` or a list holding it: `core.field_texts` in SQL.
+
+    A list's elements that are strings or numbers count, compared as their text (stored payloads are
+    canonical, so normalised already); nested lists and objects do not. Set-based: one EXISTS per row, the
+    elements expanded by the database (PostgreSQL `jsonb_array_elements`, SQLite `json_each`).
+    """
+    scalar = _json_text(column, path) == value
+    if dialect == "postgresql":
+        target = column[tuple(path)]
+        only_lists = case((func.jsonb_typeof(target) == "array", target))  # elements of a scalar would be an error
+        elements = func.jsonb_array_elements(only_lists).table_valued(sql_column("value", JSONB))
+        holds = select(1).select_from(elements).where(
+            func.jsonb_typeof(elements.c.value).in_(("string", "number")),
+            elements.c.value.op("#>>")(literal_column("'{}'")) == value,
+        )
+    else:
+        json_path = "$" + "".join(f'."{name}"' for name in path)  # names are [A-Za-z0-9_-] (Subject.parse)
+        elements = func.json_each(column, json_path).table_valued("value", "type")
+        holds = select(1).select_from(elements).where(
+            elements.c.type.in_(("text", "integer", "real")), cast(elements.c.value, String) == value
+        )
+    return or_(scalar, holds.exists())
+
+
+def _subject_conditions(subject: Subject, dialect: str):
     """(records, record_history, canonical_records) conditions that name the subject directly."""
     value, names = subject.value, list(subject.identifiers)
     if subject.kind is SubjectKind.NATURAL_KEY:
@@ -357,11 +384,9 @@ def _subject_conditions(subject: Subject):
             or_(canonical_records.c.canonical_url.in_(names), canonical_records.c.natural_key.in_(names)),
         )
     if subject.kind is SubjectKind.FIELD:
-        path = subject.path
-        return (
-            _json_text(records.c.payload, path) == value,
-            _json_text(record_history.c.payload, path) == value,
-            _json_text(canonical_records.c.payload, path) == value,
+        return tuple(
+            _field_holds(table.c.payload, subject.path, value, dialect)
+            for table in (records, record_history, canonical_records)
         )
     digest = bytes.fromhex(value)
     return (
@@ -380,7 +405,7 @@ def _find(conn: Connection, subject: Subject) -> _Found:
     found = _Found()
     if subject.kind is SubjectKind.CONTENT_DIGEST:
         found.add_digest(subject.scope, subject.value)
-    on_records, on_history, on_staged = _subject_conditions(subject)
+    on_records, on_history, on_staged = _subject_conditions(subject, conn.dialect.name)
     new_records = {row.record_id: row for row in conn.execute(
         select(records.c.record_id, records.c.natural_key, records.c.canonical_url).where(on_records))}
     found.direct_keys = {row.natural_key for row in new_records.values()}

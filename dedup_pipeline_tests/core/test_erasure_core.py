@@ -8,8 +8,8 @@ import secrets
 import pytest
 
 from dedup_pipeline.core.erasure import (
-    Catalogue, RawLineMatcher, Subject, SubjectError, SubjectKind, digest_fingerprint, field_value, fingerprint,
-    key_id, natural_key_fingerprint, payload_digests, record_fingerprints, subject_fingerprint, url_fingerprint,
+    Catalogue, RawLineMatcher, Subject, SubjectError, SubjectKind, digest_fingerprint, field_texts, field_value,
+    fingerprint, key_id, natural_key_fingerprint, payload_digests, record_fingerprints, subject_fingerprint, url_fingerprint,
 )
 from dedup_pipeline.core.fields import canonical_fields
 from dedup_pipeline.core.hashing import content_hash
@@ -96,6 +96,26 @@ def test_record_fingerprints_cover_key_url_fields_and_every_tombstoned_version()
     assert record_fingerprints(KEY, only_fields, record.natural_key, record.canonical_url, record.payload,
                                record.hashes) == [fingerprint(KEY, "field", "seller_id", "s-9")]
     assert payload_digests(record.payload) == {"content/1": record.hashes["content/1"], "content/2": v2}
+
+
+def test_a_field_holding_a_list_names_each_of_its_elements():
+    """Breaks: a field holds several values (Scrapy's `getall()`: `"author": ["Jane Doe", "Bob Roe"]`).
+
+    Must hold: each string or number element is one of the field's values, normalised like a scalar, for the
+    tombstone fingerprints and the quarantine matcher alike; nested lists and objects are not looked into.
+    """
+    payload = canonical_fields({"author": ["Jane\u00a0 Doe", "Bob Roe", 4711001, None, True, ["Ann Poe"]],
+                                "seller": {"ids": ["s-1"]}, "name": "Jane Doe"})
+    assert field_texts(payload, "author") == {"Jane Doe", "Bob Roe", "4711001"}
+    assert field_texts(payload, "seller.ids") == {"s-1"} and field_texts(payload, "name") == {"Jane Doe"}
+    assert field_texts(payload, "missing") == frozenset() and field_texts(payload, "name.first") == frozenset()
+    catalogue = Catalogue.from_rows([("field", "author", key_id(KEY))])
+    prints = record_fingerprints(KEY, catalogue, "k", "https://x.example/a", payload, {})
+    assert fingerprint(KEY, "field", "author", "Jane Doe") in prints
+    assert fingerprint(KEY, "field", "author", "Ann Poe") not in prints
+    no_url = {"title": "no url", "author": ["Bob Roe", " Jane  Doe"]}  # parses, but is no record
+    assert _matcher(fields={"author": {"Jane Doe"}}).matches(json.dumps(no_url).encode())
+    assert not _matcher(fields={"author": {"Jane Doe"}}).matches(json.dumps({**no_url, "author": ["Bob Roe"]}).encode())
 
 
 def _matcher(**kwargs):

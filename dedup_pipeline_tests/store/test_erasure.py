@@ -172,6 +172,36 @@ def test_erasure_by_field_reaches_history_but_spares_the_listing_now_held_by_som
     assert run_ladder(warehouse, folder, "c").decisions["erased"] == 2
 
 
+def test_a_field_value_held_in_a_list_is_erased_everywhere_and_never_comes_back(warehouse, tmp_path):
+    """Breaks: the subject is one element of a list field (Scrapy's `getall()`: `"author": ["Jane Doe", "Bob Roe"]`),
+    in a stored record, in history, in a batch staged but not yet deduplicated; then a re-crawl in that shape.
+
+    Must hold: the erasure removes every row whose field is the value or a list holding it (a list without
+    it, and a nested list, are kept); a re-crawl with the value in a list is decided `erased`, never staged.
+    """
+    folder = tmp_path / "landing"
+    write_batch(folder, "a", [listing(1, author="Jane Doe"), listing(2, author=["Bob Roe", "Jane  Doe"]),
+                              listing(3, author=["Bob Roe"]), listing(4, author=[["Jane Doe"]])], landed=T0)
+    write_batch(folder, "b", [listing(2, author=["Jane Doe"], price="1.00")], landed=T0 + DAY)  # p/2 changes
+    write_batch(folder, "c", [listing(5, author=["Ann Poe", "Jane Doe"])], landed=T0 + 2 * DAY)
+    run_ladder(warehouse, folder, "a")
+    run_ladder(warehouse, folder, "b")
+    ingest_raw_batch(warehouse, find_batch(folder, "c"))
+    canonicalise_batch(warehouse, "c", SETTINGS)  # staged only
+    report = erase_subject(warehouse, Subject.parse("field", "Jane Doe", field="author"), "T-list")
+    assert report.removed["records"] == 2 and report.removed["record_history"] == 1
+    assert report.removed["canonical_records"] == 4  # a/1, a/2, b/1 and the staged c/1
+    assert record_id(warehouse, P4) is not None and record_id(warehouse, "https://shop.example.com/p/3") is not None
+    write_batch(folder, "d", [listing(6, author=["Jane Doe"]), listing(7, author=["Bob Roe", "jane doe"])],
+                landed=T0 + 3 * DAY)
+    decisions = run_ladder(warehouse, folder, "d").decisions
+    assert decisions["erased"] == 1 and decisions["new"] == 1
+    with warehouse.engine.connect() as conn:
+        named = {key for table in (records, canonical_records, record_history)
+                 for key, payload in conn.execute(select(table.c.natural_key, table.c.payload)) if "Jane Doe" in str(payload)}
+    assert named == {P4}  # only the nested list
+
+
 def test_a_content_digest_reaches_every_copy_under_every_version(warehouse, tmp_path):
     folder = tmp_path / "landing"
     same = listing(5)
