@@ -313,8 +313,8 @@ class _Found:
     history_ids: set[int] = field(default_factory=set)
     staged: set[tuple[str, int]] = field(default_factory=set)
     digests: dict[str, set[bytes]] = field(default_factory=lambda: defaultdict(set))
-    keys: set[str] = field(default_factory=set)  # natural keys of erased current rows
-    urls: set[str] = field(default_factory=set)  # canonical URLs of erased current rows
+    keys: set[str] = field(default_factory=set)  # natural keys of erased current and staged rows
+    urls: set[str] = field(default_factory=set)  # canonical URLs of erased current and staged rows
     direct_keys: set[str] = field(default_factory=set)  # natural keys of the rows the subject names itself
     direct_urls: set[str] = field(default_factory=set)  # and their canonical URLs
 
@@ -455,10 +455,13 @@ def _find(conn: Connection, subject: Subject) -> _Found:
         for batch_id, lines in _group_lines(new_staged).items():
             for part in chunked(lines):
                 for row in conn.execute(
-                    select(canonical_records.c.hashes, canonical_records.c.payload).where(
+                    select(canonical_records.c.natural_key, canonical_records.c.canonical_url, canonical_records.c.hashes,
+                           canonical_records.c.payload).where(
                         canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part)
                     )
                 ):
+                    found.keys.add(row.natural_key)  # a listing not deduplicated yet is erased like a stored one
+                    found.urls.add(row.canonical_url)
                     for version, digest in {**core.payload_digests(row.payload), **row.hashes}.items():
                         absorb(version, digest)
         # Every other copy of a content just found: current rows holding it under any version,

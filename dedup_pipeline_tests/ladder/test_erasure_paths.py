@@ -145,6 +145,32 @@ def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_qua
     assert rows[("p1", 4)][1] == other.encode()
 
 
+def test_a_field_subjects_staged_listing_takes_its_broken_lines_out_of_quarantine_too(warehouse, tmp_path):
+    """Breaks: a field subject's listing is only staged (raw and canonical rungs ran, the exact rung not yet) when
+    the erasure runs; a broken line of the batch names the listing by its URL alone; a later crawl brings
+    another broken line for it (tracking parameters added).
+
+    Must hold: as for a stored listing, the erasure removes the broken line, and the later one is counted
+    in quarantine without its bytes.
+    """
+    from dedup_pipeline.ladder.raw import WITHHELD
+    from dedup_pipeline.store.schema import quarantine
+
+    folder = tmp_path / "landing"
+    broken = '{"url": "https://shop.example.com/u/jane-doe", "title": "Jane Doe profile, cut off'
+    write_batch(folder, "p1", [listing(1), listing(7, seller_id="s-X", url="https://shop.example.com/u/jane-doe"), broken],
+                landed=T0)
+    run_ladder(warehouse, folder, "p1", rungs=("raw", "canonical"))
+    report = erase_subject(warehouse, SUBJECT, "DSR-staged")
+    assert report.removed["canonical_records"] == 1 and report.removed["quarantine"] == 1
+    write_batch(folder, "p2", [listing(2), '{"url": "https://shop.example.com/u/jane-doe?utm_source=x", "title": "Ja'],
+                landed=T0 + DAY)
+    run_ladder(warehouse, folder, "p2")
+    with warehouse.engine.connect() as conn:
+        rows = conn.execute(select(quarantine.c.batch_id, quarantine.c.reason, quarantine.c.raw_line)).all()
+    assert [(batch, bytes(raw)) for batch, _, raw in rows] == [("p2", b"")] and rows[0].reason.endswith(WITHHELD)
+
+
 def test_a_subject_named_by_a_number_never_brings_its_bytes_back_to_quarantine(warehouse, tmp_path):
     """Breaks: a seller id is a JSON number, in a line with no URL (quarantined by the canonical rung) and in a
     truncated one (by the raw rung); the seller is erased by field, and the batch is materialised again.
