@@ -57,6 +57,17 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 
 _JSON_CODEC = {"json_serializer": json_text.dumps, "json_deserializer": json_text.loads}
 
+
+def _engine(url: str, **options) -> Engine:
+    """`create_engine` for every engine the project makes: bound values never enter error text.
+
+    SQLAlchemy otherwise appends a failed statement's parameters to its exception (`[parameters: {...}]`), and
+    an erasure's are the subject's value: a lock timeout or a dropped connection would carry it into the
+    Dagster event log, the compute logs and stderr.
+    """
+    return create_engine(url, hide_parameters=True, **options)
+
+
 #: libpq settings of every PostgreSQL connection, unless the warehouse URL gives its own. Without them a server
 #: that stops answering (a dead host, a half-open connection) hangs a step for ever, and a transaction of a
 #: vanished worker keeps its locks (the erasure lock among them) until the OS notices, about two hours later.
@@ -82,15 +93,15 @@ def parse_url(url: str) -> URL:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine with the settings each backend needs for concurrent pipeline steps."""
+    """An engine with the settings each backend needs for concurrent pipeline steps (and no values in its errors)."""
     parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 120}, **_JSON_CODEC)
+        engine = _engine(url, connect_args={"timeout": 120}, **_JSON_CODEC)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, connect_args=pg_connect_args(parsed.query), **_JSON_CODEC)
+    return _engine(url, pool_pre_ping=True, connect_args=pg_connect_args(parsed.query), **_JSON_CODEC)
 
 
 #: libpq's environment variables for the defaults that have one: the operator's environment wins too.
@@ -143,7 +154,7 @@ class Warehouse:
         if sqlite and not (parsed.database and Path(parsed.database).is_file()):
             raise ConfigurationError(f"there is no dedup_pipeline warehouse at {shown}: no such file")
         # SQLite: a bare engine, whose connection leaves a file that is not ours as it was (no WAL pragma).
-        probe = create_engine(url) if sqlite else make_engine(url)
+        probe = _engine(url) if sqlite else make_engine(url)
         try:
             with probe.connect() as conn:
                 missing = sorted(set(metadata.tables) - set(inspect(conn).get_table_names()))

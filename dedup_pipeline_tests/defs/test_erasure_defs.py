@@ -6,10 +6,11 @@ import io
 import json
 import secrets
 from datetime import timedelta
+from pathlib import Path
 
 import dagster as dg
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import create_engine, func, select, text
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.definitions import defs
@@ -20,9 +21,16 @@ from dedup_pipeline.store.schema import erasure_requests, erasure_tombstones
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
 
 
+SECRET = "QQV-secret-seller"
+
+
 @pytest.fixture
 def sqlite_env(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'w.sqlite'}"
+    return instance_env(tmp_path, monkeypatch, f"sqlite:///{tmp_path / 'w.sqlite'}")
+
+
+def instance_env(tmp_path, monkeypatch, url: str) -> str:
+    """The command line's environment: warehouse `url`, a tombstone key, a Dagster instance in tmp_path/dagster_home."""
     monkeypatch.setenv("DEDUP_DATABASE_URL", url)
     monkeypatch.setenv("DEDUP_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
@@ -35,6 +43,10 @@ def sqlite_env(tmp_path, monkeypatch):
 
 def erase_config(**config):
     return {"ops": {"erase_data_subject": {"config": config}}}
+
+
+def files_holding(folder: Path, value: str) -> list[str]:
+    return sorted(str(path) for path in folder.rglob("*") if path.is_file() and value.encode() in path.read_bytes())
 
 
 def test_jobs_and_schedule_are_in_the_code_location():
@@ -105,3 +117,31 @@ def test_command_line_erase_prune_and_grant(sqlite_env, capsys, monkeypatch):
     assert "PostgreSQL only" in capsys.readouterr().err
     with Warehouse(sqlite_env).engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(erasure_tombstones)).scalar_one() == 2
+
+
+@pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
+def test_a_failed_erasure_run_leaves_the_subjects_value_in_no_error_event_or_log(warehouse_url, tmp_path, monkeypatch,
+                                                                                 capfd):
+    """Breaks: a statement of an erasure run fails (a lock timeout: another session holds `records` exclusively), and
+    the database error comes with the statement's bound parameters, the subject's value among them.
+
+    Must hold: the run fails with the database's error, and the value is in none of its events, its
+    compute-log files or the console (its config, in the run storage, goes with retention).
+    """
+    url = f"{warehouse_url}?options=-c%20lock_timeout%3D300"
+    instance_env(tmp_path, monkeypatch, url)
+    Warehouse(url).create_schema().dispose()
+    locker = create_engine(warehouse_url)
+    with locker.connect() as conn, dg.DagsterInstance.get() as instance:
+        conn.execute(text("LOCK TABLE records IN ACCESS EXCLUSIVE MODE"))
+        failed = defs.resolve_job_def(ERASE_JOB).execute_in_process(
+            instance=instance, raise_on_error=False, run_config=erase_config(kind="field", field="seller_id", value=SECRET))
+        conn.rollback()
+        events = dg.serialize_value(list(instance.all_logs(failed.run_id)))
+    locker.dispose()
+    [failure] = [e for e in failed.all_events if e.is_step_failure]
+    assert "lock timeout" in failure.step_failure_data.error.to_string()
+    assert SECRET not in events
+    assert files_holding(tmp_path / "dagster_home" / "storage", SECRET) == []
+    assert SECRET not in "".join(capfd.readouterr())
+
