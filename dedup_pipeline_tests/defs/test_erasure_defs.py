@@ -145,3 +145,21 @@ def test_a_failed_erasure_run_leaves_the_subjects_value_in_no_error_event_or_log
     assert files_holding(tmp_path / "dagster_home" / "storage", SECRET) == []
     assert SECRET not in "".join(capfd.readouterr())
 
+
+def test_deleting_an_erasure_run_deletes_its_compute_logs(sqlite_env, tmp_path, monkeypatch):
+    """Breaks: an erasure run's output names its subject (here its error does, as a driver's own message might), and
+    retention deletes the run: Dagster's `delete_run` leaves the run's compute-log files.
+
+    Must hold: afterwards no file of the instance's storage holds the value.
+    """
+    def failing(*args, **kwargs):
+        raise RuntimeError(f"could not erase {SECRET}")
+
+    monkeypatch.setattr("dedup_pipeline.defs.erasure.run_erasure", failing)
+    storage = tmp_path / "dagster_home" / "storage"
+    with dg.DagsterInstance.get() as instance:
+        defs.resolve_job_def(ERASE_JOB).execute_in_process(
+            instance=instance, raise_on_error=False, run_config=erase_config(kind="field", field="seller_id", value=SECRET))
+        assert files_holding(storage, SECRET)  # its compute logs
+        assert delete_old_erasure_runs(instance, 24, now=utcnow() + timedelta(hours=25)) == 1
+    assert files_holding(storage, SECRET) == []
