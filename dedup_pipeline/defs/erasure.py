@@ -7,7 +7,7 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from dedup_pipeline.core.erasure import Subject, SubjectKind
+from dedup_pipeline.core.erasure import Subject, SubjectError, SubjectKind
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.resources import NearDupResource, SeenSetResource, WarehouseResource
 from dedup_pipeline.defs.sensors import automation_status
@@ -51,7 +51,10 @@ def erase_data_subject(
     """
     wh = warehouse.get()
     version = config.version or (wh.active_hash_version() if config.kind == SubjectKind.CONTENT_DIGEST.value else None)
-    subject = Subject.parse(config.kind, config.value, field=config.field, version=version)
+    try:
+        subject = Subject.parse(config.kind, config.value, field=config.field, version=version)
+    except SubjectError as exc:  # a launchpad mistake: what to change, never the value, and no traceback
+        raise dg.Failure(description=f"the subject cannot be erased as given: {exc}") from None
     report = run_erasure(
         wh, subject, config.request_id, seen_set.get(), near_dup.representative, url_seen_set_from_env()
     )

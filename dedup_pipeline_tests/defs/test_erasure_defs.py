@@ -68,8 +68,10 @@ def test_erasure_job_reports_counts_and_refuses_a_bad_subject_without_echoing_it
                                  run_config=erase_config(kind="canonical_url", value="mailto:jane.secret@example.org"))
     assert not bad.success
     [failure] = [e for e in bad.all_events if e.is_step_failure]
-    assert "not a usable http" in failure.step_failure_data.error.to_string()
+    assert "not a usable http" in failure.step_failure_data.user_failure_data.description  # a Failure: no traceback
     assert "jane.secret" not in dg.serialize_value(failure)
+    no_field = job.execute_in_process(instance=instance, raise_on_error=False, run_config=erase_config(kind="field", value="seller-3"))
+    assert "needs a field path" in no_field.failure_data_for_node("erase_data_subject").user_failure_data.description
     with Warehouse(sqlite_env).engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(erasure_requests)).scalar_one() == 1
 
