@@ -120,7 +120,9 @@ def prune_retention(warehouse: Warehouse, settings: RetentionSettings, now: date
         )
     if cutoff := _cutoff(now, settings.staging_days):
         c = canonical_records
-        old_batches = select(crawl_batches.c.batch_id).where(crawl_batches.c.landed_at < cutoff)
+        # From when the batch was last registered (staged), not from its file's time: a file copied with its old
+        # modification time (`cp -p`, `rsync -t`, a replayed archive) lands "long ago" and was staged just now.
+        old_batches = select(crawl_batches.c.batch_id).where(crawl_batches.c.registered_at < cutoff)
         report.pruned["canonical_records"] = _delete_batches(
             warehouse, c, [c.c.batch_id, c.c.line_no], c.c.batch_id.in_(old_batches), settings.batch_size
         )

@@ -296,6 +296,19 @@ def test_retention_prunes_only_what_is_past_its_time(warehouse, crawled):
     assert count(warehouse, records) == 14  # the warehouse itself is never pruned
 
 
+def test_staged_rows_are_kept_for_their_time_after_staging_whatever_the_file_time(warehouse, tmp_path):
+    """Breaks: staged rows were pruned by their file's landing time, so a batch whose file kept an old time (`cp -p`)
+    lost its staged rows minutes after it ran."""
+    folder = tmp_path / "landing"
+    write_batch(folder, "old-file", [listing(1), listing(2)], landed=T0)  # 2023, as an archived crawl's file
+    run_ladder(warehouse, folder, "old-file")
+    staged = count(warehouse, canonical_records)
+    assert staged == 2
+    assert prune_retention(warehouse, RetentionSettings()).pruned["canonical_records"] == 0
+    month = prune_retention(warehouse, RetentionSettings(), now=utcnow() + timedelta(days=31))
+    assert month.pruned["canonical_records"] == staged and count(warehouse, canonical_records) == 0
+
+
 def test_retention_settings_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("DEDUP_DECISION_RETENTION_DAYS", "7")
     monkeypatch.setenv("DEDUP_QUARANTINE_RETENTION_DAYS", "0")
