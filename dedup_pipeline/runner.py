@@ -101,17 +101,27 @@ def remote_job_origin(job_name: str, repository_name: str) -> RemoteJobOrigin:
     return RemoteJobOrigin(RemoteRepositoryOrigin(location, repository_name), job_name)
 
 
+def run_config_for(landing: Path) -> dict:
+    """The run config of a command-line run: a quiet console, and the landing folder it read.
+
+    The folder is in the run's config, not only in this process's environment, so that a re-execution from the
+    UI (which copies its parent's run config, in a webserver that may know another folder) reads the same file.
+    """
+    return {**_QUIET_RUN_CONFIG, "resources": {"landing": {"config": {"folder": str(landing)}}}}
+
+
 def execute_partition(
-    job: dg.JobDefinition, partition_key: str, instance: dg.DagsterInstance, origin: RemoteJobOrigin, tags: dict
+    job: dg.JobDefinition, partition_key: str, instance: dg.DagsterInstance, origin: RemoteJobOrigin, tags: dict,
+    run_config: dict,
 ) -> ExecutionResult:
     """Execute `job` for one partition in this process, as `job.execute_in_process` does (the same executor,
     tags and run config), in a run created with `origin`."""
     in_process = job.as_ephemeral_job(resource_defs={}, input_values={})  # what execute_in_process runs
-    tags = merge_run_tags(job, partition_key, tags, None, instance, _QUIET_RUN_CONFIG)
+    tags = merge_run_tags(job, partition_key, tags, None, instance, run_config)
     ref = instance.get_ref() if instance.is_persistent else None
-    plan = create_execution_plan(in_process, _QUIET_RUN_CONFIG, instance_ref=ref, tags=tags)
+    plan = create_execution_plan(in_process, run_config, instance_ref=ref, tags=tags)
     run = instance.create_run_for_job(
-        in_process, execution_plan=plan, run_config=_QUIET_RUN_CONFIG, tags=tags, remote_job_origin=origin
+        in_process, execution_plan=plan, run_config=run_config, tags=tags, remote_job_origin=origin
     )
     return execute_run(InMemoryJob(in_process), run, instance)
 
@@ -168,7 +178,9 @@ def run_landing_folder(
     for run_id in release_runs_of_dead_processes(instance):
         summary.notices.append(f"run {run_id} died with its process: marked failed, its warehouse pool slots freed")
     for batch in batches:
-        result = execute_partition(job, batch.key, instance, origin, {PROCESS_TAG: process_token(instance)})
+        result = execute_partition(
+            job, batch.key, instance, origin, {PROCESS_TAG: process_token(instance)}, run_config_for(landing)
+        )
         if not result.success:
             summary.failed[batch.key] = _failure_reason(result)
             continue
