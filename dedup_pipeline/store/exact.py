@@ -145,13 +145,37 @@ def _insert_new(conn: Connection, plan: ChunkPlan, version: str, batch_id: str, 
 
 
 def _update_changed(conn: Connection, plan: ChunkPlan, version: str, batch_id: str, batch_time: datetime) -> None:
-    """Stage the chunk's changed rows, then one UPDATE ... FROM, optimistic on the stored version."""
+    """Stage the chunk's changed rows, then one UPDATE ... FROM, optimistic on the stored version.
+
+    UNIQUE (hash_version, content_hash) is checked row by row, not at the end of the statement, so when a changed
+    row takes a digest another changed row leaves (content moving between keys: B to new content, then A to B's
+    old content, or a swap), the leaving rows first get a placeholder digest, in one more UPDATE ... FROM.
+    """
+    vacating = _vacating(plan, version)
+    if vacating:
+        _update_stored(conn, "stage_vacated_records", ("content_hash",), (
+            (_placeholder_digest(stored.record_id), stored) for stored in vacating
+        ), len(vacating))
     _update_stored(conn, "stage_changed_records", _ROW_COLUMNS, (
         (*_row_values(record, version, batch_id, batch_time), stored)
         for record, stored in plan.updates.values()
     ), len(plan.updates))
     ids = [stored.record_id for _, stored in plan.updates.values()]
     conn.execute(delete(record_hashes).where(in_values(conn, record_hashes.c.record_id, ids)))
+
+
+def _vacating(plan: ChunkPlan, version: str) -> list[StoredRow]:
+    """The stored rows of changed keys whose digest another changed key of the chunk takes."""
+    taken = {record.hashes[version] for record, _ in plan.updates.values()}
+    return [
+        stored for record, stored in plan.updates.values()
+        if stored.content_hash in taken and stored.content_hash != record.hashes[version]
+    ]
+
+
+def _placeholder_digest(record_id: int) -> bytes:
+    """A digest for a row while its content moves: unique per row, and 14 bytes long, so never a real 32-byte digest."""
+    return b"moving" + record_id.to_bytes(8, "big")
 
 
 def _date_recrawled(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:

@@ -221,6 +221,39 @@ def test_content_stored_under_another_key_is_an_exact_duplicate_whatever_the_see
     assert dict(+exact.decisions) == {"exact_duplicate": 1}
 
 
+@pytest.mark.parametrize("chunk_size", [1, 7])
+@pytest.mark.parametrize("move, titles, changed", [
+    pytest.param("chain", {"p/1": "Product 2 kettle", "p/2": "Product 3 kettle"}, 2, id="chain"),  # B Z, then A B's Y
+    pytest.param("swap", {"p/1": "Product 2 kettle", "p/2": "Product 1 kettle"}, 3, id="swap"),    # ... then B A's X
+])
+def test_content_moving_between_two_stored_keys_in_one_chunk(warehouse, tmp_path, move, titles, changed, chunk_size):
+    """Breaks: under content/2 (the URL is not part of the content), keys A and B hold X and Y; a newer batch gives
+    B new content Z, then A the content Y that B just left (a chain), then B the content X that A left (a swap).
+
+    Must hold: whatever the chunk size, the batch ends as one record at a time would (once, a chunk holding both
+    changes broke UNIQUE (hash_version, content_hash) and kept conflicting until the batch failed): every record
+    changed, each key holds its last content, every content superseded is in history, no chunk replayed.
+    """
+    from dedup_pipeline.ladder.rehash import compare_versions, switch_hash_version
+
+    compare_versions(warehouse, "content/1", "content/2", low=-1, high=1)
+    switch_hash_version(warehouse, "content/2", overlap_hours=0)
+    folder = tmp_path / "landing"
+    a, b = listing(1)["url"], listing(2)["url"]
+    write_batch(folder, "p1", [listing(1), listing(2)], landed=1_700_000_000)
+    moves = [{**listing(3), "url": b}, {**listing(2), "url": a}] + ([{**listing(1), "url": b}] if move == "swap" else [])
+    write_batch(folder, "p2", moves, landed=1_700_000_000 + DAY)
+    settings = LadderSettings(chunk_size=chunk_size)
+    run_batch(warehouse, folder, "p1", settings)
+    _, _, exact, _ = run_batch(warehouse, folder, "p2", settings)
+    assert dict(+exact.decisions) == {"changed": changed} and exact.chunk_retries == 0
+    with warehouse.engine.connect() as conn:
+        stored = dict(conn.execute(select(records.c.natural_key, records.c.payload["title"].as_string())).all())
+        superseded = sorted(conn.execute(select(record_history.c.payload["title"].as_string())).scalars())
+    assert stored == {f"https://shop.example.com/{path}": title for path, title in titles.items()}
+    assert superseded == [f"Product {n} kettle" for n in range(1, changed + 1)]
+
+
 def test_staged_payloads_are_carried_as_their_stored_text_and_stored_unchanged(warehouse, tmp_path):
     """The exact rung reads each payload as JSON text, never decodes it, and `records` gets the same value."""
     odd = {"note": "Ünïcode ☕ \\ \"quoted\"", "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}
