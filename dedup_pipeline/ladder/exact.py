@@ -305,17 +305,26 @@ class _ChunkWriter:
     _fell_back: bool = False
 
     def write(self, chunk: list[CanonicalRecord]) -> Counter:
+        """Plan and apply one chunk in one transaction, replaying it while it loses races; its decision counts.
+
+        A replay reloads the chunk's rows, so a lost race shows in what it loads. An IntegrityError raised
+        twice, against the warehouse alone, on the same loaded state is no race: it fails the chunk at once.
+        """
         self._fell_back = False  # the seen-set failed this chunk (its probe, or taking its digests): counted once
         digests = [bytes.fromhex(record.hashes[self.version]) for record in chunk]
         hits = None if self.report.seen_set_bypassed else self._probe(digests)
+        failed_on = None  # the warehouse state an IntegrityError was raised on, replaying against the warehouse alone
         for attempt in range(1, MAX_CHUNK_ATTEMPTS + 1):
             check = digests if hits is None else [d for d, hit in zip(digests, hits) if hit]
+            state = None
             try:
                 with self.warehouse.engine.begin() as conn:
                     stored_by_key, stored = load_state(conn, chunk, self.version, check)
+                    erased = erased_positions(conn, chunk, self.batch_id)
+                    state = (stored_by_key, stored, erased)
                     plan = plan_chunk(
                         chunk, self.version, stored_by_key, stored, (self.batch_time, self.batch_id), self.settings.policy,
-                        erased=erased_positions(conn, chunk, self.batch_id),
+                        erased=erased,
                     )
                     counts = apply_plan(
                         conn, plan, self.version, self.batch_id, self.run_id, utcnow(), self.batch_time,
@@ -324,6 +333,14 @@ class _ChunkWriter:
             except (ChunkConflict, IntegrityError, OperationalError) as exc:
                 if isinstance(exc, OperationalError) and not _is_lock_conflict(exc):
                     raise
+                if isinstance(exc, IntegrityError) and hits is None and state is not None:
+                    if state == failed_on:
+                        # A lost race shows in what the replay loads; the same plan on the same rows fails for good.
+                        raise RuntimeError(
+                            f"chunk of batch {self.batch_id} (lines {chunk[0].line_no}-{chunk[-1].line_no}) broke a "
+                            f"constraint twice against an unchanged warehouse, so replaying it cannot help: {exc.orig}"
+                        ) from exc
+                    failed_on = state
                 if hits is not None:
                     self.report.seen_set_cold_misses += 1
                     hits = None  # replay against the warehouse alone

@@ -254,6 +254,41 @@ def test_content_moving_between_two_stored_keys_in_one_chunk(warehouse, tmp_path
     assert superseded == [f"Product {n} kettle" for n in range(1, changed + 1)]
 
 
+def test_a_constraint_the_replay_cannot_satisfy_fails_the_chunk_at_once(warehouse, tmp_path, monkeypatch):
+    """Breaks: writing a chunk raises an IntegrityError, once (as a lost race does), then on every attempt (as a
+    plan the warehouse's constraints refuse whatever the other writers do).
+
+    Must hold: the one-off is replayed and the batch succeeds; the lasting one fails the batch as soon as two
+    attempts against the warehouse alone loaded the same rows, naming the chunk and the error (once, it was
+    replayed 40 times), and leaves nothing of the chunk behind.
+    """
+    from sqlalchemy.exc import IntegrityError
+
+    from dedup_pipeline.ladder import exact as exact_rung
+
+    folder = tmp_path / "landing"
+    write_batch(folder, "p1", [listing(n) for n in range(3)], landed=1_700_000_000)
+    write_batch(folder, "p2", [listing(n) for n in range(3, 6)], landed=1_700_000_000 + DAY)
+    attempts, failures = [], iter([1])
+    apply_plan = exact_rung.apply_plan
+
+    def refused(*args, **kwargs):
+        attempts.append(args[3])
+        if next(failures, None) is not None:
+            raise IntegrityError("UPDATE records ...", {}, Exception("refused by a constraint"))
+        return apply_plan(*args, **kwargs)
+
+    monkeypatch.setattr(exact_rung, "apply_plan", refused)
+    _, _, exact, _ = run_batch(warehouse, folder, "p1")
+    assert exact.decisions["new"] == 3 and len(attempts) == 2
+
+    failures, attempts[:] = iter(int, None), []  # every attempt fails
+    with pytest.raises(RuntimeError, match=r"chunk of batch p2 \(lines 1-3\) broke a constraint twice .*refused by a"):
+        run_batch(warehouse, folder, "p2")
+    # The first attempt trusted the seen-set's misses (none: every digest unseen); then twice the warehouse alone.
+    assert len(attempts) == 3 and count(warehouse, records) == 3
+
+
 def test_staged_payloads_are_carried_as_their_stored_text_and_stored_unchanged(warehouse, tmp_path):
     """The exact rung reads each payload as JSON text, never decodes it, and `records` gets the same value."""
     odd = {"note": "Ünïcode ☕ \\ \"quoted\"", "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}
