@@ -58,6 +58,9 @@ class StoredRow:
     record_id: int
     content_hash: str
     order: Order
+    #: (landing time, batch id) of the batch the row was first stored from, or None when not loaded: `load_state`
+    #: loads it only for a row stored from a batch landed after the chunk's, which alone may be older than it.
+    first: tuple | None = None
 
 
 @dataclass
@@ -69,6 +72,9 @@ class ChunkPlan:
     updates: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)  # key -> (final, stored)
     # key -> (re-crawl, stored): the stored content again, from a newer batch; the row's order moves to it
     recrawls: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)
+    # key -> (record, stored): the key's first record in a batch landed before the one its row was first stored
+    # from (an out-of-order run); the row's first_seen_at and first_batch_id move to that record
+    antedated: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)
     stored_superseded: list[StoredRow] = field(default_factory=list)       # warehouse rows moved to history
     chunk_superseded: list[tuple[CanonicalRecord, CanonicalRecord]] = field(default_factory=list)  # (old, replaced by)
 
@@ -94,6 +100,12 @@ def plan_chunk(
     batch; a record older than the stored version of its key is stale, which is
     what makes replaying an old batch change nothing. ``erased`` holds the
     positions (in ``records``) that an erasure tombstone suppresses.
+
+    A record of a stored key from a batch older than the row's ``first``
+    batch dates the row's first version to it, as landing order would have:
+    it is skipped (stale or an exact duplicate), but it brought the key first.
+    One holding content another key holds does not: in landing order it
+    would have been that key's exact duplicate.
     """
     plan = ChunkPlan()
     current: dict[str, str] = {key: row.content_hash for key, row in stored_by_key.items()}
@@ -107,6 +119,10 @@ def plan_chunk(
         key = record.natural_key
         previous = current.get(key)
         order = (*batch_order, record.line_no)
+        row = stored_by_key.get(key)
+        if row is not None and row.first is not None and key not in plan.antedated \
+                and tuple(batch_order) < tuple(row.first) and (digest == previous or digest not in holders):
+            plan.antedated[key] = (record, row)
         if digest in holders or digest == previous:
             plan.decisions.append((record, Decision.EXACT_DUPLICATE))
             if digest == previous and key in stored_by_key and key not in plan.updates and key not in plan.recrawls \

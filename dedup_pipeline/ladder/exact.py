@@ -319,7 +319,9 @@ class _ChunkWriter:
             state = None
             try:
                 with self.warehouse.engine.begin() as conn:
-                    stored_by_key, stored = load_state(conn, chunk, self.version, check)
+                    stored_by_key, stored = load_state(
+                        conn, chunk, self.version, check, (self.batch_time, self.batch_id)
+                    )
                     erased = erased_positions(conn, chunk, self.batch_id)
                     state = (stored_by_key, stored, erased)
                     plan = plan_chunk(

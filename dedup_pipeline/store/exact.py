@@ -9,6 +9,7 @@ race (another worker inserted the same key or digest first) raises
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime
 from typing import Sequence
 
@@ -17,7 +18,7 @@ from sqlalchemy import Column, Connection, DateTime, Integer, String, and_, dele
 from dedup_pipeline.core.policy import ChunkPlan, Decision, StoredRow
 from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
 from dedup_pipeline.store.bulk import copy_rows, in_values, staging_table
-from dedup_pipeline.store.schema import Id, dedup_decisions, record_hashes, record_history, records
+from dedup_pipeline.store.schema import Id, crawl_batches, dedup_decisions, record_hashes, record_history, records
 from dedup_pipeline.store.warehouse import as_utc, upsert_ignore
 
 
@@ -26,7 +27,8 @@ class ChunkConflict(RuntimeError):
 
 
 def load_state(
-    conn: Connection, chunk: Sequence[CanonicalRecord], version: str, check_digests: Sequence[bytes] | None = None
+    conn: Connection, chunk: Sequence[CanonicalRecord], version: str, check_digests: Sequence[bytes] | None = None,
+    batch_order: tuple | None = None,
 ) -> tuple[dict[str, StoredRow], dict[str, set[str]]]:
     """Current rows of the chunk's natural keys, and which digests are stored by which keys (see `plan_chunk`).
 
@@ -43,6 +45,9 @@ def load_state(
     row written under an older version (kept during a rehash migration) is
     compared by its backfilled digest of the active version, never by a digest
     of another version. A row with no digest under `version` compares unequal.
+
+    Given the chunk's `batch_order` (landing time, batch id), the rows stored
+    from a later batch also get their first batch (`_with_first_batches`).
     """
     keys = sorted({record.natural_key for record in chunk})
     active_hash = record_hashes.alias("active_hash")
@@ -59,6 +64,8 @@ def load_state(
             select(*columns).select_from(joined).where(in_values(conn, records.c.natural_key, keys))
         )
     }
+    if batch_order is not None:
+        by_key = _with_first_batches(conn, by_key, batch_order)
     held = {row.content_hash for row in by_key.values() if row.content_hash}
     wanted = (
         {record.hashes[version] for record in chunk} if check_digests is None
@@ -84,6 +91,28 @@ def load_state(
     return by_key, holders
 
 
+def _with_first_batches(conn: Connection, by_key: dict[str, StoredRow], batch_order: tuple) -> dict[str, StoredRow]:
+    """`by_key` with `StoredRow.first` set on the rows stored from a batch landed after `batch_order`.
+
+    Only those rows may have been first stored from a batch landed after this
+    one (an out-of-order run): a batch newer than a row's last version is never
+    older than its first, so the common case costs no statement. A row first
+    stored from a batch that is not registered (a library caller's) keeps None.
+    """
+    later = sorted(row.record_id for row in by_key.values() if tuple(row.order[:2]) > tuple(batch_order))
+    if not later:
+        return by_key
+    first_batch = records.join(crawl_batches, crawl_batches.c.batch_id == records.c.first_batch_id)
+    firsts = {
+        record_id: (as_utc(landed), batch_id)
+        for record_id, landed, batch_id in conn.execute(
+            select(records.c.record_id, crawl_batches.c.landed_at, records.c.first_batch_id)
+            .select_from(first_batch).where(in_values(conn, records.c.record_id, later))
+        )
+    }
+    return {key: replace(row, first=firsts.get(row.record_id)) for key, row in by_key.items()}
+
+
 def other_versions_held(conn: Connection, version: str) -> bool:
     """Whether some current rows are still stored under another hash version (a rehash migration's overlap).
 
@@ -98,6 +127,8 @@ def other_versions_held(conn: Connection, version: str) -> bool:
 
 #: What a re-crawl of the stored content changes: when, and by which batch and line, the row was last crawled.
 _DATED_COLUMNS = ("last_crawled_at", "last_batch_id", "last_landed_at", "last_line_no")
+#: What an older batch, run after the one a row was first stored from, changes: when and by which batch it was first seen.
+_FIRST_COLUMNS = ("first_seen_at", "first_batch_id")
 _ROW_COLUMNS = ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload", *_DATED_COLUMNS)
 _HASH_COLUMNS = ("record_id", "hash_version", "content_hash", "error")
 _HISTORY_COLUMNS = (
@@ -178,6 +209,14 @@ def _placeholder_digest(record_id: int) -> bytes:
     return b"moving" + record_id.to_bytes(8, "big")
 
 
+def _antedate(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
+    """Move the first version of rows this older batch brought (an out-of-order run) to it; the rest stays."""
+    _update_stored(conn, "stage_antedated_records", _FIRST_COLUMNS, (
+        (*_dated_values(record, batch_id, batch_time)[:2], stored)
+        for record, stored in plan.antedated.values()
+    ), len(plan.antedated), first_too=True)
+
+
 def _date_recrawled(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
     """Move the order and crawl time of rows this newer batch re-crawled unchanged to it; their content stays."""
     _update_stored(conn, "stage_recrawled_records", _DATED_COLUMNS, (
@@ -186,27 +225,31 @@ def _date_recrawled(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time
     ), len(plan.recrawls))
 
 
-def _update_stored(conn: Connection, stage_name: str, columns: Sequence[str], rows, expected: int) -> None:
+def _update_stored(
+    conn: Connection, stage_name: str, columns: Sequence[str], rows, expected: int, first_too: bool = False
+) -> None:
     """Set `columns` of stored rows from staged values, in one UPDATE ... FROM, optimistic on the stored version.
 
     Each of `rows` is the new values of `columns` followed by the `StoredRow` planned against. A row whose
     stored version changed since (another worker got there first) is not updated, and the chunk is replayed.
+    With `first_too`, so is a row whose first batch changed (another older batch antedated it first).
     """
-    guard = (Column("record_id", Id), Column("old_batch_id", String(255)), Column("old_line_no", Integer))
+    guard = [Column("record_id", Id), Column("old_batch_id", String(255)), Column("old_line_no", Integer)]
+    if first_too:
+        guard.append(Column("old_first_batch_id", String(255)))
     stage = staging_table(conn, records, stage_name, columns, extra=guard)
-    copy_rows(
-        conn, stage, (*columns, "record_id", "old_batch_id", "old_line_no"),
-        ((*values, stored.record_id, stored.order[1], stored.order[2]) for *values, stored in rows),
-    )
-    statement = (
-        update(records)
-        .where(
-            records.c.record_id == stage.c.record_id,
-            records.c.last_batch_id == stage.c.old_batch_id,
-            records.c.last_line_no == stage.c.old_line_no,
-        )
-        .values({name: stage.c[name] for name in columns})
-    )
+    copy_rows(conn, stage, (*columns, *(column.name for column in guard)), (
+        (*values, stored.record_id, stored.order[1], stored.order[2], *([stored.first[1]] if first_too else []))
+        for *values, stored in rows
+    ))
+    matched = [
+        records.c.record_id == stage.c.record_id,
+        records.c.last_batch_id == stage.c.old_batch_id,
+        records.c.last_line_no == stage.c.old_line_no,
+    ]
+    if first_too:
+        matched.append(records.c.first_batch_id == stage.c.old_first_batch_id)
+    statement = update(records).where(*matched).values({name: stage.c[name] for name in columns})
     if conn.execute(statement).rowcount != expected:
         raise ChunkConflict("a stored row changed while this chunk was planned")
 
@@ -248,6 +291,8 @@ def apply_plan(
         _update_changed(conn, plan, version, batch_id, batch_time)
     if plan.recrawls:
         _date_recrawled(conn, plan, batch_id, batch_time)
+    if plan.antedated:
+        _antedate(conn, plan, batch_id, batch_time)
     inserted_ids = _insert_new(conn, plan, version, batch_id, batch_time) if plan.inserts else {}
 
     def current_id(key: str) -> int:

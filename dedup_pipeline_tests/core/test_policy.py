@@ -92,6 +92,24 @@ def test_content_a_key_leaves_stays_stored_while_another_row_holds_it():
     assert decisions(alone) == [(1, "changed"), (2, "new")] and set(alone.inserts) == {"kc"}
 
 
+def test_an_older_batch_run_after_the_rows_first_one_dates_their_first_version_to_it():
+    """Out of landing order: a key stored from b2 that b1 (landed before) also brought was first seen in b1."""
+    stored = {
+        "k1": StoredRow(7, "a", (T2, "b2", 1), first=(T2, "b2")),  # b1 crawls it unchanged, twice
+        "k2": StoredRow(8, "b", (T2, "b2", 2), first=(T2, "b2")),  # b1 has older content: stale
+        "k3": StoredRow(9, "c", (T2, "b2", 3), first=(T1, "b0")),  # first stored before b1: stays
+        "k4": StoredRow(10, "d", (T2, "b2", 4), first=(T2, "b2")),  # b1 has content k5 holds: k5's duplicate
+    }
+    chunk = [rec(1, "k1", "a"), rec(2, "k2", "x"), rec(3, "k3", "c"), rec(4, "k4", "e"), rec(5, "k1", "a")]
+    plan = plan_chunk(chunk, "v", stored, {"a": {"k1"}, "b": {"k2"}, "c": {"k3"}, "d": {"k4"}, "e": {"k5"}}, (T1, "b1"))
+    assert decisions(plan) == [(1, "exact_duplicate"), (2, "stale"), (3, "exact_duplicate"), (4, "exact_duplicate"),
+                               (5, "exact_duplicate")]
+    assert {key: (record.line_no, row) for key, (record, row) in plan.antedated.items()} == {
+        "k1": (1, stored["k1"]), "k2": (2, stored["k2"]),
+    }
+    assert not (plan.inserts or plan.updates or plan.recrawls or plan.stored_superseded)
+
+
 def test_policy_validates_its_options():
     with pytest.raises(ValueError):
         DuplicatePolicy(on_changed="delete")

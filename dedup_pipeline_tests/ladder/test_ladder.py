@@ -289,6 +289,42 @@ def test_a_constraint_the_replay_cannot_satisfy_fails_the_chunk_at_once(warehous
     assert len(attempts) == 3 and count(warehouse, records) == 3
 
 
+@pytest.mark.parametrize("order", [["p1", "p2", "p3"], ["p3", "p1", "p2"], ["p2", "p3", "p1"], ["p3", "p2", "p1"]])
+def test_a_rows_first_batch_is_its_earliest_in_landing_order_whatever_the_run_order(warehouse, tmp_path, order):
+    """Breaks: three batches landed p1 < p2 < p3 run in another order (a retry, a backfill, a faster worker).
+
+    Must hold: each row is first seen (first_batch_id, first_seen_at) in the earliest batch, in landing order, that
+    brought its key, as in a run in landing order, and holds the newest content (once, the batch that happened to
+    run first kept it): product 1 is re-crawled unchanged by p3 after p2 changed it, product 2 changed by p3 (p1
+    is stale against it), product 3 first crawled by p2, product 4 only by p3.
+    """
+    from datetime import datetime, timezone
+
+    from dedup_pipeline.store.warehouse import as_utc
+
+    folder = tmp_path / "landing"
+    hours = {"p1": 10, "p2": 11, "p3": 12}
+
+    def crawl(batch, n, price):
+        return listing(n, price=price, crawl_id=batch, scraped_at=f"2026-11-01T{hours[batch]}:0{n}:00Z")
+
+    write_batch(folder, "p1", [crawl("p1", 1, "1.00"), crawl("p1", 2, "5.00")], landed=1_700_000_000)
+    write_batch(folder, "p2", [crawl("p2", 1, "2.00"), crawl("p2", 3, "7.00")], landed=1_700_000_000 + DAY)
+    write_batch(folder, "p3", [crawl("p3", n, price) for n, price in ((1, "1.00"), (2, "6.00"), (3, "7.00"), (4, "8.00"))],
+                landed=1_700_000_000 + 2 * DAY)
+    for batch in order:
+        run_batch(warehouse, folder, batch)
+    with warehouse.engine.connect() as conn:
+        rows = conn.execute(select(
+            records.c.natural_key, records.c.first_batch_id, records.c.first_seen_at, records.c.payload["price"].as_string(),
+        )).all()
+    firsts = {key.rsplit("/", 1)[1]: (batch, as_utc(seen), price) for key, batch, seen, price in rows}
+    assert firsts == {
+        str(n): (batch, datetime(2026, 11, 1, hours[batch], n, tzinfo=timezone.utc), price)
+        for n, batch, price in ((1, "p1", "1"), (2, "p1", "6"), (3, "p2", "7"), (4, "p3", "8"))
+    }
+
+
 def test_staged_payloads_are_carried_as_their_stored_text_and_stored_unchanged(warehouse, tmp_path):
     """The exact rung reads each payload as JSON text, never decodes it, and `records` gets the same value."""
     odd = {"note": "Ünïcode ☕ \\ \"quoted\"", "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}

@@ -106,14 +106,27 @@ def test_batches_run_out_of_landing_order_end_as_in_landing_order(tmp_path):
     """Breaks: the batches run one after the other, but not in landing order (a retried or backfilled batch, a
     faster worker), so p3 re-crawls p1's content unchanged before p2, landed earlier, changes it.
 
-    Must hold: the current rows (key, content, payload) equal those of a run in landing order: p2 is stale
-    against p3's re-crawl (the row is dated to p3 although its content was p1's).
+    Must hold: the current rows (key, content, payload, and the batch and time each was first seen) equal those
+    of a run in landing order: p2 is stale against p3's re-crawl (the row is dated to p3 although its content
+    was p1's), and a key p3 stored before p2 ran was first seen in p2.
     """
     folder = overlapping_batches(tmp_path / "landing")
     in_order = [row[:4] for row in clean_run(tmp_path, folder, ["p1", "p2", "p3"], SETTINGS, name="in-order")["records"]]
+    first_in_order = first_seen(tmp_path, "in-order")
     for order in (["p1", "p3", "p2"], ["p3", "p2", "p1"], ["p2", "p3", "p1"]):
         rows = [row[:4] for row in clean_run(tmp_path, folder, order, SETTINGS, name="-".join(order))["records"]]
         assert rows == in_order, order
+        assert first_seen(tmp_path, "-".join(order)) == first_in_order, order
+
+
+def first_seen(tmp_path, name: str) -> list[tuple]:
+    """(key, first batch, first seen) of each row of the warehouse `clean_run(..., name=name)` left behind."""
+    warehouse = Warehouse(f"sqlite:///{tmp_path / f'{name}.sqlite'}")
+    try:
+        with warehouse.engine.connect() as conn:
+            return sorted(conn.execute(select(records.c.natural_key, records.c.first_batch_id, records.c.first_seen_at)))
+    finally:
+        warehouse.dispose()
 
 
 def test_overlapping_batches_materialised_in_parallel(warehouse, warehouse_url, tmp_path):

@@ -86,3 +86,22 @@ def test_other_digests_are_looked_up_and_found_under_any_key(warehouse, tmp_path
     assert narrowed == {recrawl: {key0}, left: {key1}}
     assert len(seen) == 4  # a key lookup and a digest lookup per call
     assert {changed, new}.isdisjoint(everything)
+
+
+def test_a_rows_first_batch_is_loaded_only_for_a_chunk_older_than_its_last_version(warehouse, tmp_path):
+    """A chunk of a batch landed after the rows' (the common case) costs no lookup of their first batch; one landed
+    before them (an out-of-order run) costs one, which gives each row the batch it was first stored from."""
+    from datetime import datetime, timezone
+
+    stored_warehouse(warehouse, tmp_path)  # batch "a", landed at 1e9
+    chunk = canonical(listing(0, crawl_id="again"), listing(1, crawl_id="again"))
+    landed = datetime.fromtimestamp(1e9, timezone.utc)
+    for batch_time, lookups, first in ((datetime(2026, 11, 1, tzinfo=timezone.utc), 1, None), (landed, 1, None),
+                                       (datetime(2000, 1, 1, tzinfo=timezone.utc), 2, (landed, "a"))):
+        seen, stop = selects(warehouse.engine)
+        try:
+            with warehouse.engine.connect() as conn:
+                by_key, _ = load_state(conn, chunk, VERSION, batch_order=(batch_time, "b"))
+        finally:
+            stop()
+        assert len(seen) == lookups and {row.first for row in by_key.values()} == {first}, batch_time
