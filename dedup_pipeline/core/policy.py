@@ -69,6 +69,7 @@ class ChunkPlan:
 
     decisions: list[tuple[CanonicalRecord, Decision]] = field(default_factory=list)
     inserts: dict[str, CanonicalRecord] = field(default_factory=dict)        # key -> final record
+    first_inserted: dict[str, CanonicalRecord] = field(default_factory=dict)  # key -> first record (its first_seen_at)
     updates: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)  # key -> (final, stored)
     # key -> (re-crawl, stored): the stored content again, from a newer batch; the row's order moves to it
     recrawls: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)
@@ -134,6 +135,7 @@ def plan_chunk(
             continue
         if previous is None:
             decision = Decision.NEW
+            plan.first_inserted[key] = record
         elif order < current_order[key]:
             plan.decisions.append((record, Decision.STALE))
             continue

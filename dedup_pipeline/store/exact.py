@@ -159,14 +159,20 @@ def _hash_rows(record_id: int, record: CanonicalRecord) -> list[tuple]:
 
 
 def _insert_new(conn: Connection, plan: ChunkPlan, version: str, batch_id: str, batch_time: datetime) -> dict[str, int]:
-    """Stage the chunk's new rows, then one INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING."""
-    stage = staging_table(conn, records, "stage_new_records", _ROW_COLUMNS)
-    copy_rows(conn, stage, _ROW_COLUMNS, (_row_values(r, version, batch_id, batch_time) for r in plan.inserts.values()))
-    columns = [stage.c[name] for name in _ROW_COLUMNS]
-    moved = select(*columns, stage.c.last_crawled_at, stage.c.last_batch_id).where(true())
+    """Stage the chunk's new rows, then one INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING.
+
+    A row holds its key's last record in the chunk, first seen at the crawl time of its first.
+    """
+    names = (*_ROW_COLUMNS, "first_seen_at")
+    stage = staging_table(conn, records, "stage_new_records", names)
+    first_seen = {key: _dated_values(first, batch_id, batch_time)[0] for key, first in plan.first_inserted.items()}
+    copy_rows(conn, stage, names, (
+        (*_row_values(record, version, batch_id, batch_time), first_seen[key]) for key, record in plan.inserts.items()
+    ))
+    moved = select(*(stage.c[name] for name in names), stage.c.last_batch_id).where(true())
     statement = (
         upsert_ignore(conn, records)
-        .from_select([*_ROW_COLUMNS, "first_seen_at", "first_batch_id"], moved)
+        .from_select([*names, "first_batch_id"], moved)
         .returning(records.c.natural_key, records.c.record_id)
     )
     inserted = dict(conn.execute(statement).all())

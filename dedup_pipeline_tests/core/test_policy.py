@@ -23,7 +23,7 @@ def test_new_exact_and_changed_in_file_order():
     plan = plan_chunk([rec(1, "k1", "a"), rec(2, "k1", "a"), rec(3, "k2", "a"), rec(4, "k1", "b")], "v", {}, {}, (T1, "b1"))
     assert decisions(plan) == [(1, "new"), (2, "exact_duplicate"), (3, "exact_duplicate"), (4, "changed")]
     # the last occurrence wins, the earlier version of the key goes to history
-    assert plan.inserts["k1"].line_no == 4
+    assert plan.inserts["k1"].line_no == 4 and plan.first_inserted["k1"].line_no == 1  # first seen at line 1
     assert [(old.line_no, new.line_no) for old, new in plan.chunk_superseded] == [(1, 4)]
 
 

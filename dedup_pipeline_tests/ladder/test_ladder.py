@@ -325,6 +325,28 @@ def test_a_rows_first_batch_is_its_earliest_in_landing_order_whatever_the_run_or
     }
 
 
+@pytest.mark.parametrize("chunk_size", [1, 7])
+def test_a_key_new_in_a_batch_is_first_seen_at_its_first_occurrence_whatever_the_chunk_size(warehouse, tmp_path, chunk_size):
+    """Breaks: a new key appears twice in one batch, crawled at two times, with two contents.
+
+    Must hold: its row was first seen at the first occurrence's crawl time and last crawled at the last's, whether
+    both lines fall in one chunk or two (once, one chunk gave the last occurrence's time to both).
+    """
+    from datetime import datetime, timezone
+
+    from dedup_pipeline.store.warehouse import as_utc
+
+    folder = tmp_path / "landing"
+    write_batch(folder, "p1", [listing(1, price="1.00", scraped_at="2026-11-01T10:00:00Z"), listing(2),
+                               listing(1, price="2.00", scraped_at="2026-11-01T10:30:00Z")], landed=1_700_000_000)
+    run_batch(warehouse, folder, "p1", LadderSettings(chunk_size=chunk_size))
+    with warehouse.engine.connect() as conn:
+        first, last = conn.execute(select(records.c.first_seen_at, records.c.last_crawled_at)
+                                   .where(records.c.natural_key == listing(1)["url"])).one()
+    assert (as_utc(first), as_utc(last)) == (datetime(2026, 11, 1, 10, 0, tzinfo=timezone.utc),
+                                             datetime(2026, 11, 1, 10, 30, tzinfo=timezone.utc))
+
+
 def test_staged_payloads_are_carried_as_their_stored_text_and_stored_unchanged(warehouse, tmp_path):
     """The exact rung reads each payload as JSON text, never decodes it, and `records` gets the same value."""
     odd = {"note": "Ünïcode ☕ \\ \"quoted\"", "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}
