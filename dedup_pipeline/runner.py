@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.landing import LANDING_DIR_ENV, scan_landing
+from dedup_pipeline.landing import scan_landing
 from dedup_pipeline.process_marks import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
@@ -163,7 +163,6 @@ def run_landing_folder(
     from dedup_pipeline.definitions import defs
 
     landing = landing.resolve()
-    os.environ[LANDING_DIR_ENV] = str(landing)
     instance = instance or _local_instance()
     scan = scan_landing(landing, settle_seconds)
     batches = scan.batches

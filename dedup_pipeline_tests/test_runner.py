@@ -69,7 +69,7 @@ def test_a_run_the_command_line_failed_is_re_executed_from_failure_in_the_worksp
     )
     landing = tmp_path / "landing"
     url = f"sqlite:///{tmp_path / 'warehouse.sqlite'}"
-    monkeypatch.delenv(LANDING_DIR_ENV, raising=False)  # run_landing_folder sets it: unset again afterwards
+    monkeypatch.delenv(LANDING_DIR_ENV, raising=False)  # the folder reaches the runs through their run config alone
     for name, value in (("DAGSTER_HOME", home), ("DEDUP_DATABASE_URL", url)):
         monkeypatch.setenv(name, str(value))  # the run worker of the re-execution inherits them
     write_batch(landing, "2026-11-01-a", [listing(n) for n in range(3)], landed=1e9)
@@ -89,7 +89,6 @@ def test_a_run_the_command_line_failed_is_re_executed_from_failure_in_the_worksp
         write_batch(landing, "2026-11-02-b", good, landed=1e9 + 60, gz=True)  # the cause fixed: the file delivered again
         # The UI's webserver knows no landing folder of its own (the default, where this batch is not): the
         # re-execution must read the folder the command line was given, from its parent's run config.
-        monkeypatch.delenv(LANDING_DIR_ENV, raising=False)
         monkeypatch.chdir(tmp_path)
         with WorkspaceProcessContext(instance, WorkspaceFileTarget([str(REPO / "workspace.yaml")])) as workspace:
             answer = execute_dagster_graphql(
