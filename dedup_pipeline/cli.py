@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a fault of the code, whose traceback is what a bug report needs
         # The environment, not the code: a path, a port, a setting, the warehouse or the login's rights.
         reason = exc.orig if isinstance(exc, DBAPIError) else exc
-        if isinstance(reason, sqlite3.DatabaseError) and str(reason) in _NOT_SQLITE:
+        if _not_sqlite(reason):
             from dedup_pipeline.store.warehouse import default_database_url
 
             reason = f"the warehouse {default_database_url()}: {reason}"
@@ -187,8 +187,13 @@ def _environmental(exc: DBAPIError) -> bool:
     return (
         isinstance(exc, OperationalError)
         or getattr(exc.orig, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE
-        or (isinstance(exc.orig, sqlite3.DatabaseError) and str(exc.orig) in _NOT_SQLITE)
+        or _not_sqlite(exc.orig)
     )
+
+
+def _not_sqlite(error: BaseException) -> bool:
+    """Whether SQLite refused the warehouse file itself: not one of its databases, or a damaged one."""
+    return isinstance(error, sqlite3.DatabaseError) and str(error) in _NOT_SQLITE
 
 
 if __name__ == "__main__":
