@@ -10,7 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from dedup_pipeline.core.hashing import HASH_RULES
-from dedup_pipeline.core.neardup import DEFAULT_THRESHOLD, NearDupParams, make_params
+from dedup_pipeline.core.near import DEFAULT_THRESHOLD, NearDupParams, make_params
 from dedup_pipeline.core.policy import DuplicatePolicy
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
 from dedup_pipeline.ladder.near import (

@@ -12,7 +12,7 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 from sqlalchemy import func, select, text
 
-from dedup_pipeline.core.neardup import NearDupParams
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.core.parallel import available_cpus
 from dedup_pipeline.ladder import canonical
 from dedup_pipeline.ladder.canonical import PARALLEL_FLOOR, canonicalise_batch, worker_count
