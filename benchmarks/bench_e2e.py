@@ -6,7 +6,7 @@
     python benchmarks/bench_e2e.py --batches 10 --density typical # cost growth over ten batches
 
 The crawl (generated, seeded, from real text in ../shared/data): product listings whose titles are real product
-names (Walmart-Amazon, Abt-Buy, Amazon-Google) and whose descriptions are real article paragraphs (the
+names (Walmart-Amazon, Abt-Buy, Amazon-Google) and whose descriptions are a few real sentences (from the
 article-extraction benchmark: curly quotes, dashes, non-ASCII), from two sources (`shop-a`, `shop-b`), in
 `--batches` batches landing one after the other. Each batch after the first holds exact re-crawls (other
 volatile fields, tracking-parameter URLs), price changes, new listings and syndicated near-copies (another
@@ -37,6 +37,7 @@ import csv
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -79,9 +80,14 @@ def _titles() -> list[str]:
     return sorted({t.strip() for t in titles if len(t.split()) >= 2})
 
 
-def _paragraphs() -> list[str]:
+def _sentences() -> list[str]:
+    """The sentences of the article benchmark's real texts (about 8,000), long enough to read as prose."""
     articles = json.loads((DATA / "html_article_benchmark" / "ground-truth.json").read_text(encoding="utf-8"))
-    return sorted({p.strip() for a in articles.values() for p in a["articleBody"].split("\n") if len(p.split()) >= 15})
+    found = set()
+    for article in articles.values():
+        for paragraph in article["articleBody"].split("\n"):
+            found.update(s.strip() for s in re.split(r"(?<=[.!?”])\s+", paragraph) if len(s.split()) >= 6)
+    return sorted(found)
 
 
 @dataclass
@@ -91,7 +97,7 @@ class Crawl:
     density: str
     seed: int
     titles: list[str] = field(default_factory=_titles)
-    paragraphs: list[str] = field(default_factory=_paragraphs)
+    sentences: list[str] = field(default_factory=_sentences)
     products: list[tuple[int, int]] = field(default_factory=list)  # (product id, source index)
     price_version: dict[int, int] = field(default_factory=dict)
     originals: list[int] = field(default_factory=list)  # products that syndication copies
@@ -103,7 +109,8 @@ class Crawl:
     def _text(self, p: int) -> tuple[str, str]:
         rng = random.Random(p * 7919 + 17)
         title = f"{self.titles[p % len(self.titles)]}" + (f" ({p // len(self.titles)})" if p >= len(self.titles) else "")
-        description = " ".join(rng.sample(self.paragraphs, rng.choice((1, 1, 2, 3))))
+        # A few sentences drawn from thousands: two listings rarely share one, as two real listings rarely do.
+        description = " ".join(rng.sample(self.sentences, rng.randint(3, 6)))
         return title, description
 
     def listing(self, p: int, source: int, batch: int, tracking: bool) -> dict:

@@ -141,6 +141,19 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return keys.view(np.int64)
 
 
+#: Name of the warehouse index's band keys: the low 32 bits of :func:`band_keys`, for a SQL INTEGER column.
+KEY_SCHEME_32 = "xxh64lo32-le32-bandseed"
+
+
+def fold_to_int32(keys: np.ndarray) -> np.ndarray:
+    """The low 32 bits of int64 keys, as int32 (two's complement): what a SQL INTEGER column holds.
+
+    Two different keys that fold to one value only make a false candidate,
+    which verification drops; at 2**-32 a band, that is rare.
+    """
+    return (np.asarray(keys, dtype=np.int64) & np.int64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
+
+
 def pairs_sharing_key(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """All position pairs ``(i, j)``, ``i < j``, whose ``keys`` are equal.
 

@@ -25,19 +25,21 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from dedup_pipeline.core.clustering import RULES, cluster_labels
-from dedup_pipeline.core.lsh import KEY_SCHEME, band_keys, candidate_pairs, choose_bands_rows
+from dedup_pipeline.core.lsh import KEY_SCHEME, KEY_SCHEME_32, band_keys, candidate_pairs, choose_bands_rows
 from dedup_pipeline.core.minhash import (
     HASH_NAME,
     SCHEME,
     empty_mask,
     estimated_jaccard_pairs,
+    SIGNATURE_BITS,
     minhash_signatures,
 )
+from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.core.simhash import BITS, simhash_candidates, simhash_fingerprints
 from dedup_pipeline.core.text import TextNormaliser
 
 #: Version of how the pieces below are combined into an index identity.
-NEARDUP_VERSION = "neardup/1"
+NEARDUP_VERSION = "neardup/2"
 
 #: Jaccard threshold on word 3-gram shingles, measured on the quality data
 #: (benchmarks/neardup_quality.py --sweep): 0.5 keeps F1 near the best on the
@@ -124,15 +126,33 @@ class NearDupParams:
         An index (band keys or fingerprints) built under a different identity
         must be refused. The threshold, the verification mode and the
         representative rule are left out: they only act on query results.
+        The warehouse index stores b-bit signatures and 32-bit band keys, and
+        says so.
         """
         if self.method == "minhash":
             sketch = (
                 f"method=minhash;scheme={self.scheme};hash={HASH_NAME};num_perm={self.num_perm};"
-                f"seed={self.seed};bands={self.bands};rows={self.rows};keys={KEY_SCHEME}"
+                f"seed={self.seed};bands={self.bands};rows={self.rows};keys={KEY_SCHEME_32};bits={SIGNATURE_BITS}"
             )
         else:
             sketch = f"method=simhash;hash=xxh64;bits={BITS};weights=tf;blocks={self.simhash_max_distance + 1}"
         return f"{NEARDUP_VERSION};{sketch};{self.normaliser.identity()}"
+
+    def as_dict(self) -> dict:
+        """Every setting as plain JSON data (:meth:`from_dict` reads it back)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "normaliser"}
+        return {**values, "normaliser": {f.name: getattr(self.normaliser, f.name) for f in fields(self.normaliser)}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "NearDupParams":
+        values = dict(data)
+        normaliser = values.pop("normaliser", None)
+        return cls(**values, normaliser=TextNormaliser(**normaliser) if normaliser else None)
+
+
+def near_text(payload: Mapping) -> str:
+    """The text of a record compared for near duplicates: its title and description."""
+    return " ".join(str(payload[f]) for f in TEXT_FIELDS if payload.get(f))
 
 
 def shingle_texts(texts: Sequence[str], normaliser: TextNormaliser) -> list[list[bytes]]:
@@ -146,6 +166,7 @@ def verify_pairs(
     right: np.ndarray,
     params: NearDupParams,
     shingles: Sequence[Sequence[bytes]] | Callable[[np.ndarray], Mapping[int, Sequence[bytes]]] | None = None,
+    estimates: np.ndarray | None = None,
 ) -> list[Link]:
     """Keep the candidate pairs whose similarity reaches ``params.threshold``.
 
@@ -157,13 +178,15 @@ def verify_pairs(
     Jaccard. ``shingles`` (needed unless ``"estimate"``) is indexed by row,
     or is a function from the rows needed to their shingles, so a caller can
     load only those. Pairs involving an empty document never pass.
+    ``estimates`` replaces the estimated Jaccard of ``signatures`` (the
+    warehouse passes those of its b-bit signatures, :func:`~dedup_pipeline.core.minhash.bbit_jaccard_pairs`).
     """
     left = np.asarray(left, dtype=np.int64)
     right = np.asarray(right, dtype=np.int64)
     if params.verify == "exact":
         sims = _exact_jaccard(left, right, _shingles_of(shingles, left, right))
     else:
-        sims = estimated_jaccard_pairs(signatures, left, right)
+        sims = estimated_jaccard_pairs(signatures, left, right) if estimates is None else np.array(estimates, dtype=float)
         if params.verify == "auto":
             t = params.threshold
             unsure = np.flatnonzero(np.abs(sims - t) < UNSURE_STANDARD_ERRORS * np.sqrt(t * (1 - t) / params.num_perm))

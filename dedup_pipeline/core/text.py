@@ -79,6 +79,54 @@ def _ascii_spacing_table(casefold: bool, digits: str, strip_punctuation: bool) -
     return bytes(table)
 
 
+#: Joins texts that the rules then process as one string (see TextNormaliser._non_ascii_bytes).
+_SEPARATOR = "\x1f"
+_SEPARATOR_BYTE = _SEPARATOR.encode()
+_BEYOND_BMP = re.compile(rb"[\xf0-\xf7]")
+
+
+@lru_cache(maxsize=1)
+def _bmp_alnum() -> np.ndarray:
+    """One flag per BMP code point: is it alphanumeric (``str.isalnum``, which is what re's ``\\w`` is, but ``_``)?"""
+    return np.frombuffer(bytes(chr(c).isalnum() for c in range(0x10000)), dtype=np.uint8)
+
+
+@lru_cache(maxsize=1)
+def _separator_table() -> np.ndarray:
+    """Rule 4 for ASCII bytes (after casefolding): letters and digits stay, the separator stays, all else is a space."""
+    table = np.full(128, 0x20, dtype=np.uint8)
+    for c in range(128):
+        if chr(c).isalnum():
+            table[c] = c
+    table[ord(_SEPARATOR)] = ord(_SEPARATOR)
+    return table
+
+
+@lru_cache(maxsize=1)
+def _ascii_strip_table() -> np.ndarray:
+    table = _separator_table().copy()
+    table[ord(_SEPARATOR)] = 0x20
+    return table
+
+
+def _in_bmp(data: bytes) -> bool:
+    """Is this UTF-8 free of four-byte characters (code points beyond U+FFFF)?"""
+    return not _BEYOND_BMP.search(data)
+
+
+def _strip_non_alnum(text: str) -> str:
+    """Rule 4 for non-ASCII text: every run of characters that are neither letters nor digits becomes a space.
+
+    The same as ``re.sub(r"[\\W_]+", " ", text)`` up to the length of the runs (rule 5 collapses them anyway).
+    """
+    data = text.encode("utf-8", "surrogatepass")
+    if not _in_bmp(data):
+        return _NOT_ALNUM.sub(" ", text)
+    from dedup_pipeline.core.xxh32 import spaces_for_non_alnum
+
+    return spaces_for_non_alnum(data, _ascii_strip_table(), _bmp_alnum()).decode("utf-8", "surrogatepass")
+
+
 #: Marks where one text ends in a buffer of many: a byte that UTF-8 never uses.
 _TEXT_END = b"\xff"
 
@@ -134,15 +182,40 @@ class TextNormaliser:
 
     def _apply_rules(self, text: str) -> str:
         """Rules 1-4; whitespace is not collapsed yet."""
+        text = self._rules_1_to_3(text)
+        if self.strip_punctuation:
+            text = text.translate(_ASCII_NOT_ALNUM) if text.isascii() else _strip_non_alnum(text)
+        return text
+
+    def _rules_1_to_3(self, text: str) -> str:
         if self.unicode_form != "none":
             text = unicodedata.normalize(self.unicode_form, text)
         if self.casefold:
             text = text.casefold()
         if self.digits == "mask":
             text = _DIGIT.sub("0", text)
-        if self.strip_punctuation:
-            text = text.translate(_ASCII_NOT_ALNUM) if text.isascii() else _NOT_ALNUM.sub(" ", text)
         return text
+
+    def _non_ascii_bytes(self, texts: list[str]) -> list[bytes]:
+        """Rules 1-4 of many non-ASCII texts, as UTF-8 (whitespace not collapsed).
+
+        Rules 1-3 run per text (the normalisation's quick check makes most of
+        them free); rule 4 runs compiled over all of them at once, joined by a
+        separator it leaves alone. A text holding the separator itself, or a
+        character beyond the BMP, takes rule 4 on its own.
+        """
+        from dedup_pipeline.core.xxh32 import spaces_for_non_alnum
+
+        done = [self._rules_1_to_3(t).encode("utf-8", "surrogatepass") for t in texts]
+        if not self.strip_punctuation:
+            return done
+        alone = {i for i, data in enumerate(done) if _SEPARATOR_BYTE in data or not _in_bmp(data)}
+        together = [data for i, data in enumerate(done) if i not in alone]
+        if together:
+            stripped = iter(spaces_for_non_alnum(_SEPARATOR_BYTE.join(together), _separator_table(), _bmp_alnum())
+                            .split(_SEPARATOR_BYTE))
+        return [_strip_non_alnum(data.decode("utf-8", "surrogatepass")).encode("utf-8", "surrogatepass")
+                if i in alone else next(stripped) for i, data in enumerate(done)]
 
     def normalise(self, text: str) -> str:
         """Apply rules 1-5 and return the normalised text."""
@@ -209,9 +282,9 @@ class TextNormaliser:
         if not texts:
             return b"", np.zeros(0, dtype=np.int64)
         table = _ascii_spacing_table(self.casefold, self.digits, self.strip_punctuation)
+        others = iter(self._non_ascii_bytes([text for text in texts if not text.isascii()]))
         joined = _TEXT_END.join(
-            text.encode("ascii").translate(table) if text.isascii() else self.normalise(text).encode("utf-8")
-            for text in texts
+            text.encode("ascii").translate(table) if text.isascii() else next(others) for text in texts
         )
         data = np.frombuffer(joined, dtype=np.uint8)
         not_space = data != 0x20

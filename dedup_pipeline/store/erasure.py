@@ -48,11 +48,11 @@ from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.core.url import URL_VERSION
 from dedup_pipeline.store import json_text
-from dedup_pipeline.store import near as index
+from dedup_pipeline.store import near_graph
 from dedup_pipeline.store.bulk import chunked, delete_in
 from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, dedup_decisions, erasure_requests, erasure_scopes, erasure_tombstones,
-    lsh_buckets, metadata, minhash_signatures, near_duplicate_clusters, near_duplicate_links, quarantine,
+    metadata, near_duplicate_clusters, near_duplicate_links, near_index, quarantine,
     record_hashes, record_history, records, settings,
 )
 from dedup_pipeline.store.warehouse import upsert_ignore, utcnow
@@ -68,8 +68,8 @@ _MAX_ROUNDS = 20
 #: `natural_key` or (`hash_version`, `content_hash`) column is swept by those columns.
 _HANDLED = {
     t.name for t in (
-        records, record_hashes, record_history, dedup_decisions, quarantine, canonical_records, minhash_signatures,
-        lsh_buckets, near_duplicate_links, near_duplicate_clusters, crawl_batches, settings, erasure_requests,
+        records, record_hashes, record_history, dedup_decisions, quarantine, canonical_records, near_index,
+        near_duplicate_links, near_duplicate_clusters, crawl_batches, settings, erasure_requests,
         erasure_tombstones, erasure_scopes,
     )
 }
@@ -638,8 +638,7 @@ def erase(
     representative: str = "oldest",
 ) -> ErasureResult:
     """Remove every copy of `subject` and leave its tombstones, inside the caller's transaction."""
-    lock_for_erasure(conn)
-    index.lock_clusters(conn)  # always in this order (erasure, then clusters): no lock cycle with the rungs
+    lock_for_erasure(conn)  # excludes every near-rung chunk (they hold it shared), so no lock cycle with them
     key = tombstone_key(conn)
     _checked_key(conn, load_catalogue(conn))
     kid = core.key_id(key)
@@ -649,7 +648,7 @@ def erase(
     removed: dict[str, int] = {}
     removed.update(_sweep_other_tables(conn, found))
     removed.update(_redact_json_columns(conn, found))
-    near, clusters_recomputed = index.remove_records(conn, found.record_ids, representative)
+    near, clusters_recomputed = near_graph.remove_from_index(conn, found.record_ids, representative)
     removed.update(near)
     removed["record_hashes"] = delete_in(conn, record_hashes, [record_hashes.c.record_id], found.record_ids)
     history_ids = found.history_ids

@@ -15,10 +15,10 @@ from typing import Sequence
 from sqlalchemy import Connection, and_, delete, exists, func, insert, select, update
 
 from dedup_pipeline.store.bulk import in_values
-from dedup_pipeline.store.near import remove_records
+from dedup_pipeline.store.near_graph import remove_from_index
 from dedup_pipeline.store.rehash import of_record
 from dedup_pipeline.store.schema import (
-    hash_version_events, minhash_signatures, record_hashes, record_history, records, rehash_merged_records, settings,
+    hash_version_events, near_index, record_hashes, record_history, records, rehash_merged_records, settings,
 )
 from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, analyze
 
@@ -69,7 +69,7 @@ def follow_sketches(conn: Connection, source: str, target: str) -> int:
     """
     old = record_hashes.alias("old")
     current = records.alias("current")
-    s = minhash_signatures
+    s = near_index
     statement = (
         update(s)
         .where(
@@ -125,7 +125,7 @@ def move_merged_to_history(
         ).scalars().all()
         if not doomed:
             continue
-        remove_records(conn, doomed, representative)
+        remove_from_index(conn, doomed, representative)
         gone = conn.execute(
             delete(records)
             .where(in_values(conn, records.c.record_id, doomed))
