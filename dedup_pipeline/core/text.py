@@ -206,9 +206,9 @@ class TextNormaliser:
         """
         from dedup_pipeline.core.xxh32 import spaces_for_non_alnum
 
+        if not self.strip_punctuation:  # rule 5 must see Unicode whitespace, which only str.split knows
+            return [self.normalise(t).encode("utf-8", "surrogatepass") for t in texts]
         done = [self._rules_1_to_3(t).encode("utf-8", "surrogatepass") for t in texts]
-        if not self.strip_punctuation:
-            return done
         alone = {i for i, data in enumerate(done) if _SEPARATOR_BYTE in data or not _in_bmp(data)}
         together = [data for i, data in enumerate(done) if i not in alone]
         if together:

@@ -155,8 +155,8 @@ def near_duplicate_clusters(
     Figures: `sketched` (records of the batch indexed), `candidate_pairs`
     (LSH bucket matches) -> `pairs` (verified links), `near_duplicates`
     (records of the batch linked), `clusters_touched`, `largest_cluster`,
-    `cluster_sizes` (size -> clusters this batch touched), `capped_buckets`
-    (LSH buckets over `max_bucket_size`, whose candidates were capped);
+    `cluster_sizes` (size -> clusters this batch touched), `capped_records`
+    (records that met `max_candidates` candidates, the cap);
     `largest_clusters` previews the biggest clusters this batch touched (ids,
     sizes, similarity range; look the ids up in `near_duplicate_clusters`).
     `funnel` pictures the whole ladder for the batch: lines in the file ->
@@ -165,13 +165,13 @@ def near_duplicate_clusters(
     """
     with retried_only_if_transient():
         report = cluster_batch(
-            warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size, near_dup.max_bucket_size,
-            context.run.run_id,
+            warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size, near_dup.max_candidates,
+            context.run.run_id, near_dup.max_links,
         )
-    if report.capped_buckets:
+    if report.capped:
         context.log.warning(
-            f"{len(report.capped_buckets)} LSH bucket(s) held more than {near_dup.max_bucket_size} records "
-            "(boilerplate?): their records met only the oldest members of those buckets"
+            f"{len(report.capped)} record(s) met more than {near_dup.max_candidates} records sharing a band with them "
+            "(boilerplate?): they met only the first stored"
         )
     figures = ladder_figures(warehouse.get(), context.partition_key, report.clusters)
     return dg.MaterializeResult(metadata={**report.as_metadata(), **figures})

@@ -14,7 +14,7 @@ from dedup_pipeline.core.near import DEFAULT_THRESHOLD, NearDupParams, make_para
 from dedup_pipeline.core.policy import DuplicatePolicy
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
 from dedup_pipeline.ladder.near import (
-    DEFAULT_MAX_BUCKET_SIZE, DEFAULT_MAX_CLUSTER_SHARE, DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK,
+    DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_CLUSTER_SHARE, DEFAULT_MAX_LINKS, DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK,
 )
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.store.seen_set import SeenSet, seen_set_from_env
@@ -98,9 +98,12 @@ class NearDupResource(dg.ConfigurableResource):
     )
     representative: str = Field(default="oldest", description="Cluster representative: 'oldest' or 'longest'.")
     chunk_size: int = Field(default=2000, description="Records sketched and linked per transaction.")
-    max_bucket_size: Optional[int] = Field(
-        default=DEFAULT_MAX_BUCKET_SIZE,
-        description="A record meets at most this many (oldest) members of each LSH bucket; empty means no cap.",
+    max_candidates: Optional[int] = Field(
+        default=DEFAULT_MAX_CANDIDATES,
+        description="A record meets at most this many (first stored) records sharing a band with it; empty means no cap.",
+    )
+    max_links: int = Field(
+        default=DEFAULT_MAX_LINKS, description="Links a record keeps: to its nearest earlier-landed near duplicates."
     )
     max_cluster_share: float = Field(
         default=DEFAULT_MAX_CLUSTER_SHARE, description="Runaway-cluster check fails when one cluster holds more of a batch."

@@ -293,19 +293,21 @@ def candidate_pairs(
     ids = sorted(set(ids))
     if not ids:
         return np.zeros((0, 2), np.int64), set()
+    # One more than the cap is asked for: a record that gets it had more, and is reported capped.
+    limit = max_candidates + 1 if max_candidates is not None else None
     if conn.dialect.name == "postgresql":
-        mine, other = conn.execute(
-            text(_candidate_sql(bands, max_candidates is not None)), {"ids": ids, "limit": max_candidates}
-        ).one()
+        mine, other = conn.execute(text(_candidate_sql(bands, limit is not None)), {"ids": ids, "limit": limit}).one()
         pairs = np.column_stack((np.array(mine or [], dtype=np.int64), np.array(other or [], dtype=np.int64)))
     else:
-        pairs = np.array([tuple(row) for row in _sqlite_candidates(conn, ids, bands, max_candidates)],
+        pairs = np.array([tuple(row) for row in _sqlite_candidates(conn, ids, bands, limit)],
                          dtype=np.int64).reshape(-1, 2)
-    capped = set()
-    if max_candidates is not None and len(pairs):
-        mine, counts = np.unique(pairs[:, 0], return_counts=True)
-        capped = set(mine[counts >= max_candidates].tolist())
-    return pairs, capped
+    if limit is None or not len(pairs):
+        return pairs, set()
+    order = np.argsort(pairs[:, 0], kind="stable")  # each record's candidates stay in the order they came
+    grouped = pairs[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(grouped[:, 0])) + 1]
+    rank = np.arange(len(grouped)) - np.repeat(starts, np.diff(np.r_[starts, len(grouped)]))
+    return grouped[rank < max_candidates], set(grouped[rank == max_candidates, 0].tolist())
 
 
 def _sqlite_candidates(conn: Connection, ids: Sequence[int], bands: int, limit: int | None) -> list:

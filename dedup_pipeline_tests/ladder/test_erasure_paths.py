@@ -26,7 +26,7 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import (
-    canonical_records, dedup_decisions, minhash_signatures, record_history, records, rehash_comparisons,
+    canonical_records, dedup_decisions, near_index, record_history, records, rehash_comparisons,
 )
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
 from dedup_pipeline_tests.helpers import new_run_id
@@ -67,7 +67,7 @@ def subject_rows(warehouse) -> dict:
             "history": conn.execute(select(func.count()).select_from(record_history).where(seller(record_history))).scalar_one(),
             "staged": conn.execute(select(func.count()).select_from(canonical_records).where(seller(canonical_records))).scalar_one(),
             "sketches": conn.execute(
-                select(func.count()).select_from(minhash_signatures.join(records)).where(seller(records))
+                select(func.count()).select_from(near_index.join(records)).where(seller(records))
             ).scalar_one(),
         }
 

@@ -44,28 +44,39 @@ def stored(warehouse):
     return texts, links, sorted(sorted(g) for g in groups.values())
 
 
-def test_a_boilerplate_bucket_is_capped_and_still_forms_one_cluster(warehouse, tmp_path):
+def test_boilerplate_caps_the_candidates_a_record_meets_and_still_forms_one_cluster(warehouse, tmp_path):
     n, cap = 60, 5
     land(warehouse, tmp_path / "landing", "b1",
          [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)])
-    report = cluster_batch(warehouse, "b1", NearDupParams(), chunk_size=25, max_bucket_size=cap)
+    report = cluster_batch(warehouse, "b1", NearDupParams(), chunk_size=25, max_candidates=cap)
 
-    # every record meets at most `cap` partners (the oldest members), not n - 1
+    # every record meets at most `cap` others (the first stored), not n - 1; each had more (its chunk's, at least)
     assert report.candidate_pairs <= n * cap
-    assert report.capped_buckets and report.as_metadata()["capped_buckets"] == len(report.capped_buckets)
-    assert len(report.capped_buckets) == NearDupParams().bands  # identical texts share every band's bucket
-    _, _, clusters = stored(warehouse)
-    assert [len(c) for c in clusters] == [n]  # linking to the oldest members keeps the cluster whole
+    assert len(report.capped) == n and report.as_metadata()["capped_records"] == n
+    _, links, clusters = stored(warehouse)
+    assert [len(c) for c in clusters] == [n]  # linking to the first members keeps the cluster whole
     assert report.clusters == {clusters[0][0]: n}
 
 
-def test_without_a_cap_the_same_bucket_gives_every_pair(warehouse, tmp_path):
+def test_each_record_keeps_links_to_its_nearest_earlier_records_only(warehouse, tmp_path):
+    """Breaks: 30 identical texts, no cap: every pair is a near duplicate (435 pairs).
+
+    Must hold: all 435 are verified and form one cluster, but a record keeps at most `max_links` links, each
+    to a record landed before it; with ties in similarity, to the oldest: 0 + 1 + 2 + 3 * 27 links.
+    """
     n = 30
     land(warehouse, tmp_path / "landing", "b1",
          [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)])
-    report = cluster_batch(warehouse, "b1", NearDupParams(), chunk_size=n, max_bucket_size=None)
-    assert report.candidate_pairs == n * (n - 1) and not report.capped_buckets
-    assert report.pairs == n * (n - 1) // 2
+    report = cluster_batch(warehouse, "b1", NearDupParams(), chunk_size=n, max_candidates=None, max_links=3)
+    assert report.candidate_pairs == report.pairs == n * (n - 1) // 2 and not report.capped
+    _, links, clusters = stored(warehouse)
+    assert [len(c) for c in clusters] == [n]
+    assert len(links) == 0 + 1 + 2 + 3 * (n - 3)
+    by_owner: dict = {}
+    for earlier, later in links:
+        by_owner.setdefault(later, []).append(earlier)
+    ids = sorted(clusters[0])
+    assert all(sorted(e) == ids[: min(3, ids.index(later))] for later, e in by_owner.items())
 
 
 def _variants(seed: int, count: int) -> list[str]:
@@ -156,15 +167,15 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
     word), not to A's, and its sketch is of the content it holds.
     """
     from dedup_pipeline.ladder import near
-    from dedup_pipeline.store.schema import minhash_signatures
+    from dedup_pipeline.store.schema import near_index
 
     text_a, text_b = description(1, words=120), description(2, words=120)
     folder = tmp_path / "landing"
     land(warehouse, folder, "X", [listing(1, title="", description=text_a), listing(3, title="", description=text_a + " more")])
     real = near.index.records_to_index
 
-    def y_runs_in_the_window(conn, batch_id, after, limit):
-        rows = real(conn, batch_id, after, limit)
+    def y_runs_in_the_window(conn, batch_id, after, limit, bands):
+        rows = real(conn, batch_id, after, limit, bands)
         if batch_id == "X" and after == 0:
             land(warehouse, folder, "Y", [listing(1, title="", description=text_b), listing(2, title="", description=text_b + " more")],
                  landed=1e9 + 10)
@@ -176,18 +187,21 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
     _, links, _ = stored(warehouse)
     with warehouse.engine.connect() as conn:
         ids = dict(conn.execute(select(records.c.natural_key, records.c.record_id)).all())
-        stale = conn.execute(select(minhash_signatures.c.record_id).join(records, records.c.record_id == minhash_signatures.c.record_id)
-                             .where(minhash_signatures.c.content_hash != records.c.content_hash)).all()
+        stale = conn.execute(select(near_index.c.record_id).join(records, records.c.record_id == near_index.c.record_id)
+                             .where(near_index.c.content_hash != records.c.content_hash)).all()
     one, two = ids[listing(1)["url"]], ids[listing(2)["url"]]
     assert (min(one, two), max(one, two)) in links and not stale
 
 
-def test_a_bucket_one_past_the_cap_is_not_capped_for_its_newest_member(warehouse, tmp_path):
-    """The newest of `cap` + 1 members meets all the others: nothing is left out, so nothing is reported capped
-    (SQLite once reported 26 capped buckets where PostgreSQL reported none, for the same pairs)."""
+def test_a_record_that_meets_exactly_the_cap_is_not_capped(warehouse, tmp_path):
+    """The newest of `cap` + 1 identical records meets all the others: nothing is left out, so nothing is reported
+    capped; one more, and the newest is."""
     folder = tmp_path / "landing"
     land(warehouse, folder, "b1", [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(5)])
-    cluster_batch(warehouse, "b1", NearDupParams(), max_bucket_size=5)
+    cluster_batch(warehouse, "b1", NearDupParams(), max_candidates=5)
     land(warehouse, folder, "b2", [listing(5, title="Kitchen shop", description=BOILERPLATE)], landed=1e9 + 10)
-    report = cluster_batch(warehouse, "b2", NearDupParams(), max_bucket_size=5)
-    assert (report.candidate_pairs, len(report.capped_buckets)) == (5, 0)
+    report = cluster_batch(warehouse, "b2", NearDupParams(), max_candidates=5)
+    assert (report.candidate_pairs, len(report.capped)) == (5, 0)
+    land(warehouse, folder, "b3", [listing(6, title="Kitchen shop", description=BOILERPLATE)], landed=1e9 + 20)
+    report = cluster_batch(warehouse, "b3", NearDupParams(), max_candidates=5)
+    assert (report.candidate_pairs, len(report.capped)) == (5, 1)
