@@ -151,6 +151,27 @@ def cluster_batch(
     return report
 
 
+def rebuild_index(
+    warehouse: Warehouse,
+    params: NearDupParams,
+    chunk_size: int = 2000,
+    max_candidates: int | None = DEFAULT_MAX_CANDIDATES,
+    max_links: int = DEFAULT_MAX_LINKS,
+) -> list[NearReport]:
+    """Drop the near-duplicate index (an earlier layout's tables too), its links and clusters, and build it again
+    with `params`: every stored record sketched, linked and clustered, batch by batch in landing order.
+
+    The records and every other table are left as they are; the batches' figures in `near_rung_runs` gain a
+    `rebuild-...` run each.
+    """
+    with warehouse.engine.begin() as conn:
+        index.drop_index(conn)
+    with warehouse.engine.connect() as conn:
+        batches = index.batches_in_landing_order(conn)
+    run_id = f"rebuild-{uuid.uuid4().hex}"
+    return [cluster_batch(warehouse, batch, params, chunk_size, max_candidates, run_id, max_links) for batch in batches]
+
+
 def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, report, max_links, max_candidates):
     bands = sketches.keys.shape[1]
     with warehouse.engine.begin() as conn:

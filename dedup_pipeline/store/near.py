@@ -124,6 +124,16 @@ def drop_index(conn: Connection) -> dict[str, int]:
     return removed
 
 
+def batches_in_landing_order(conn: Connection) -> list[str]:
+    """The batches that hold the stored records' current versions, oldest landing first."""
+    query = (
+        select(records.c.last_batch_id)
+        .group_by(records.c.last_batch_id)
+        .order_by(func.min(records.c.last_landed_at), records.c.last_batch_id)
+    )
+    return list(conn.execute(query).scalars())
+
+
 # ---------------------------------------------------------------- the rows of the index
 
 

@@ -205,3 +205,71 @@ def test_a_record_that_meets_exactly_the_cap_is_not_capped(warehouse, tmp_path):
     land(warehouse, folder, "b3", [listing(6, title="Kitchen shop", description=BOILERPLATE)], landed=1e9 + 20)
     report = cluster_batch(warehouse, "b3", NearDupParams(), max_candidates=5)
     assert (report.candidate_pairs, len(report.capped)) == (5, 1)
+
+
+def test_a_new_price_keeps_the_sketch_links_and_cluster_and_a_new_text_leaves_its_cluster(warehouse, tmp_path):
+    """Breaks: two near copies of one text are clustered; then a batch changes the first's price only, and another
+    rewrites the second's text entirely.
+
+    Must hold: the price change re-sketches nothing (the text is the same: `kept_sketches`), the cluster and link
+    stay; the text change takes the record out of its cluster (the cluster of two is gone) and leaves no link.
+    """
+    folder = tmp_path / "landing"
+    text = description(7, words=80)
+    land(warehouse, folder, "b1", [listing(1, title="", description=text), listing(2, title="", description=text + " x")])
+    cluster_batch(warehouse, "b1", NearDupParams())
+    _, links, clusters = stored(warehouse)
+    assert len(links) == 1 and [len(c) for c in clusters] == [2]
+
+    land(warehouse, folder, "b2", [listing(1, title="", description=text, price="99.00")], landed=1e9 + 10)
+    report = cluster_batch(warehouse, "b2", NearDupParams())
+    assert (report.sketched, report.kept_sketches) == (0, 1)
+    assert stored(warehouse)[1:] == (links, clusters)
+
+    land(warehouse, folder, "b3", [listing(2, title="", description=description(8, words=80))], landed=1e9 + 20)
+    report = cluster_batch(warehouse, "b3", NearDupParams())
+    assert report.sketched == 1 and not report.near_duplicates
+    assert stored(warehouse)[1:] == ({}, [])
+
+
+def test_an_index_of_the_earlier_layout_is_refused_with_the_command_that_rebuilds_it(warehouse, tmp_path):
+    from dedup_pipeline.store.near import INDEX_IDENTITY, REBUILD_COMMAND, IndexMismatch
+    from dedup_pipeline.store.schema import settings
+    from dedup_pipeline.store.warehouse import utcnow
+
+    land(warehouse, tmp_path / "landing", "b1", [listing(1)])
+    with warehouse.engine.begin() as conn:
+        conn.execute(settings.insert().values(name=INDEX_IDENTITY, value="neardup/1;method=minhash;...", updated_at=utcnow()))
+    with pytest.raises(IndexMismatch, match="earlier version") as refused:
+        cluster_batch(warehouse, "b1", NearDupParams())
+    assert REBUILD_COMMAND in str(refused.value)
+    with pytest.raises(IndexMismatch, match="keep the original sketch settings"):
+        with warehouse.engine.begin() as conn:
+            conn.execute(settings.delete())
+        cluster_batch(warehouse, "b1", NearDupParams())
+        cluster_batch(warehouse, "b1", NearDupParams(num_perm=64))
+
+
+def test_rebuilding_the_index_gives_what_building_it_batch_by_batch_gave(warehouse, tmp_path):
+    """Breaks: an index built batch by batch, then dropped and rebuilt in one go (as after an upgrade, or to change
+    the sketch settings), including the tables an earlier layout left.
+
+    Must hold: the same links and clusters; the old tables are gone.
+    """
+    from sqlalchemy import inspect, text
+
+    from dedup_pipeline.ladder.near import rebuild_index
+
+    texts = [t for seed in (1, 2) for t in _variants(seed, 5)]
+    folder = tmp_path / "landing"
+    land(warehouse, folder, "b1", [listing(i, title="", description=t) for i, t in enumerate(texts[:5])])
+    land(warehouse, folder, "b2", [listing(i, title="", description=t) for i, t in enumerate(texts[5:], 5)], landed=1e9 + 10)
+    for key in ("b1", "b2"):
+        cluster_batch(warehouse, key, NearDupParams())
+    before = stored(warehouse)
+    with warehouse.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE lsh_buckets (band INTEGER)"))
+    reports = rebuild_index(warehouse, NearDupParams())
+    assert [r.batch_id for r in reports] == ["b1", "b2"] and sum(r.sketched for r in reports) == 10
+    assert stored(warehouse) == before and before[2]
+    assert "lsh_buckets" not in inspect(warehouse.engine).get_table_names()
