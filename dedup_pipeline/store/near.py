@@ -209,8 +209,8 @@ def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
     return {record_id: bytes(digest) for record_id, digest in rows}
 
 
-def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes]) -> None:
-    """Insert or replace the index rows of `rows.ids` (their old rows, if any, go first), pending until linked."""
+def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes], pending: bool = True) -> None:
+    """Insert or replace the index rows of `rows.ids` (their old rows, if any, go first), `pending` until linked."""
     ids = rows.ids.tolist()
     delete_in(conn, near_index, [near_index.c.record_id], ids)
     bands = rows.keys.shape[1]
@@ -228,7 +228,8 @@ def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes]) -> N
     columns = ["record_id", "content_hash", "first_landed_us", "first_seen_us", "key_order", "signature",
                *(f"b{b}" for b in range(bands))]
     copy_rows(conn, near_index, columns, ([v.get(c) for c in columns] for v in values))
-    copy_rows(conn, near_pending, ["record_id"], ([rid] for rid in ids))
+    if pending:
+        copy_rows(conn, near_pending, ["record_id"], ([rid] for rid in ids))
 
 
 def update_digests(conn: Connection, digests: dict[int, bytes]) -> None:
