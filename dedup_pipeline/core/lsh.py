@@ -18,6 +18,7 @@ different keys, so an index on ``key`` alone cannot mix bands either.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -27,40 +28,36 @@ from dedup_pipeline.core.minhash import empty_mask
 KEY_SCHEME = "xxh64-le32-bandseed"
 
 
-def _band_probability(s: np.ndarray, bands: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    return 1.0 - (1.0 - s ** rows) ** bands
-
-
+@lru_cache(maxsize=256)
 def choose_bands_rows(
     threshold: float,
     num_perm: int,
     fp_weight: float = 0.5,
     fn_weight: float = 0.5,
 ) -> tuple[int, int]:
-    """``(bands, rows)`` minimising the weighted false positive/negative areas.
+    """``(bands, rows)`` minimising the weighted false positive/negative areas, as datasketch chooses them.
 
-    Same objective as datasketch's ``_optimal_param``: over every ``bands *
-    rows <= num_perm``, minimise ``fp_weight * FP + fn_weight * FN`` where
-    ``FP`` is the area under the candidate probability below ``threshold`` and
-    ``FN`` the area above it that the probability misses. The integrands are
-    polynomials of degree ``bands * rows <= num_perm``, so Gauss-Legendre
-    quadrature with ``num_perm // 2 + 1`` nodes computes them exactly (up to
-    rounding). Ties go to fewer bands, then fewer rows, as in datasketch.
+    Reads the public ``b`` and ``r`` of ``datasketch.MinHashLSH(threshold, num_perm, weights=(fp_weight,
+    fn_weight))``, which searches every ``bands * rows <= num_perm`` for the least ``fp_weight * FP + fn_weight *
+    FN`` (``FP`` the area under the candidate probability below ``threshold``, ``FN`` the area above it that the
+    probability misses). datasketch is imported here, not at the top, because it imports scipy. Where
+    datasketch refuses (its optimum has one band, or the weights do not sum to 1), the ValueError says so:
+    give ``bands`` and ``rows`` yourself then.
     """
     if not 0.0 < threshold < 1.0:
         raise ValueError("threshold must be in (0, 1)")
-    if num_perm < 1:
-        raise ValueError("num_perm must be positive")
-    nodes, weights = np.polynomial.legendre.leggauss(num_perm // 2 + 1)
-    pairs = np.array([(b, r) for b in range(1, num_perm + 1) for r in range(1, num_perm // b + 1)])
-    bands, rows = pairs[:, :1].astype(float), pairs[:, 1:].astype(float)
-    # Map the nodes from [-1, 1] to [0, threshold] and to [threshold, 1].
-    lo = threshold / 2 * (nodes + 1)
-    hi = threshold + (1 - threshold) / 2 * (nodes + 1)
-    fp = threshold / 2 * (_band_probability(lo, bands, rows) @ weights)
-    fn = (1 - threshold) / 2 * ((1 - _band_probability(hi, bands, rows)) @ weights)
-    best = int(np.argmin(fp_weight * fp + fn_weight * fn))  # first minimum = fewest bands, rows
-    return int(pairs[best, 0]), int(pairs[best, 1])
+    if num_perm < 2:
+        raise ValueError("num_perm must be at least 2")
+    from datasketch import MinHashLSH
+
+    try:
+        lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(fp_weight, fn_weight))
+    except ValueError as error:
+        raise ValueError(
+            f"datasketch chooses no bands/rows for threshold={threshold}, num_perm={num_perm}, "
+            f"weights=({fp_weight}, {fn_weight}): {error}; give bands and rows explicitly"
+        ) from error
+    return int(lsh.b), int(lsh.r)
 
 
 def candidate_probability(similarity: float, bands: int, rows: int) -> float:
