@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_exact import seed_content_hash  # noqa: E402
 from benchmarks.bench_url import baseline_canonicalize  # noqa: E402
 from benchmarks.common import crawl_with_duplicates  # noqa: E402
-from dedup_pipeline.core.batch import content_hashes, hash_records  # noqa: E402
+from dedup_pipeline.core.canonical import content_hashes, hash_records  # noqa: E402
 from dedup_pipeline.core.errors import RecordError  # noqa: E402
 from dedup_pipeline.core.hashing import HASH_RULES  # noqa: E402
 from dedup_pipeline.core.records import canonicalise_record, canonicalise_records, parse_line  # noqa: E402

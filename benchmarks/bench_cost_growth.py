@@ -52,7 +52,7 @@ from dedup_pipeline.ladder.near import cluster_batch, near_text, sketch  # noqa:
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
-from dedup_pipeline.store.neardup import copy_buckets  # noqa: E402
+from dedup_pipeline.store.near import copy_buckets  # noqa: E402
 from dedup_pipeline.store.schema import minhash_signatures, record_hashes, records  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
 

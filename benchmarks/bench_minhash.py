@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dedup_pipeline.core.lsh import LshIndex  # noqa: E402
 from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts, to_lean_minhash  # noqa: E402
-from dedup_pipeline.core.neardup import NearDupParams  # noqa: E402
+from dedup_pipeline.core.near import NearDupParams  # noqa: E402
 
 NUM_PERM = 128
 SEED = 1

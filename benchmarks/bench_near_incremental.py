@@ -50,10 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import median, scratch_database  # noqa: E402
 from dedup_pipeline.core.hashing import INITIAL_ACTIVE_VERSION  # noqa: E402
-from dedup_pipeline.core.neardup import NearDupParams  # noqa: E402
+from dedup_pipeline.core.near import NearDupParams  # noqa: E402
 from dedup_pipeline.ladder.near import DEFAULT_MAX_BUCKET_SIZE, cluster_batch  # noqa: E402
 from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
-from dedup_pipeline.store.neardup import capped_lateral_query  # noqa: E402
+from dedup_pipeline.store.near import capped_lateral_query  # noqa: E402
 from dedup_pipeline.store.schema import records  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
 

@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dedup_pipeline.core.clustering import cluster_labels  # noqa: E402
 from dedup_pipeline.core.minhash import minhash_signatures  # noqa: E402
-from dedup_pipeline.core.neardup import (  # noqa: E402
+from dedup_pipeline.core.near import (  # noqa: E402
     NearDupParams,
     cluster_near_duplicates,
     minhash_links,

@@ -201,7 +201,7 @@ def _peak_mib() -> float:
 
 def child(args: argparse.Namespace) -> None:
     """Run the four rungs over one batch; print one JSON object with seconds, peaks and figures per rung."""
-    from dedup_pipeline.core.neardup import NearDupParams
+    from dedup_pipeline.core.near import NearDupParams
     from dedup_pipeline.ladder.canonical import canonicalise_batch
     from dedup_pipeline.ladder.exact import deduplicate_batch
     from dedup_pipeline.ladder.near import cluster_batch

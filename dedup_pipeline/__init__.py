@@ -17,7 +17,7 @@ __all__ = ["canonical_url", "content_hash", "cluster_near_duplicates", "first_ti
 def __getattr__(name: str):
     # Near-duplicate clustering pulls in numpy; load it only when asked for.
     if name == "cluster_near_duplicates":
-        from dedup_pipeline.core.neardup import cluster_near_duplicates
+        from dedup_pipeline.core.near import cluster_near_duplicates
 
         return cluster_near_duplicates
     if name == "first_time_seen":

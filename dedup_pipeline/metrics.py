@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import Connection, Engine, select
 
-from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.store.schema import exact_rung_runs, near_rung_runs
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from sqlalchemy import func, select, text
 
 from dedup_pipeline.core.fields import canonical_fields
 from dedup_pipeline.core.hashing import compute_hashes
-from dedup_pipeline.core.neardup import NearDupParams
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch

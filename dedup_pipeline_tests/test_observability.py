@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, func, select
 from prometheus_client.parser import text_string_to_metric_families
 
 from dedup_pipeline.core.erasure import Subject
-from dedup_pipeline.core.neardup import NearDupParams
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.decision_log import iter_events
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.near import cluster_batch

@@ -24,7 +24,7 @@ extraction failed the same way. Adding a field to a record does
 not change its `content/2` digest; the URL is not part of it, so the same
 listing served under two URLs is one content.
 
-`dedup_pipeline.core.batch` computes both rules column-wise over a chunk of
+`dedup_pipeline.core.canonical` computes both rules column-wise over a chunk of
 records (the ladder's path); these per-record functions are its specification,
 and its tests check it against them. A new rule works there at once (it is
 applied record by record); a vectorised version of it is an addition there.

@@ -129,7 +129,7 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     :func:`dedup_pipeline.core.minhash.empty_mask`) get keys too, all equal
     to each other; they must never be stored or indexed, or every empty
     document would become a candidate of every other. :class:`LshIndex` and
-    :func:`dedup_pipeline.core.neardup.minhash_links` drop them.
+    :func:`dedup_pipeline.core.near.minhash_links` drop them.
     """
     signatures = np.asarray(signatures, dtype=np.uint32).reshape(-1, np.shape(signatures)[-1])
     n, num_perm = signatures.shape

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
-from dedup_pipeline.core.batch import hash_records
+from dedup_pipeline.core.canonical import hash_records
 from dedup_pipeline.core.errors import MAX_NESTING, NESTING_TOO_DEEP, RecordError
 from dedup_pipeline.core.fields import RECORD_VERSION, canonical_fields, is_blank
 from dedup_pipeline.core.hashing import compute_hashes
@@ -195,7 +195,7 @@ def canonicalise_records(
     """`canonicalise_record` for a chunk of records: the same results, or the same `RecordError`, per record.
 
     The canonical fields and hashes are computed column-wise over the chunk
-    (`dedup_pipeline.core.batch`), and each URL is canonicalised once, for the
+    (`dedup_pipeline.core.canonical`), and each URL is canonicalised once, for the
     record's identity and its hashes alike.
     """
     results: list[CanonicalRecord | RecordError | None] = [None] * len(records)

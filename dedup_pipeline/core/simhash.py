@@ -34,7 +34,7 @@ def simhash_fingerprints(
 ) -> np.ndarray:
     """SimHash fingerprints of many documents, uint64, shape ``(n,)``.
 
-    Documents without shingles get 0; :func:`dedup_pipeline.core.neardup`
+    Documents without shingles get 0; :func:`dedup_pipeline.core.near`
     keeps them out of the candidate search (check ``len(shingles) == 0``).
     """
     out = np.zeros(len(shingle_lists), dtype=np.uint64)

@@ -10,8 +10,8 @@ import dagster as dg
 from pydantic import Field
 
 from dedup_pipeline.core.hashing import HASH_RULES
-from dedup_pipeline.core.neardup import DEFAULT_THRESHOLD, NearDupParams, make_params
-from dedup_pipeline.core.policy import DuplicatePolicy
+from dedup_pipeline.core.near import DEFAULT_THRESHOLD, NearDupParams, make_params
+from dedup_pipeline.core.exact import DuplicatePolicy
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
 from dedup_pipeline.ladder.near import (
     DEFAULT_MAX_BUCKET_SIZE, DEFAULT_MAX_CLUSTER_SHARE, DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK,

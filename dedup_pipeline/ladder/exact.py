@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Select, Text, cast, func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from dedup_pipeline import decision_log
-from dedup_pipeline.core.policy import Decision, plan_chunk
+from dedup_pipeline.core.exact import Decision, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.settings import LadderSettings

@@ -20,10 +20,10 @@ import numpy as np
 
 from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, signature_from_bytes, signature_to_bytes
 from dedup_pipeline.core.lsh import band_keys
-from dedup_pipeline.core.neardup import NearDupParams, verify_pairs
+from dedup_pipeline.core.near import NearDupParams, verify_pairs
 from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.core.simhash import block_bounds, hamming_distance, simhash_fingerprints
-from dedup_pipeline.store import neardup as index
+from dedup_pipeline.store import near as index
 from dedup_pipeline.store.schema import near_rung_runs
 from dedup_pipeline.store.warehouse import Warehouse, analyze_grown, record_rung_run
 
@@ -108,7 +108,7 @@ class NearReport:
         }
 
 
-#: Default cap on the partners a record meets per LSH bucket (see `store.neardup.candidate_partners`).
+#: Default cap on the partners a record meets per LSH bucket (see `store.near.candidate_partners`).
 DEFAULT_MAX_BUCKET_SIZE = 200
 #: Capped bucket keys listed in the metadata (the count is always complete).
 CAPPED_KEYS_SHOWN = 20

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, select, update
 
 from dedup_pipeline.core.hashing import hash_rule
 from dedup_pipeline.store import rehash_switch as store
-from dedup_pipeline.store.neardup import lock_clusters
+from dedup_pipeline.store.near import lock_clusters
 from dedup_pipeline.store.rehash import progress, unhashable_rows
 from dedup_pipeline.store.rehash_compare import latest_comparison
 from dedup_pipeline.store.schema import hash_version_events, settings

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, delete, select, tuple_, update
 
 from dedup_pipeline.core.errors import ConfigurationError
-from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.store.schema import canonical_records, crawl_batches, dedup_decisions, quarantine, record_history
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
 

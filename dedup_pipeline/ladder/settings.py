@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dedup_pipeline.core.hashing import HASH_RULES
-from dedup_pipeline.core.policy import DuplicatePolicy
+from dedup_pipeline.core.exact import DuplicatePolicy
 from dedup_pipeline.core.records import DEFAULT_NATURAL_KEY
 
 

@@ -12,7 +12,7 @@ from typing import Iterable
 
 from sqlalchemy import Connection, case, func, select
 
-from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.quality.history import first_decision_counts
 from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, dedup_decisions, near_duplicate_clusters, near_duplicate_links, records,

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from sqlalchemy import Connection, and_, func, or_, select
 
-from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.landing import named_source
 from dedup_pipeline.quality.collapse import BatchRate
 from dedup_pipeline.store.schema import crawl_batches, dedup_decisions

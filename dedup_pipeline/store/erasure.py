@@ -48,7 +48,7 @@ from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.core.url import URL_VERSION
 from dedup_pipeline.store import json_text
-from dedup_pipeline.store import neardup as index
+from dedup_pipeline.store import near as index
 from dedup_pipeline.store.bulk import chunked, delete_in
 from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, dedup_decisions, erasure_requests, erasure_scopes, erasure_tombstones,

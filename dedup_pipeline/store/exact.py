@@ -15,7 +15,7 @@ from typing import Sequence
 
 from sqlalchemy import Column, Connection, DateTime, Integer, String, and_, delete, insert, literal, select, true, update
 
-from dedup_pipeline.core.policy import ChunkPlan, Decision, StoredRow
+from dedup_pipeline.core.exact import ChunkPlan, Decision, StoredRow
 from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
 from dedup_pipeline.store.bulk import copy_rows, in_values, staging_table
 from dedup_pipeline.store.schema import Id, crawl_batches, dedup_decisions, record_hashes, record_history, records

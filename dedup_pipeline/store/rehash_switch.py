@@ -15,7 +15,7 @@ from typing import Sequence
 from sqlalchemy import Connection, and_, delete, exists, func, insert, select, update
 
 from dedup_pipeline.store.bulk import in_values
-from dedup_pipeline.store.neardup import remove_records
+from dedup_pipeline.store.near import remove_records
 from dedup_pipeline.store.rehash import of_record
 from dedup_pipeline.store.schema import (
     hash_version_events, minhash_signatures, record_hashes, record_history, records, rehash_merged_records, settings,

@@ -17,7 +17,7 @@ from dedup_pipeline.defs.checks import (
 )
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource
-from dedup_pipeline.demo import write_demo_crawl
+from dedup_pipeline.cli.demo import write_demo_crawl
 from dedup_pipeline.landing import list_batches
 from dedup_pipeline.store.schema import dedup_decisions, records
 from dedup_pipeline.store.warehouse import Warehouse, utcnow

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import inspect, insert, select, text, update
 
-from dedup_pipeline.core.neardup import NearDupParams
-from dedup_pipeline.demo import write_demo_crawl
+from dedup_pipeline.core.near import NearDupParams
+from dedup_pipeline.cli.demo import write_demo_crawl
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dedup_pipeline.core.neardup import DEFAULT_NORMALISERS, NearDupParams
+from dedup_pipeline.core.near import DEFAULT_NORMALISERS, NearDupParams
 from dedup_pipeline.core.text import TextNormaliser
 from dedup_pipeline.defs.checks import RUNAWAY_CHECK
 from dedup_pipeline.defs.resources import NearDupResource

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from dedup_pipeline.demo import write_demo_crawl
+from dedup_pipeline.cli.demo import write_demo_crawl
 from dedup_pipeline_tests.e2e.dagster_dev import BIN, LOCATION, REPO, Server, start_server, wait_until
 from dedup_pipeline_tests.helpers import listing, write_batch
 

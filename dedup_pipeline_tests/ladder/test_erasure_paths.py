@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from dedup_pipeline.core.erasure import Subject
-from dedup_pipeline.core.neardup import NearDupParams
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.exact import deduplicate_batch

@@ -12,7 +12,7 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 from sqlalchemy import func, select, text
 
-from dedup_pipeline.core.neardup import NearDupParams
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.core.parallel import available_cpus
 from dedup_pipeline.ladder import canonical
 from dedup_pipeline.ladder.canonical import PARALLEL_FLOOR, canonicalise_batch, worker_count
@@ -206,7 +206,7 @@ def test_content_stored_under_another_key_is_an_exact_duplicate_whatever_the_see
 
     Must hold: the record is decided an exact duplicate, as a warm seen-set would decide it.
     """
-    from dedup_pipeline.core.policy import DuplicatePolicy
+    from dedup_pipeline.core.exact import DuplicatePolicy
     from dedup_pipeline.ladder.rehash import compare_versions, switch_hash_version
 
     compare_versions(warehouse, "content/1", "content/2", low=-1, high=1)

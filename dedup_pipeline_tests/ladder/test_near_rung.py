@@ -7,7 +7,7 @@ import random
 import pytest
 from sqlalchemy import select
 
-from dedup_pipeline.core.neardup import NearDupParams, cluster_near_duplicates
+from dedup_pipeline.core.near import NearDupParams, cluster_near_duplicates
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch, near_text, runaway_clusters

@@ -13,7 +13,7 @@ from dedup_pipeline.ladder.rehash import (
     MigrationRefused, backfill, backfill_shard, compare_versions, retire_hash_version, switch_hash_version,
 )
 from dedup_pipeline.store import rehash as store
-from dedup_pipeline.store.neardup import lock_clusters
+from dedup_pipeline.store.near import lock_clusters
 from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline.store.schema import (
     hash_version_events, lsh_buckets, near_duplicate_clusters, near_duplicate_links, record_hashes, record_history, records, rehash_merged_records,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from dedup_pipeline.core.neardup import NearDupParams
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.ladder.canonical import CanonicalReport, canonicalise_batch
 from dedup_pipeline.ladder.exact import ExactReport, deduplicate_batch
 from dedup_pipeline.ladder.near import NearReport, cluster_batch

@@ -206,23 +206,3 @@ def test_a_rehash_backfill_killed_mid_shard(warehouse, warehouse_url, tmp_path):
     assert _digests(warehouse.engine, "content/2") == _digests(clean.engine, "content/2")
     assert _digests(warehouse.engine, "content/1") == _digests(clean.engine, "content/1")
     clean.dispose()
-
-
-def test_a_process_mark_tells_a_live_process_from_a_killed_one(tmp_path):
-    """The mark behind the release of dead runs: a file locked by its process, whatever its PID (a container's
-    PID 1, a PID reused or in another namespace), so a live run is never released and a dead one always is."""
-    from dedup_pipeline.process_marks import process_alive
-
-    code = ("import sys, time; from pathlib import Path; from dedup_pipeline.process_marks import ProcessMark; "
-            "mark = ProcessMark(Path(sys.argv[1])); print(mark.token, flush=True); time.sleep(120)")
-    process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        token = process.stdout.readline().strip()
-        assert process_alive(tmp_path, token) is True
-        assert process_alive(tmp_path, token) is True  # asking does not take the mark away
-    finally:
-        process.kill()
-        process.wait()
-    assert process_alive(tmp_path, token) is False
-    assert not (tmp_path / f"{token}.lock").exists()  # a dead process's mark is removed once seen
-    assert process_alive(tmp_path, "not-a-process-of-this-instance") is None

@@ -17,7 +17,7 @@ RUNGS = ("raw", "canonical", "exact", "near")
 
 
 def run_ladder(args: argparse.Namespace) -> dict:
-    from dedup_pipeline.core.neardup import NearDupParams
+    from dedup_pipeline.core.near import NearDupParams
     from dedup_pipeline.ladder.canonical import canonicalise_batch
     from dedup_pipeline.ladder.exact import deduplicate_batch
     from dedup_pipeline.ladder.near import cluster_batch

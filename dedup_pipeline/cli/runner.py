@@ -27,7 +27,7 @@ from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.landing import scan_landing
-from dedup_pipeline.process_marks import PROCESS_TAG, process_token, release_runs_of_dead_processes
+from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
 

@@ -1,4 +1,4 @@
-"""Which `dedup-pipeline` processes still live, so that runs they executed in process and died with are released.
+"""Liveness of `dedup-pipeline` processes: a lock each holds while it lives, so that runs it died with are released.
 
 A run executed in process never says it ended when its process is killed. Each
 process holds a file locked while it lives (its mark), beside the Dagster

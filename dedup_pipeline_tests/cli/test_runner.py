@@ -12,12 +12,12 @@ from dagster._core.instance.ref import InstanceRef
 from sqlalchemy import func, select
 
 from dedup_pipeline.landing import LANDING_DIR_ENV
-from dedup_pipeline.runner import run_landing_folder
+from dedup_pipeline.cli.runner import run_landing_folder
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import listing, write_batch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The mutation the UI's "Re-execute from failure" sends (the parent run's tags are kept, as the UI leaves them).
 REEXECUTE = """
 mutation ($params: ReexecutionParams) {
@@ -105,29 +105,3 @@ def test_a_run_the_command_line_failed_is_re_executed_from_failure_in_the_worksp
     with warehouse.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 33
     warehouse.dispose()
-
-
-def test_a_re_execution_inherits_the_process_mark_but_is_never_released_as_a_dead_run(tmp_path):
-    """Breaks: the UI's re-execution (and the daemon's retry) of a command-line run copies the parent's tags,
-    its process mark among them, while that process lies dead (killed; its mark not yet seen by a later run).
-
-    Must hold: the next `dedup-pipeline run` releases the dead process's own run and leaves the re-execution,
-    which a run worker of its own executes, running.
-    """
-    from dagster._core.storage.dagster_run import DagsterRun
-    from dagster._core.storage.tags import PARENT_RUN_ID_TAG, ROOT_RUN_ID_TAG
-
-    from dedup_pipeline.process_marks import PROCESS_MARKS, PROCESS_TAG, release_runs_of_dead_processes
-
-    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
-        (tmp_path / PROCESS_MARKS).mkdir()
-        (tmp_path / PROCESS_MARKS / "dead.lock").touch()  # a mark nobody holds locked: its process is gone
-        own = DagsterRun(job_name="dedup_ladder", status=dg.DagsterRunStatus.STARTED, tags={PROCESS_TAG: "dead"})
-        child = DagsterRun(job_name="dedup_ladder", status=dg.DagsterRunStatus.STARTED, parent_run_id=own.run_id,
-                           root_run_id=own.run_id, tags={PROCESS_TAG: "dead", PARENT_RUN_ID_TAG: own.run_id,
-                                                         ROOT_RUN_ID_TAG: own.run_id})
-        for run in (own, child):
-            instance.add_run(run)
-        assert release_runs_of_dead_processes(instance) == [own.run_id]
-        assert instance.get_run_by_id(own.run_id).status == dg.DagsterRunStatus.FAILURE
-        assert instance.get_run_by_id(child.run_id).status == dg.DagsterRunStatus.STARTED

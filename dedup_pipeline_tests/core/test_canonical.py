@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from benchmarks.bench_exact import seed_content_hash  # the seeds' code, as the seeds write it
-from dedup_pipeline.core import batch
-from dedup_pipeline.core.batch import content_hashes, hash_records
+from dedup_pipeline.core import canonical
+from dedup_pipeline.core.canonical import content_hashes, hash_records
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.fields import canonical_fields, normalise_text
 from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes, content_hash
@@ -169,7 +169,7 @@ def crawl(n: int, seed: int = 7) -> list[dict]:
 
 
 def test_a_crawl_larger_than_a_block_hashes_like_the_per_record_path():
-    records = crawl(3 * batch.BLOCK + 17)
+    records = crawl(3 * canonical.BLOCK + 17)
     assert batched(records) == per_record(records)
     for version in VERSIONS:
         hashable = [r for r in records if not per_record([r], (version,))[0][2]]
@@ -266,7 +266,7 @@ def test_errors_other_than_record_errors_propagate_as_on_the_per_record_path():
 @given(st.lists(st.text(st.sampled_from(list("ab |") + WHITESPACE + ["\u0301", "\u1100", "\u1161", "\x00", "\x01", "\u00e9"]),
                         max_size=8), min_size=1, max_size=6), st.booleans())
 def test_a_joined_column_normalises_like_each_value(values, upper):
-    done = batch._normalised(values, upper)
+    done = canonical._normalised(values, upper)
     if any("\x00" in v for v in values):
         assert done is None  # the separator itself: left to the per-value path
     else:
@@ -275,13 +275,13 @@ def test_a_joined_column_normalises_like_each_value(values, upper):
 
 def test_every_whitespace_character_collapses_as_str_split_does():
     values = [f"a{c}{c}b{c}" for c in WHITESPACE] + [f"{c}x" for c in WHITESPACE]
-    assert batch._normalised(values)[0] == [normalise_text(v) for v in values]
+    assert canonical._normalised(values)[0] == [normalise_text(v) for v in values]
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=20))
 def test_floats_format_column_wise_as_format_does(values):
-    assert batch._formatted("%.4f", values) == [format(v, ".4f") for v in values]
+    assert canonical._formatted("%.4f", values) == [format(v, ".4f") for v in values]
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 2000])

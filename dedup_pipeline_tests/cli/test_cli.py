@@ -194,7 +194,7 @@ def test_the_kubernetes_exporter_runs_a_command_the_cli_accepts():
 
     from dedup_pipeline.cli import build_parser
 
-    manifest = Path(__file__).resolve().parent.parent / "deploy" / "k8s" / "metrics-exporter.yaml"
+    manifest = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "metrics-exporter.yaml"
     deployment = next(doc for doc in yaml.safe_load_all(manifest.read_text()) if doc["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     program, *args = container["command"]

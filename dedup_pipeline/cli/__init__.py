@@ -1,4 +1,9 @@
-"""The `dedup-pipeline` command line."""
+"""The `dedup-pipeline` command line: `main` and its commands.
+
+The package holds what only the command line uses: the privacy commands (`erasure`), the in-process run of
+the ladder over a landing folder (`runner`), the liveness lock of its processes (`liveness`) and the demo
+crawl (`demo`). `python -m dedup_pipeline.cli` runs `main` too.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,10 @@ from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from dedup_pipeline.erasure_cli import add_commands as add_privacy_commands
+from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, BatchFileError
-from dedup_pipeline.runner import LadderSummary, ensure_dagster_home
+from dedup_pipeline.cli.runner import LadderSummary, ensure_dagster_home
 
 _INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
 #: What SQLite says of a file that is not one of its databases, or is a damaged one.
@@ -46,7 +51,7 @@ def format_summary(summary: LadderSummary) -> str:
 
 
 def _run(landing: Path, as_json: bool, settle_seconds: float) -> int:
-    from dedup_pipeline.runner import run_landing_folder
+    from dedup_pipeline.cli.runner import run_landing_folder
 
     ensure_dagster_home()
     summary = run_landing_folder(landing, settle_seconds=settle_seconds)
@@ -66,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from dedup_pipeline.demo import write_demo_crawl
+    from dedup_pipeline.cli.demo import write_demo_crawl
 
     with tempfile.TemporaryDirectory(prefix="dedup-demo-") as folder:
         paths = write_demo_crawl(Path(folder))
@@ -195,6 +200,3 @@ def _not_sqlite(error: BaseException) -> bool:
     """Whether SQLite refused the warehouse file itself: not one of its databases, or a damaged one."""
     return isinstance(error, sqlite3.DatabaseError) and str(error) in _NOT_SQLITE
 
-
-if __name__ == "__main__":
-    sys.exit(main())

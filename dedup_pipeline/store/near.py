@@ -17,7 +17,7 @@ from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text
 
 from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.store.bulk import chunked, copy_int_columns, copy_rows, delete_in, in_values
-from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.store.schema import (
     dedup_decisions, lsh_buckets, minhash_signatures, near_duplicate_clusters, near_duplicate_links, records, settings,
 )

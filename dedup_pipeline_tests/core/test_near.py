@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from dedup_pipeline.core.lsh import candidate_probability
-from dedup_pipeline.core.neardup import (
+from dedup_pipeline.core.near import (
     DEFAULT_THRESHOLD,
     NearDupParams,
     cluster_near_duplicates,

@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from dedup_pipeline.core.policy import DuplicatePolicy, StoredRow, plan_chunk
+from dedup_pipeline.core.exact import DuplicatePolicy, StoredRow, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 
 T1 = datetime(2026, 11, 1, tzinfo=timezone.utc)
