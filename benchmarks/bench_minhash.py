@@ -62,7 +62,7 @@ import xxhash  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dedup_pipeline.core.lsh import LshIndex  # noqa: E402
+from benchmarks.common import LshIndex  # noqa: E402
 from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts, to_lean_minhash  # noqa: E402
 from dedup_pipeline.core.near import NearDupParams  # noqa: E402
 

@@ -21,7 +21,7 @@ from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import copy_rows
-from dedup_pipeline.store.erasure import erased_positions
+from dedup_pipeline.store.tombstones import erased_positions
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import canonical_records, crawl_batches
 from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, analyze_new_batch, lock_batch

@@ -8,9 +8,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable, Iterator
+from typing import Iterable
 
-from sqlalchemy import Connection, Select, Text, cast, func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from dedup_pipeline import decision_log
@@ -19,16 +18,17 @@ from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import SKIPPED
-from dedup_pipeline.store import json_text
-from dedup_pipeline.store.erasure import erased_positions
-from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state, other_versions_held
-from dedup_pipeline.store.json_text import EncodedJson
+from dedup_pipeline.store.tombstones import erased_positions
+from dedup_pipeline.store.exact import (
+    ChunkConflict, apply_plan, decided_by_unfinished_runs, decisions_through, iter_canonical_chunks, landed_at,
+    load_state, other_versions_held, quarantined_lines, staged_without,
+)
 from dedup_pipeline.store.schema import (
-    canonical_records, crawl_batches, dedup_decisions, exact_rung_runs, quarantine, record_hashes, records,
+    exact_rung_runs, record_hashes, records,
 )
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable, fallback_warning
 from dedup_pipeline.store.warehouse import (
-    Warehouse, active_hash_version, analyze_grown, analyze_new_batch, as_utc, batch_rung_held, record_rung_run, utcnow,
+    Warehouse, active_hash_version, analyze_grown, analyze_new_batch, batch_rung_held, record_rung_run, utcnow,
 )
 
 log = logging.getLogger(__name__)
@@ -105,93 +105,6 @@ class ExactReport:
         return meta
 
 
-def canonical_chunk_query(batch_id: str, after_line: int, chunk_size: int) -> Select:
-    """The batch's next `chunk_size` canonical records after line `after_line`, in line order, JSON as text."""
-    staged = canonical_records.c
-    return (
-        select(
-            staged.line_no, staged.canonical_url, staged.natural_key, cast(staged.payload, Text),
-            cast(staged.hashes, Text), cast(staged.hash_errors, Text), staged.crawled_at,
-        )
-        .where(staged.batch_id == batch_id, staged.line_no > after_line)
-        .order_by(staged.line_no)
-        .limit(chunk_size)
-    )
-
-
-def iter_canonical_chunks(
-    conn: Connection, batch_id: str, chunk_size: int, after_line: int = 0
-) -> Iterator[list[CanonicalRecord]]:
-    """The batch's canonical records in file order after line `after_line`, a keyset-paginated chunk at a time.
-
-    Payloads stay the JSON text they were stored as (`EncodedJson`): the rung
-    writes them on unchanged, so decoding them would be wasted work.
-    """
-    last_line = after_line
-    while True:
-        rows = conn.execute(canonical_chunk_query(batch_id, last_line, chunk_size)).all()
-        if not rows:
-            return
-        yield [
-            CanonicalRecord(
-                line_no=line_no, canonical_url=canonical_url, natural_key=natural_key, payload=EncodedJson(payload),
-                hashes=json_text.loads(hashes), hash_errors=json_text.loads(hash_errors), crawled_at=crawled_at,
-            )
-            for line_no, canonical_url, natural_key, payload, hashes, hash_errors, crawled_at in rows
-        ]
-        last_line = rows[-1].line_no
-
-
-def _batch_time(conn: Connection, batch_id: str) -> datetime:
-    landed = conn.execute(select(crawl_batches.c.landed_at).where(crawl_batches.c.batch_id == batch_id)).scalar()
-    if landed is None:
-        raise RuntimeError(f"batch {batch_id!r} is not registered: materialise raw_crawl_batches first")
-    return as_utc(landed)
-
-
-def decided_by_unfinished_runs(conn: Connection, batch_id: str, run_id: str) -> tuple[int, Counter]:
-    """(last line, decision counts) of what runs that did not finish committed for the batch, this one included.
-
-    A run that failed or was killed part-way (or an earlier attempt of this
-    run's step) leaves the chunks it committed, each with its decisions, in
-    line order: everything up to the last line decided is done, and the next
-    run takes it over rather than decide those lines again as exact duplicates
-    of themselves. Decisions up to the last finished run of another id (its
-    `decisions_through`, or its own last decision) are that run's, and not
-    taken over: a new run of a finished batch decides every line again.
-    """
-    d, runs = dedup_decisions.c, exact_rung_runs.c
-    others = (runs.batch_id == batch_id) & (runs.run_id != run_id)
-    finished_through = max(
-        conn.execute(select(func.max(runs.stats["decisions_through"].as_integer())).where(others)).scalar() or 0,
-        conn.execute(
-            select(func.max(d.decision_id)).where(d.batch_id == batch_id, d.run_id.in_(select(runs.run_id).where(others)))
-        ).scalar() or 0,
-    )
-    rows = conn.execute(
-        select(d.decision, func.count(), func.max(d.line_no))
-        .where(d.batch_id == batch_id, d.decision_id > finished_through)
-        .group_by(d.decision)
-    ).all()
-    return max((last for _, _, last in rows), default=0), Counter({decision: n for decision, n, _ in rows})
-
-
-def _decisions_through(conn: Connection, batch_id: str) -> int:
-    """The last decision id of the batch: what the run finishing now has counted."""
-    d = dedup_decisions.c
-    return conn.execute(select(func.max(d.decision_id)).where(d.batch_id == batch_id)).scalar() or 0
-
-
-def staged_without(conn: Connection, batch_id: str, version: str) -> bool:
-    """Whether some staged canonical records of the batch carry no digest of `version`: staged before the switch to it.
-
-    (The canonical rung always hashes under the active version and quarantines what it cannot hash.)
-    """
-    staged = canonical_records.c
-    missing = staged.hashes[version].as_string().is_(None)
-    return conn.execute(select(staged.line_no).where(staged.batch_id == batch_id, missing).limit(1)).first() is not None
-
-
 def deduplicate_batch(
     warehouse: Warehouse, batch_id: str, run_id: str, settings: LadderSettings, seen_set: SeenSet | None = None
 ) -> ExactReport:
@@ -228,10 +141,8 @@ def _deduplicate_held_batch(
         log.warning("batch %s was canonicalised before %s became active: canonicalising it again", batch_id, version)
         canonicalise_batch(warehouse, batch_id, settings)
     with warehouse.engine.connect() as reader:
-        batch_time = _batch_time(reader, batch_id)
-        quarantined = reader.execute(
-            select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)
-        ).scalar_one()
+        batch_time = landed_at(reader, batch_id)
+        quarantined = quarantined_lines(reader, batch_id)
         done_until, done = decided_by_unfinished_runs(reader, batch_id, run_id)
         if done:
             log.info("run %s takes batch %s over after line %d (%d records decided by runs that did not finish)",
@@ -245,7 +156,7 @@ def _deduplicate_held_batch(
     report.records_in += sum(done.values())
     report.quarantined = quarantined
     with warehouse.engine.begin() as conn:
-        figures = {**report.as_metadata(), "decisions_through": _decisions_through(conn, batch_id)}
+        figures = {**report.as_metadata(), "decisions_through": decisions_through(conn, batch_id)}
         record_rung_run(conn, exact_rung_runs, batch_id, run_id, figures)
     return report
 

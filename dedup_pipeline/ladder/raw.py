@@ -12,7 +12,7 @@ from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
 from dedup_pipeline.landing import BatchFile, Fingerprint, TruncatedBatch, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
-from dedup_pipeline.store.erasure import erased_raw_lines
+from dedup_pipeline.store.tombstones import erased_raw_lines
 from dedup_pipeline.store.schema import crawl_batches, quarantine
 from dedup_pipeline.store.warehouse import Warehouse, as_utc, lock_batch, upsert_ignore, utcnow
 

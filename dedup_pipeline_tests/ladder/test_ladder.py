@@ -16,7 +16,8 @@ from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.core.parallel import available_cpus
 from dedup_pipeline.ladder import canonical
 from dedup_pipeline.ladder.canonical import PARALLEL_FLOOR, canonicalise_batch, worker_count
-from dedup_pipeline.ladder.exact import canonical_chunk_query, deduplicate_batch, iter_canonical_chunks
+from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.store.exact import canonical_chunk_query, iter_canonical_chunks
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings

@@ -1,12 +1,8 @@
-"""Erasure on SQLite and the real PostgreSQL: every copy goes, tombstones stop every way back in."""
+"""Erasure on SQLite and the real PostgreSQL: every copy goes, with everything derived from it."""
 
 from __future__ import annotations
 
-import os
-import secrets
-import stat
 import uuid
-from datetime import timedelta
 
 import pytest
 from sqlalchemy import func, select
@@ -14,77 +10,25 @@ from sqlalchemy import func, select
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.crawler import UrlSeenSet
 from dedup_pipeline.core.hashing import content_hash
-from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.erasure import erase_subject
-from dedup_pipeline.ladder.exact import deduplicate_batch
-from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
-from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV, TombstoneKeyError, key_file_path
 from dedup_pipeline.store.schema import (
-    canonical_records, dedup_decisions, erasure_requests, erasure_tombstones, metadata, near_duplicate_clusters,
+    canonical_records, dedup_decisions, erasure_requests, erasure_tombstones, near_duplicate_clusters,
     quarantine, record_hashes, record_history, records,
 )
 from dedup_pipeline.store.seen_set import RedisSeenSet
-from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
-from dedup_pipeline_tests.helpers import new_run_id
+from dedup_pipeline_tests.erasure_helpers import DAY, P4, SETTINGS, T0, count, crawl_two_days, record_id, run_ladder
 
-DAY = 86400.0
-T0 = 1_700_000_000
-SETTINGS = LadderSettings(chunk_size=7)
-P4 = "https://shop.example.com/p/4"
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture(autouse=True)
-def tombstone_key(monkeypatch):
-    key = secrets.token_hex(32)
-    monkeypatch.setenv(TOMBSTONE_KEY_ENV, key)
-    return key
-
-
-def run_ladder(warehouse, folder, key, seen_set=None):
-    ingest_raw_batch(warehouse, find_batch(folder, key))
-    canonicalise_batch(warehouse, key, SETTINGS)
-    exact = deduplicate_batch(warehouse, key, new_run_id(key), SETTINGS, seen_set)
-    cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
-    return exact
-
-
-def count(warehouse, table, *where):
-    with warehouse.engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
-
-
-def mirror(n: int, suffix: str, url: str) -> dict:
-    """A syndicated copy of listing n: same title, description plus a few words, another URL."""
-    base = listing(n)
-    return listing(n + 100, url=url, title=base["title"], description=f"{base['description']} {suffix}")
+pytestmark = pytest.mark.usefixtures("tombstone_key")
 
 
 @pytest.fixture
 def crawled(warehouse, tmp_path):
-    """Two days of crawl: p/4 changes price on day 2 and has two syndicated copies; bad lines in quarantine."""
-    folder = tmp_path / "landing"
-    day1 = [listing(n) for n in range(12)]
-    day1 += [mirror(4, "shipped today", "https://mirror.example.net/k4"),
-             mirror(4, "fast delivery", "https://copy.example.org/kettle")]
-    day1 += ['{"url": "https://Shop.Example.com/p/4?utm_source=a", "title": "broken',  # holds the subject
-             '{"url": "https://shop.example.com/p/40", "title": "broken']              # does not
-    write_batch(folder, "day1", day1, landed=T0)
-    write_batch(folder, "day2", [listing(4, price="99.00", crawl_id="c2"), listing(5, crawl_id="c2")], landed=T0 + DAY)
-    for key in ("day1", "day2"):
-        run_ladder(warehouse, folder, key)
-    return folder
-
-
-def record_id(warehouse, natural_key):
-    with warehouse.engine.connect() as conn:
-        return conn.execute(select(records.c.record_id).where(records.c.natural_key == natural_key)).scalar_one_or_none()
+    return crawl_two_days(warehouse, tmp_path)
 
 
 def test_erasure_removes_every_copy_and_recomputes_clusters(warehouse, crawled):
@@ -126,32 +70,6 @@ def test_erasure_removes_every_copy_and_recomputes_clusters(warehouse, crawled):
         audit = conn.execute(select(erasure_requests)).one()
     assert audit.request_id == "T-1" and audit.removed["records"] == 1 and audit.subject_kind == "canonical_url"
     assert P4 not in str(audit.removed)
-
-
-def test_no_recrawl_gets_past_the_tombstones(warehouse, crawled):
-    original = listing(4)
-    erase_subject(warehouse, Subject.parse("natural_key", P4), "T-2")
-    day3 = [
-        listing(4, url="https://SHOP.example.com/p/4?utm_medium=x", crawl_id="c3",
-                scraped_at="2026-12-01T00:00:00Z", proxy_ip="10.1.1.1", price="1.00"),   # URL variant, new content
-        {**original, "url": "https://reseller.example.com/item/77", "crawl_id": "c3"},    # same content, other URL
-        listing(6, crawl_id="c3"),                                                         # someone else
-        listing(200),                                                                      # new
-    ]
-    write_batch(crawled, "day3", day3, landed=T0 + 2 * DAY)
-    report = run_ladder(warehouse, crawled, "day3")
-    assert report.decisions["erased"] == 2
-    assert report.decisions["exact_duplicate"] == 1 and report.decisions["new"] == 1
-    assert record_id(warehouse, P4) is None and record_id(warehouse, "https://reseller.example.com/item/77") is None
-    # The suppressed lines left no staged copy behind.
-    assert count(warehouse, canonical_records, canonical_records.c.batch_id == "day3") == 2
-    # The decision log records the suppression without the erased key or digest, so retention has nothing to redact.
-    erased = dedup_decisions.c.decision == "erased"
-    assert count(warehouse, dedup_decisions, erased) == 2
-    assert count(warehouse, dedup_decisions, erased, dedup_decisions.c.natural_key.is_not(None)) == 0
-    assert count(warehouse, dedup_decisions, erased, dedup_decisions.c.content_hash.is_not(None)) == 0
-    pruned = prune_retention(warehouse, RetentionSettings())
-    assert pruned.redacted_erased_decisions == 0
 
 
 def test_erasure_by_field_reaches_history_but_spares_the_listing_now_held_by_someone_else(warehouse, tmp_path):
@@ -246,79 +164,6 @@ def test_fields_that_look_like_sql_are_stored_verbatim_and_erased_by_parameter(w
     assert count(warehouse, records) == 2 and count(warehouse, record_hashes) == 4 and count(warehouse, dedup_decisions) == 2
 
 
-def test_a_changed_or_missing_key_refuses_to_ingest_rather_than_resurrect(warehouse, tmp_path, monkeypatch):
-    folder = tmp_path / "landing"
-    write_batch(folder, "a", [listing(1), listing(2)], landed=T0)
-    run_ladder(warehouse, folder, "a")
-    erase_subject(warehouse, Subject.parse("natural_key", "https://shop.example.com/p/1"), "T-7")
-    monkeypatch.setenv(TOMBSTONE_KEY_ENV, secrets.token_hex(32))  # someone rotated the key
-    write_batch(folder, "b", [listing(1, crawl_id="again")], landed=T0 + DAY)
-    with pytest.raises(TombstoneKeyError, match="another key"):
-        run_ladder(warehouse, folder, "b")
-    assert record_id(warehouse, "https://shop.example.com/p/1") is None
-    monkeypatch.setenv(TOMBSTONE_KEY_ENV, "too short")
-    with pytest.raises(TombstoneKeyError, match="at least 32 bytes"):
-        erase_subject(warehouse, Subject.parse("natural_key", "x"), "T-8")
-
-
-def test_production_needs_the_key_from_the_environment(warehouse, tmp_path, monkeypatch):
-    monkeypatch.delenv(TOMBSTONE_KEY_ENV)
-    folder = tmp_path / "landing"
-    write_batch(folder, "a", [listing(1)], landed=T0)
-    run_ladder(warehouse, folder, "a")  # with no tombstones, ingestion needs no key
-    if warehouse.dialect == "postgresql":
-        with pytest.raises(TombstoneKeyError, match=TOMBSTONE_KEY_ENV):
-            erase_subject(warehouse, Subject.parse("natural_key", "https://shop.example.com/p/1"), "T-9")
-        assert record_id(warehouse, "https://shop.example.com/p/1") is not None  # nothing half-done
-        return
-    # The embedded default makes its own random key beside the SQLite file, readable by its owner only.
-    erase_subject(warehouse, Subject.parse("natural_key", "https://shop.example.com/p/1"), "T-9")
-    path = key_file_path(warehouse.url)
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(path.read_bytes().strip()) == 64
-    write_batch(folder, "b", [listing(1, crawl_id="again")], landed=T0 + DAY)
-    assert run_ladder(warehouse, folder, "b").decisions["erased"] == 1
-
-
-def test_retention_prunes_only_what_is_past_its_time(warehouse, crawled):
-    decisions, history, staged, quarantined = (count(warehouse, t) for t in
-                                               (dedup_decisions, record_history, canonical_records, quarantine))
-    assert decisions and history and staged and quarantined
-    kept = prune_retention(warehouse, RetentionSettings(staging_days=0), now=utcnow() + timedelta(days=29))
-    assert kept.pruned == {"dedup_decisions": 0, "record_history": 0, "quarantine": 0}
-    later = prune_retention(
-        warehouse, RetentionSettings(batch_size=3, staging_days=10_000), now=utcnow() + timedelta(days=91)
-    )
-    # Decisions (90 days) and quarantine (30) are past their time; history (365) and staging (10,000 days) are not.
-    assert later.pruned == {"dedup_decisions": decisions, "record_history": 0, "canonical_records": 0, "quarantine": quarantined}
-    assert count(warehouse, record_history) == history and count(warehouse, canonical_records) == staged
-    final = prune_retention(warehouse, RetentionSettings(), now=utcnow() + timedelta(days=400))
-    assert final.pruned["record_history"] == history and final.pruned["canonical_records"] == staged  # batches of 2023
-    assert count(warehouse, records) == 14  # the warehouse itself is never pruned
-
-
-def test_staged_rows_are_kept_for_their_time_after_staging_whatever_the_file_time(warehouse, tmp_path):
-    """Breaks: staged rows were pruned by their file's landing time, so a batch whose file kept an old time (`cp -p`)
-    lost its staged rows minutes after it ran."""
-    folder = tmp_path / "landing"
-    write_batch(folder, "old-file", [listing(1), listing(2)], landed=T0)  # 2023, as an archived crawl's file
-    run_ladder(warehouse, folder, "old-file")
-    staged = count(warehouse, canonical_records)
-    assert staged == 2
-    assert prune_retention(warehouse, RetentionSettings()).pruned["canonical_records"] == 0
-    month = prune_retention(warehouse, RetentionSettings(), now=utcnow() + timedelta(days=31))
-    assert month.pruned["canonical_records"] == staged and count(warehouse, canonical_records) == 0
-
-
-def test_retention_settings_come_from_the_environment(monkeypatch):
-    monkeypatch.setenv("DEDUP_DECISION_RETENTION_DAYS", "7")
-    monkeypatch.setenv("DEDUP_QUARANTINE_RETENTION_DAYS", "0")
-    settings = RetentionSettings.from_env(history_days=30)
-    assert (settings.decision_days, settings.quarantine_days, settings.history_days, settings.staging_days) == (7, 0, 30, 30)
-    monkeypatch.setenv("DEDUP_HISTORY_RETENTION_DAYS", "a week")
-    with pytest.raises(ValueError, match="DEDUP_HISTORY_RETENTION_DAYS"):
-        RetentionSettings.from_env()
-
-
 @pytest.mark.redis
 def test_erasure_clears_the_subjects_redis_keys(warehouse, tmp_path):
     space = f"test:{uuid.uuid4().hex}"  # a private key space: other tests share this Redis
@@ -344,18 +189,3 @@ def test_erasure_clears_the_subjects_redis_keys(warehouse, tmp_path):
         keys = list(seen.client.scan_iter(f"{space}:*"))
         if keys:
             seen.client.delete(*keys)
-
-
-def test_the_in_memory_tombstone_screen_never_outlives_its_tombstones(warehouse, tmp_path):
-    """A warehouse dropped and recreated (or restored) under the same engine: same erasure ids, other tombstones."""
-    folder = tmp_path / "landing"
-    write_batch(folder, "a", [listing(1), listing(2)], landed=T0)
-    erase_subject(warehouse, Subject.parse("natural_key", "https://shop.example.com/p/1"), "T-11")
-    assert run_ladder(warehouse, folder, "a").decisions["erased"] == 1  # the screen is built now
-    metadata.drop_all(warehouse.engine)
-    warehouse.create_schema()
-    erase_subject(warehouse, Subject.parse("natural_key", "https://shop.example.com/p/2"), "T-12")  # erasure id 1 again
-    report = run_ladder(warehouse, folder, "a")
-    assert (report.decisions["erased"], report.decisions["new"]) == (1, 1)
-    assert record_id(warehouse, "https://shop.example.com/p/1") is not None
-    assert record_id(warehouse, "https://shop.example.com/p/2") is None
