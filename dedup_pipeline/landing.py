@@ -184,11 +184,11 @@ class TruncatedBatch(Exception):
         self.reason = reason
 
 
-class Fingerprint:
+class FileDigest:
     """SHA-256 and size of the bytes of a batch file as a rung read them (not as the file is now).
 
     A crawler may still be appending while a rung reads; comparing this
-    fingerprint, not a second read of the file, with the registration is
+    digest, not a second read of the file, with the registration is
     what guarantees that the rung used exactly the registered bytes.
     """
 
@@ -204,11 +204,11 @@ class Fingerprint:
         return self._sha.hexdigest()
 
 
-class _FingerprintedFile(io.RawIOBase):
-    """A raw file whose every byte read also goes into a Fingerprint."""
+class _DigestedFile(io.RawIOBase):
+    """A raw file whose every byte read also goes into a FileDigest."""
 
-    def __init__(self, handle, fingerprint: Fingerprint):
-        self._handle, self._fingerprint = handle, fingerprint
+    def __init__(self, handle, digest: FileDigest):
+        self._handle, self._digest = handle, digest
 
     def readable(self) -> bool:
         return True
@@ -216,7 +216,7 @@ class _FingerprintedFile(io.RawIOBase):
     def readinto(self, buffer) -> int:
         n = self._handle.readinto(buffer)
         if n:
-            self._fingerprint.update(memoryview(buffer)[:n])
+            self._digest.update(memoryview(buffer)[:n])
         return n
 
 
@@ -233,7 +233,7 @@ def _corrupt(exc: BaseException) -> bool:
     return isinstance(exc, gzip.BadGzipFile) and not str(exc).startswith("Not a gzipped file")
 
 
-def iter_lines(path: Path, fingerprint: Fingerprint | None = None) -> Iterator[Line]:
+def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
     """Stream the non-blank lines of a batch file, gunzipping when needed.
 
     Memory is one line at a time. A truncated gzip stream (or bytes that are
@@ -241,13 +241,13 @@ def iter_lines(path: Path, fingerprint: Fingerprint | None = None) -> Iterator[L
     `TruncatedBatch` carrying the incomplete tail, so the caller can
     quarantine it. A corrupt one (failed CRC, invalid deflate data) raises
     `BatchFileError`: its lines cannot be trusted, so the rung writes nothing.
-    `fingerprint`, if given, receives every byte of the file the lines came
+    `digest`, if given, receives every byte of the file the lines came
     from (after damage, the rest of the file too).
     """
     line_no = 0
     try:
         with open(path, "rb", buffering=0) as raw_file:
-            source = io.BufferedReader(_FingerprintedFile(raw_file, fingerprint) if fingerprint else raw_file, 1 << 20)
+            source = io.BufferedReader(_DigestedFile(raw_file, digest) if digest else raw_file, 1 << 20)
             handle = gzip.GzipFile(fileobj=source, mode="rb") if path.name.endswith(".gz") else source
             pending = b""
             while True:
@@ -260,7 +260,7 @@ def iter_lines(path: Path, fingerprint: Fingerprint | None = None) -> Iterator[L
                         raise BatchFileError(
                             f"batch file {path} is corrupt ({exc}): none of its lines can be trusted; fetch it again"
                         ) from None
-                    if fingerprint:
+                    if digest:
                         while source.read1(1 << 20):
                             pass
                     raise TruncatedBatch(line_no + 1, pending, f"compressed stream damaged: {exc}") from None

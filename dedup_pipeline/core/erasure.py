@@ -37,7 +37,7 @@ from dedup_pipeline.core.fields import canonical_fields, normalise_text
 from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.numbers import plain_decimal
-from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url, canonicalize_url_strict
+from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url
 
 TOMBSTONE_VERSION = "tombstone/1"
 #: A key shorter than this is refused: it could be guessed, and then so could every fingerprint.
@@ -90,7 +90,7 @@ class Subject:
             return cls(kind, normalise_natural_key(value))
         if kind is SubjectKind.CANONICAL_URL:
             try:
-                return cls(kind, canonicalize_url_strict(value), URL_VERSION)
+                return cls(kind, canonical_url(value, strict=True), URL_VERSION)
             except UrlError as exc:
                 raise SubjectError(f"not a usable http(s) URL: {exc}") from None
         if kind is SubjectKind.FIELD:
@@ -146,7 +146,7 @@ def normalise_natural_key(value: str) -> str:
     """A natural key as the warehouse stores it: URL keys take their `url/1` form."""
     value = value.strip()
     try:
-        return canonicalize_url_strict(value)
+        return canonical_url(value, strict=True)
     except UrlError:
         return value
 

@@ -16,7 +16,7 @@ from dedup_pipeline.core.errors import MAX_NESTING, NESTING_TOO_DEEP, RecordErro
 from dedup_pipeline.core.fields import RECORD_VERSION, canonical_fields, is_blank
 from dedup_pipeline.core.hashing import compute_hashes
 from dedup_pipeline.core.numbers import OUT_OF_RANGE, json_decimal
-from dedup_pipeline.core.url import URL_VERSION, UrlError, canonicalize_url_strict
+from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url
 
 #: Fields whose text feeds near-duplicate detection, in order.
 TEXT_FIELDS = ("title", "description")
@@ -146,7 +146,7 @@ def _canonical_url_of(record: Mapping[str, Any]) -> str:
     if not isinstance(url, str):
         raise RecordError(f"url must be text, got {type(url).__name__}")
     try:
-        return canonicalize_url_strict(url)
+        return canonical_url(url, strict=True)
     except UrlError as exc:
         raise RecordError(f"invalid url: {exc}") from None
 

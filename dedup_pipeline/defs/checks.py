@@ -33,7 +33,7 @@ import warnings
 import dagster as dg
 
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, near_duplicate_clusters
-from dedup_pipeline.defs.check_settings import ChecksResource
+from dedup_pipeline.defs.resources import ChecksResource
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import LadderResource, NearDupResource, WarehouseResource
 from dedup_pipeline.ladder.near import runaway_clusters

@@ -15,7 +15,7 @@ from dedup_pipeline.core.erasure import WITHHELD
 from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
 
 from dedup_pipeline.core.parallel import available_cpus, can_start_processes, ordered_map
-from dedup_pipeline.landing import BatchFileError, Fingerprint, TruncatedBatch, file_sha256, iter_lines
+from dedup_pipeline.landing import BatchFileError, FileDigest, TruncatedBatch, file_sha256, iter_lines
 from dedup_pipeline.ladder.canonical_lines import COLUMNS, CanonicalLines, canonicalise_lines
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
@@ -107,7 +107,7 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
         conn.execute(delete(canonical_records).where(canonical_records.c.batch_id == batch_id))
         clear_quarantine(conn, batch_id, RUNG)
         bad = QuarantineWriter(conn, batch_id, RUNG)
-        read = Fingerprint()
+        read = FileDigest()
         work = partial(
             canonicalise_lines, batch_id=batch_id, versions=versions, active=active, key_fields=settings.natural_key
         )
@@ -165,7 +165,7 @@ def _withheld(row: tuple, versions: Sequence[str]) -> tuple:
     )
 
 
-def _line_chunks(path: Path, read: Fingerprint, size: int) -> Iterator[list[tuple[int, bytes]]]:
+def _line_chunks(path: Path, read: FileDigest, size: int) -> Iterator[list[tuple[int, bytes]]]:
     """(line number, raw line) pairs `size` at a time; `read` gets the bytes they came from.
 
     A truncated tail ends the batch: the raw rung has already quarantined it.

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, delete, select
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
-from dedup_pipeline.landing import BatchFile, Fingerprint, TruncatedBatch, iter_lines
+from dedup_pipeline.landing import BatchFile, FileDigest, TruncatedBatch, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.tombstones import erased_raw_lines
 from dedup_pipeline.store.schema import crawl_batches, quarantine
@@ -67,13 +67,13 @@ def clear_quarantine(conn: Connection, batch_id: str, rung: str) -> None:
 
 
 def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
-    """Read the whole file once, quarantine unparsable lines, and record the batch's fingerprint.
+    """Read the whole file once, quarantine unparsable lines, and record the batch's file digest.
 
     One transaction: re-materialising replaces the batch's raw quarantine rows
     and registration; a failure leaves the previous state untouched.
     """
     lines = parsed = 0
-    read = Fingerprint()  # exactly the bytes the lines came from, even if the file grows meanwhile
+    read = FileDigest()  # exactly the bytes the lines came from, even if the file grows meanwhile
     with warehouse.engine.begin() as conn:
         lock_batch(conn, batch.key)  # a second run of this partition waits, then rewrites it whole
         clear_quarantine(conn, batch.key, RUNG)

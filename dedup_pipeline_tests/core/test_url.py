@@ -26,14 +26,16 @@ from dedup_pipeline.core.url import (
     URL_VERSION,
     UrlError,
     canonical_url,
-    canonicalize_url_strict,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 URL_VECTORS = REPO_ROOT.parent / "shared" / "data" / "url_canon"
 
-strict = canonicalize_url_strict
+
+
+def strict(url: str) -> str:
+    return canonical_url(url, strict=True)
 
 
 def load_jsonl(path: Path) -> list[dict]:
@@ -71,7 +73,7 @@ def test_module_is_pure_python_without_io_or_dagster():
 
 
 def test_public_functions_have_docstrings():
-    for obj in (canonical_url, canonicalize_url_strict, UrlError, url_module):
+    for obj in (canonical_url, UrlError, url_module):
         assert obj.__doc__ and obj.__doc__.strip()
 
 
@@ -669,7 +671,7 @@ def test_output_is_a_valid_ascii_url(url):
 
 
 def general_path_only(url: str) -> str:
-    """canonicalize_url_strict without its one-regex fast path (white-box)."""
+    """canonical_url(strict=True) without its one-regex fast path (white-box)."""
     s = url.strip().translate({9: None, 10: None, 13: None})
     scheme, authority, path, query = url_module._canonical_parts(s)
     return f"{scheme}://{authority}{path}?{query}" if query else f"{scheme}://{authority}{path}"

@@ -11,7 +11,7 @@ from sqlalchemy import func, insert, select
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.alerts import ladder_failure_alert
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, ladder_assets, raw_crawl_batches
-from dedup_pipeline.defs.check_settings import ChecksResource
+from dedup_pipeline.defs.resources import ChecksResource
 from dedup_pipeline.defs.checks import (
     GE_CHECK, INTEGRITY_CHECK, QUARANTINE_CHECK, RUNAWAY_CHECK, SEEN_SET_CHECK, collapse_rate_in_band, ladder_checks,
 )

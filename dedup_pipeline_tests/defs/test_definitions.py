@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, ladder_assets
-from dedup_pipeline.defs.check_settings import ChecksResource
+from dedup_pipeline.defs.resources import ChecksResource
 from dedup_pipeline.defs.checks import ladder_checks
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import (
