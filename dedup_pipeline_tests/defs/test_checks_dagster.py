@@ -21,7 +21,7 @@ from dedup_pipeline.cli.demo import write_demo_crawl
 from dedup_pipeline.landing import list_batches
 from dedup_pipeline.store.schema import dedup_decisions, records
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
-from dedup_pipeline_tests.defs.test_checks_quality import sliding_batches
+from dedup_pipeline_tests.quality.common import sliding_batches
 from dedup_pipeline_tests.helpers import listing, write_batch
 
 
