@@ -181,7 +181,7 @@ def run_ladder(url: str, landing: Path, key: str) -> dict[str, float]:
     report = deduplicate_batch(warehouse, key, f"bench-{uuid.uuid4().hex[:8]}", SETTINGS)
     seconds["exact"] = time.perf_counter() - start
     start = time.perf_counter()
-    near = cluster_batch(warehouse, key, PARAMS, NEAR.chunk_size)
+    near = cluster_batch(warehouse, key, NEAR.settings())
     seconds["near"] = time.perf_counter() - start
     seconds["total"] = sum(seconds[r] for r in RUNGS)
     seconds["decisions"] = dict(report.decisions)

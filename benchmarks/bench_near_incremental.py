@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import median, scratch_database  # noqa: E402
 from dedup_pipeline.core.hashing import INITIAL_ACTIVE_VERSION  # noqa: E402
-from dedup_pipeline.core.near import NearDupParams  # noqa: E402
-from dedup_pipeline.ladder.near import DEFAULT_MAX_BUCKET_SIZE, cluster_batch  # noqa: E402
+from dedup_pipeline.ladder.near import cluster_batch  # noqa: E402
+from dedup_pipeline.ladder.settings import NearSettings  # noqa: E402
 from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
 from dedup_pipeline.store.near import capped_lateral_query  # noqa: E402
 from dedup_pipeline.store.schema import records  # noqa: E402
@@ -142,8 +142,7 @@ def child_load(url: str, b: int, batch: int, copy_every: int) -> dict:
 def child_cluster(url: str, b: int) -> dict:
     warehouse = Warehouse(url)
     start = time.perf_counter()
-    report = cluster_batch(warehouse, batch_key(b), NearDupParams(), chunk_size=2000,
-                           max_bucket_size=DEFAULT_MAX_BUCKET_SIZE)
+    report = cluster_batch(warehouse, batch_key(b), NearSettings())
     seconds = time.perf_counter() - start
     warehouse.dispose()
     return {"cluster_s": seconds, "peak_rss_mb": peak_rss_mb(), "sketched": report.sketched,
@@ -174,7 +173,7 @@ def explain(url: str, b: int, batch: int) -> str:
     ids = list(range(b * batch + 1, b * batch + 2001))
     warehouse = Warehouse(url)
     with warehouse.engine.connect() as conn:
-        query = capped_lateral_query(conn, ids, DEFAULT_MAX_BUCKET_SIZE)  # what candidate_partners runs on PostgreSQL
+        query = capped_lateral_query(conn, ids, NearSettings.max_bucket_size)  # what candidate_partners runs on PostgreSQL
         compiled = query.compile(warehouse.engine, compile_kwargs={"literal_binds": True})
         plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {compiled}").scalars().all()
         sizes = conn.exec_driver_sql(
@@ -198,7 +197,7 @@ def main() -> None:
         return
     batches = args.docs // args.batch
     print(f"{batches} batches of {args.batch:,} documents (~2 KB), every {args.copy_every}th a planted near copy; "
-          f"PostgreSQL scratch database; cluster_batch defaults (max_bucket_size {DEFAULT_MAX_BUCKET_SIZE})")
+          f"PostgreSQL scratch database; cluster_batch defaults (max_bucket_size {NearSettings.max_bucket_size})")
     print(f"{'batch':>5} {'index before':>12} {'load s':>7} {'cluster s':>9} {'docs/s':>7} {'peak RSS MB':>11} "
           f"{'candidates':>10} {'pairs':>7} {'capped':>6}")
     rows = []

@@ -201,12 +201,11 @@ def _peak_mib() -> float:
 
 def child(args: argparse.Namespace) -> None:
     """Run the four rungs over one batch; print one JSON object with seconds, peaks and figures per rung."""
-    from dedup_pipeline.core.near import NearDupParams
     from dedup_pipeline.ladder.canonical import canonicalise_batch
     from dedup_pipeline.ladder.exact import deduplicate_batch
     from dedup_pipeline.ladder.near import cluster_batch
     from dedup_pipeline.ladder.raw import ingest_raw_batch
-    from dedup_pipeline.ladder.settings import LadderSettings
+    from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
     from dedup_pipeline.landing import find_batch
     from dedup_pipeline.store.seen_set import RedisSeenSet
     from dedup_pipeline.store.warehouse import Warehouse
@@ -219,7 +218,7 @@ def child(args: argparse.Namespace) -> None:
         "raw": lambda: ingest_raw_batch(warehouse, find_batch(Path(args.landing), args.key)),
         "canonical": lambda: canonicalise_batch(warehouse, args.key, settings),
         "exact": lambda: deduplicate_batch(warehouse, args.key, "soak", settings, seen),
-        "near": lambda: cluster_batch(warehouse, args.key, NearDupParams(), args.chunk),
+        "near": lambda: cluster_batch(warehouse, args.key, NearSettings(chunk_size=args.chunk)),
     }
     resettable = True
     for rung in RUNGS:

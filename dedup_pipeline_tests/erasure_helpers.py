@@ -9,7 +9,7 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import records
 from dedup_pipeline_tests.helpers import listing, new_run_id, write_batch
@@ -24,7 +24,7 @@ def run_ladder(warehouse, folder, key, seen_set=None):
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, SETTINGS)
     exact = deduplicate_batch(warehouse, key, new_run_id(key), SETTINGS, seen_set)
-    cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
+    cluster_batch(warehouse, key, NearSettings(params=NearDupParams(threshold=0.5)))
     return exact
 
 

@@ -23,7 +23,7 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import record_hashes, records
@@ -129,7 +129,7 @@ def run_ladder(warehouse, folder: Path, key: str, settings: LadderSettings = Lad
     canonicalise_batch(warehouse, key, settings)
     report = deduplicate_batch(warehouse, key, new_run_id(key), settings)
     if near:
-        cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
+        cluster_batch(warehouse, key, NearSettings(params=NearDupParams(threshold=0.5)))
     return report
 
 

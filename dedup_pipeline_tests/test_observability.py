@@ -31,7 +31,7 @@ from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.cli import _listen_address
 from dedup_pipeline.metrics import prometheus_text, serve
@@ -182,7 +182,7 @@ def test_counters_never_go_down_when_retention_and_erasure_delete_rows(warehouse
     ingest_raw_batch(warehouse, find_batch(tmp_path, "b1"))
     canonicalise_batch(warehouse, "b1", LadderSettings())
     deduplicate_batch(warehouse, "b1", "run-1", LadderSettings())
-    cluster_batch(warehouse, "b1", NearDupParams(threshold=0.5), run_id="run-1")
+    cluster_batch(warehouse, "b1", NearSettings(params=NearDupParams(threshold=0.5)), run_id="run-1")
     before = _counters(warehouse)
     assert before[("scraper_records_seen_total", ())] == 11
     assert before[("scraper_records_quarantined_total", ())] == 1

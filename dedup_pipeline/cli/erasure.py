@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dedup_pipeline.core.clustering import RULES
+from dedup_pipeline.core.clustering import DEFAULT_RULE, RULES
 from dedup_pipeline.core.erasure import SubjectError, SubjectKind
 
 
@@ -112,7 +112,7 @@ def add_commands(commands) -> None:
     erase.add_argument("--field", help="kind field: the field path, e.g. seller_id or author.email")
     erase.add_argument("--version", help="kind content_digest: the hash version (default: the active one)")
     erase.add_argument("--request-id", default="", help="your reference for the request (never personal data)")
-    erase.add_argument("--representative", default="oldest", choices=RULES, help="cluster representative rule in use")
+    erase.add_argument("--representative", default=DEFAULT_RULE, choices=RULES, help="cluster representative rule in use")
     erase.add_argument("--seen-set", default="auto", choices=["auto", "redis", "bloom", "none"],
                        help="seen-set to clear (auto: Redis if $DEDUP_REDIS_URL is set)")
     erase.add_argument("--json", action="store_true", help="print one JSON object")

@@ -164,10 +164,7 @@ def near_duplicate_clusters(
     `funnel/...` numbers are the same stages, plotted over time.
     """
     with retried_only_if_transient():
-        report = cluster_batch(
-            warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size, near_dup.max_bucket_size,
-            context.run.run_id,
-        )
+        report = cluster_batch(warehouse.get(), context.partition_key, near_dup.settings(), context.run.run_id)
     if report.capped_buckets:
         context.log.warning(
             f"{len(report.capped_buckets)} LSH bucket(s) held more than {near_dup.max_bucket_size} records "

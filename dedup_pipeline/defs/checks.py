@@ -33,9 +33,8 @@ import warnings
 import dagster as dg
 
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, near_duplicate_clusters
-from dedup_pipeline.defs.resources import ChecksResource
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.resources import LadderResource, NearDupResource, WarehouseResource
+from dedup_pipeline.defs.resources import ChecksResource, NearDupResource, WarehouseResource
 from dedup_pipeline.ladder.near import runaway_clusters
 from dedup_pipeline.quality import expectations, frames
 from dedup_pipeline.quality.collapse import judge_collapse
@@ -63,9 +62,9 @@ warnings.filterwarnings("ignore", message="Specifying a partitions_def on an Ass
     "when it jumps far above. History comes from the warehouse decision log (first decision per line).",
 )
 def collapse_rate_in_band(
-    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, checks: ChecksResource
+    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, checks: ChecksResource
 ) -> dg.AssetCheckResult:
-    rules = checks.collapse_rules(ladder.min_collapse_rate, ladder.max_collapse_rate, ladder.min_records_for_check)
+    rules = checks.collapse_rules()
     with warehouse.get().engine.connect() as conn:
         current, history = batch_rates(conn, context.partition_key, rules.window, rules.min_records)
     verdict = judge_collapse(current, history, rules)
@@ -199,9 +198,7 @@ def deduplicated_records_suite(context: dg.AssetCheckExecutionContext, warehouse
 def no_runaway_cluster(
     context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource
 ) -> dg.AssetCheckResult:
-    verdict = runaway_clusters(
-        warehouse.get(), context.partition_key, near_dup.max_cluster_share, near_dup.min_records_for_cluster_check
-    )
+    verdict = runaway_clusters(warehouse.get(), context.partition_key, near_dup.settings())
     metadata = verdict.as_metadata()
     metadata["largest_clusters"] = dg.MetadataValue.md(metadata["largest_clusters"])
     return dg.AssetCheckResult(

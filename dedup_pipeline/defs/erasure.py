@@ -12,7 +12,7 @@ from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.resources import NearDupResource, SeenSetResource, WarehouseResource
 from dedup_pipeline.defs.sensors import automation_status
 from dedup_pipeline.ladder.erasure import erase_subject as run_erasure, url_seen_set_from_env
-from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention as run_retention
+from dedup_pipeline.ladder.retention import RETENTION_ENV, RetentionSettings, prune_retention as run_retention
 from dedup_pipeline.store.warehouse import utcnow
 
 ERASE_JOB = "erase_subject"
@@ -73,15 +73,22 @@ def erase_subject_job():
     erase_data_subject()
 
 
+def _days(what: str, setting: str) -> str:
+    """A retention field's description: what it keeps, its variable and its default."""
+    return f"{what} ({RETENTION_ENV[setting]}, {getattr(RetentionSettings, setting)})."
+
+
 class RetentionConfig(dg.Config):
     """Empty fields take the environment's value, else the documented default."""
 
-    decision_days: Optional[int] = Field(default=None, description="Decision-log rows (DEDUP_DECISION_RETENTION_DAYS, 90). 0 keeps forever.")
-    history_days: Optional[int] = Field(default=None, description="Superseded content (DEDUP_HISTORY_RETENTION_DAYS, 365).")
-    staging_days: Optional[int] = Field(default=None, description="Staged canonical rows of old batches (DEDUP_STAGING_RETENTION_DAYS, 30).")
-    quarantine_days: Optional[int] = Field(default=None, description="Quarantined raw lines (DEDUP_QUARANTINE_RETENTION_DAYS, 30).")
+    decision_days: Optional[int] = Field(default=None, description=_days("Decision-log rows", "decision_days") + " 0 keeps forever.")
+    history_days: Optional[int] = Field(default=None, description=_days("Superseded content", "history_days"))
+    staging_days: Optional[int] = Field(default=None, description=_days("Staged canonical rows of old batches", "staging_days"))
+    quarantine_days: Optional[int] = Field(default=None, description=_days("Quarantined raw lines", "quarantine_days"))
     erasure_run_hours: Optional[int] = Field(
-        default=None, description="Finished erase_subject runs, whose config names the subject (DEDUP_ERASURE_RUN_RETENTION_HOURS, 24)."
+        default=None,
+        description="Finished erase_subject runs, whose config names the subject "
+        f"({ERASURE_RUN_RETENTION_ENV}, {DEFAULT_ERASURE_RUN_HOURS}).",
     )
 
 

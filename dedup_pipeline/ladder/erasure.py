@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.exc import OperationalError
 
+from dedup_pipeline.core.clustering import DEFAULT_RULE
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.store.erasure import erase, record_seen_set_removals
 from dedup_pipeline.store.seen_set import REDIS_URL_ENV
@@ -53,7 +54,7 @@ def erase_subject(
     subject: Subject,
     request_id: str = "",
     seen_set=None,
-    representative: str = "oldest",
+    representative: str = DEFAULT_RULE,
     url_seen_set=None,
 ) -> ErasureReport:
     """Erase every copy of `subject` and leave its tombstones; then drop it from the seen-sets.

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, select, update
 
+from dedup_pipeline.core.clustering import DEFAULT_RULE
 from dedup_pipeline.core.hashing import hash_rule
 from dedup_pipeline.store import rehash_switch as store
 from dedup_pipeline.store.near import lock_clusters
@@ -183,7 +184,7 @@ def retire_hash_version(
     reason: str = "",
     run_id: str | None = None,
     now: datetime | None = None,
-    representative: str = "oldest",
+    representative: str = DEFAULT_RULE,
 ) -> RetireReport:
     """Drop `version`'s digests once the overlap window after the switch away from it is over.
 

@@ -26,11 +26,12 @@ from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.store.schema import canonical_records, crawl_batches, dedup_decisions, quarantine, record_history
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
 
+#: Each retention setting and the variable that can set it (the default is the setting's own).
 RETENTION_ENV = {
-    "decision_days": ("DEDUP_DECISION_RETENTION_DAYS", 90),
-    "history_days": ("DEDUP_HISTORY_RETENTION_DAYS", 365),
-    "staging_days": ("DEDUP_STAGING_RETENTION_DAYS", 30),
-    "quarantine_days": ("DEDUP_QUARANTINE_RETENTION_DAYS", 30),
+    "decision_days": "DEDUP_DECISION_RETENTION_DAYS",
+    "history_days": "DEDUP_HISTORY_RETENTION_DAYS",
+    "staging_days": "DEDUP_STAGING_RETENTION_DAYS",
+    "quarantine_days": "DEDUP_QUARANTINE_RETENTION_DAYS",
 }
 
 
@@ -54,10 +55,10 @@ class RetentionSettings:
     @classmethod
     def from_env(cls, **overrides) -> "RetentionSettings":
         values = {}
-        for name, (variable, default) in RETENTION_ENV.items():
+        for name, variable in RETENTION_ENV.items():
             raw = os.environ.get(variable, "").strip()
             try:
-                values[name] = int(raw) if raw else default
+                values[name] = int(raw) if raw else getattr(cls, name)
             except ValueError:
                 raise ConfigurationError(f"{variable} must be a whole number of days, got {raw!r}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})

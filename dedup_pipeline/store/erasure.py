@@ -28,6 +28,7 @@ from sqlalchemy import column as sql_column
 from sqlalchemy.dialects.postgresql import JSONB
 
 from dedup_pipeline.core import erasure as core
+from dedup_pipeline.core.clustering import DEFAULT_RULE
 from dedup_pipeline.core.erasure import RawLineMatcher, Subject, SubjectKind
 from dedup_pipeline.core.url import URL_VERSION
 from dedup_pipeline.store import near as index
@@ -397,7 +398,7 @@ def erase(
     conn: Connection,
     subject: Subject,
     request_id: str,
-    representative: str = "oldest",
+    representative: str = DEFAULT_RULE,
 ) -> ErasureResult:
     """Remove every copy of `subject` and leave its tombstones, inside the caller's transaction."""
     lock_for_erasure(conn)

@@ -43,19 +43,22 @@ def test_everything_the_ui_lists_says_what_it_does():
     assert not [name for name, text in described.items() if not (text or "").strip()]
 
 
-def resources(url, folder, **ladder):
+def resources(url, folder, checks=None, **ladder):
     return {
         "warehouse": WarehouseResource(database_url=url),
         "landing": LandingResource(folder=str(folder), settle_seconds=0),
         "ladder": LadderResource(**ladder),
         "near_dup": NearDupResource(),
-        "checks": ChecksResource(),
+        "checks": ChecksResource(**(checks or {})),
         "seen_set": SeenSetResource(kind="none"),
     }
 
 
-def materialize(instance, url, folder, key, **ladder):
-    return dg.materialize([*ladder_assets, *ladder_checks], partition_key=key, instance=instance, resources=resources(url, folder, **ladder))
+def materialize(instance, url, folder, key, checks=None, **ladder):
+    return dg.materialize(
+        [*ladder_assets, *ladder_checks], partition_key=key, instance=instance,
+        resources=resources(url, folder, checks, **ladder),
+    )
 
 
 def collapse_check(result):
@@ -97,7 +100,7 @@ def test_collapse_check_fails_outside_its_band(tmp_path):
     write_batch(folder, "b", [listing(n) for n in range(120)], landed=1e9)  # no duplicates at all
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b"])
-    result = materialize(instance, f"sqlite:///{tmp_path / 'w.sqlite'}", folder, "b", min_collapse_rate=0.05)
+    result = materialize(instance, f"sqlite:///{tmp_path / 'w.sqlite'}", folder, "b", checks={"min_collapse_rate": 0.05})
     check = collapse_check(result)
     assert not check.passed and check.metadata["collapse_rate"].value == 0.0
     assert result.success  # reported, not blocking: the run goes on

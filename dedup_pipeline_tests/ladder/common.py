@@ -10,7 +10,7 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline_tests.helpers import new_run_id
 
@@ -21,7 +21,7 @@ def run_batch(warehouse, folder, key, settings=LadderSettings(chunk_size=7)):
     raw = ingest_raw_batch(warehouse, find_batch(folder, key))
     canonical = canonicalise_batch(warehouse, key, settings)
     exact = deduplicate_batch(warehouse, key, new_run_id(key), settings)
-    near = cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
+    near = cluster_batch(warehouse, key, NearSettings(params=NearDupParams(threshold=0.5)))
     return raw, canonical, exact, near
 
 

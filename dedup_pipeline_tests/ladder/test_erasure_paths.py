@@ -22,7 +22,7 @@ from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.rehash import backfill, compare_versions, switch_hash_version
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.tombstones import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import (
@@ -54,7 +54,7 @@ def run_ladder(warehouse, folder, key, settings=SETTINGS, rungs=("raw", "canonic
     if "exact" in rungs:
         exact = deduplicate_batch(warehouse, key, new_run_id(key), settings)
     if "near" in rungs:
-        cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
+        cluster_batch(warehouse, key, NearSettings(params=NearDupParams(threshold=0.5)))
     return exact
 
 

@@ -8,7 +8,7 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.helpers import new_run_id
@@ -23,7 +23,7 @@ def run_rungs(warehouse, folder, key, run_id=None, near=True):
     raw = ingest_raw_batch(warehouse, find_batch(folder, key))
     canonical = canonicalise_batch(warehouse, key, SETTINGS)
     exact = deduplicate_batch(warehouse, key, run_id or new_run_id(key), SETTINGS)
-    clusters = cluster_batch(warehouse, key, NearDupParams(threshold=0.5)) if near else None
+    clusters = cluster_batch(warehouse, key, NearSettings(params=NearDupParams(threshold=0.5))) if near else None
     return raw, canonical, exact, clusters
 
 

@@ -12,7 +12,7 @@ from dedup_pipeline.ladder.canonical import CanonicalReport, canonicalise_batch
 from dedup_pipeline.ladder.exact import ExactReport, deduplicate_batch
 from dedup_pipeline.ladder.near import NearReport, cluster_batch
 from dedup_pipeline.ladder.raw import RawReport, ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import (
     canonical_records, crawl_batches, dedup_decisions, quarantine, record_hashes, record_history, records,
@@ -41,7 +41,7 @@ def run_ladder(
     raw = ingest_raw_batch(warehouse, find_batch(folder, key))
     canonical = canonicalise_batch(warehouse, key, settings)
     exact = deduplicate_batch(warehouse, key, run_id or new_run_id(key), settings, seen_set)
-    near = cluster_batch(warehouse, key, NEAR, settings.chunk_size)
+    near = cluster_batch(warehouse, key, NearSettings(params=NEAR, chunk_size=settings.chunk_size))
     return LadderReports(raw, canonical, exact, near)
 
 

@@ -205,9 +205,10 @@ def test_a_full_disk_under_the_embedded_warehouse(small_disk, tmp_path):
         warehouse = Warehouse(warehouse.url)
     deduplicate_batch(warehouse, "big", "run-big", SETTINGS)
     from dedup_pipeline.ladder.near import cluster_batch
+    from dedup_pipeline.ladder.settings import NearSettings
     from dedup_pipeline_tests.reliability.ladder_run import NEAR
 
-    cluster_batch(warehouse, "big", NEAR, SETTINGS.chunk_size)
+    cluster_batch(warehouse, "big", NearSettings(params=NEAR, chunk_size=SETTINGS.chunk_size))
     assert snapshot(warehouse.engine) == clean_run(tmp_path, folder, ["big"])
     warehouse.dispose()
 

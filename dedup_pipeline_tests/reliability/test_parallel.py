@@ -27,6 +27,7 @@ def _ladder_worker(url: str, folder, key: str, run_id: str, barrier) -> dict:
     from dedup_pipeline.ladder.canonical import canonicalise_batch
     from dedup_pipeline.ladder.exact import deduplicate_batch
     from dedup_pipeline.ladder.near import cluster_batch
+    from dedup_pipeline.ladder.settings import NearSettings
     from dedup_pipeline.ladder.raw import ingest_raw_batch
     from dedup_pipeline.landing import find_batch
 
@@ -39,7 +40,7 @@ def _ladder_worker(url: str, folder, key: str, run_id: str, barrier) -> dict:
         barrier.wait()
         exact = deduplicate_batch(warehouse, key, run_id, SETTINGS)
         barrier.wait()
-        cluster_batch(warehouse, key, NEAR, SETTINGS.chunk_size)
+        cluster_batch(warehouse, key, NearSettings(params=NEAR, chunk_size=SETTINGS.chunk_size))
         return {"key": key, "decisions": dict(exact.decisions), "records_in": exact.records_in}
     except Exception:  # noqa: BLE001 - report it to the test, which fails on it
         return {"key": key, "error": traceback.format_exc()}

@@ -23,6 +23,7 @@ from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearD
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.quality.history import first_decision_counts
@@ -112,14 +113,14 @@ def staged(warehouse, tmp_path):
         ingest_raw_batch(warehouse, find_batch(folder, key))
         canonicalise_batch(warehouse, key, SETTINGS)
     deduplicate_batch(warehouse, "a", "run-a", SETTINGS)
-    cluster_batch(warehouse, "a", NEAR, CHUNK)
+    cluster_batch(warehouse, "a", NearSettings(params=NEAR, chunk_size=CHUNK))
     return folder
 
 
 def _finish_and_compare(warehouse, folder, tmp_path, run_id="run-b"):
     """Retry the exact rung (as Dagster's retry does), run the near rung, compare with one clean run."""
     report = deduplicate_batch(warehouse, "b", run_id, SETTINGS)
-    cluster_batch(warehouse, "b", NEAR, CHUNK)
+    cluster_batch(warehouse, "b", NearSettings(params=NEAR, chunk_size=CHUNK))
     assert snapshot(warehouse.engine) == clean_run(tmp_path, folder, ["a", "b"])
     assert_one_row_per_key_and_content(warehouse.engine)
     clean = first_decision_counts_of_clean(tmp_path)
