@@ -34,6 +34,7 @@ from sqlalchemy import delete, insert, select  # noqa: E402
 from benchmarks.common import crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
 from dedup_pipeline.core import erasure as core  # noqa: E402
 from dedup_pipeline.core.erasure import Subject  # noqa: E402
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
 from dedup_pipeline.ladder.erasure import erase_subject  # noqa: E402
 from dedup_pipeline.ladder.exact import deduplicate_batch  # noqa: E402
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=2000)
     args = parser.parse_args()
-    os.environ.setdefault(store.TOMBSTONE_KEY_ENV, secrets.token_hex(32))
+    os.environ.setdefault(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
     settings = LadderSettings(chunk_size=args.chunk)
     with scratch_database() as url, tempfile.TemporaryDirectory() as folder:
         warehouse = Warehouse(url).create_schema()

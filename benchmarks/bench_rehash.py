@@ -54,9 +54,9 @@ from dedup_pipeline.core.hashing import hash_rule  # noqa: E402
 from dedup_pipeline.ladder.rehash import backfill  # noqa: E402
 from dedup_pipeline.store.schema import record_hashes  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
+from dedup_pipeline_tests.helpers import PG_ADMIN_URL  # noqa: E402
 from dedup_pipeline_tests.rehash_helpers import load_legacy_rows, migration_listing  # noqa: E402
 
-PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 TARGET = "content/2"
 
 

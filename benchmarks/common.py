@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
 import time
@@ -15,15 +14,14 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import create_engine, text
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.lsh import band_keys
 from dedup_pipeline.core.minhash import empty_mask
+from dedup_pipeline_tests.helpers import PG_ADMIN_URL  # the server of the scratch databases: the tests' setting
 
 #: The Redis the benchmarks use ($DEDUP_REDIS_URL, else the local one); their keys have prefixes of their own
 #: and are deleted afterwards.
-REDIS_URL = os.environ.get("DEDUP_REDIS_URL") or "redis://127.0.0.1:6379/0"
-
-# The server the benchmarks make their scratch databases on (the tests' variable: one setting for both).
-PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = environment.redis_url() or "redis://127.0.0.1:6379/0"
 _WORDS = (
     "kettle steel whistle handle stove copper enamel lid spout base cord wooden matte glossy quiet fast boil "
     "litre compact travel family vintage modern classic induction gas electric warm cool red blue green grey"

@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 from functools import lru_cache
 from typing import Iterable
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.url import URL_VERSION, canonical_url
-from dedup_pipeline.store.seen_set import (
-    REDIS_URL_ENV, CircuitBreaker, SeenSetUnavailable, connect_redis, seen_ttl,
-)
+from dedup_pipeline.store.seen_set import CircuitBreaker, SeenSetUnavailable, connect_redis
 
 log = logging.getLogger(__name__)
-URL_PREFIX_ENV = "DEDUP_URL_PREFIX"  # the URL seen-set's key prefix, one per crawl fleet when several share a Redis
-DEFAULT_URL_PREFIX = "dedup:url"
 
 
 # HSETNX, and a TTL on the hash if it has none yet (EXPIRE ... NX needs Redis 7; this runs on any).
@@ -52,9 +48,9 @@ class UrlSeenSet:
         self, redis_url: str | None = None, ttl_seconds: int | None = None, prefix: str | None = None, client=None,
         retry_after: float = 15.0,
     ):
-        url = redis_url or os.environ.get(REDIS_URL_ENV) or "redis://127.0.0.1:6379/0"
-        self.ttl_seconds = seen_ttl(ttl_seconds)
-        self.prefix = prefix or os.environ.get(URL_PREFIX_ENV) or DEFAULT_URL_PREFIX
+        url = redis_url or environment.redis_url() or "redis://127.0.0.1:6379/0"
+        self.ttl_seconds = environment.seen_ttl_seconds(ttl_seconds)
+        self.prefix = prefix or environment.url_prefix()
         # A single Redis, a cluster or behind Sentinel; unreachable, the process's memory answers until it does.
         self.client, reached = (client, True) if client is not None else connect_redis(url)
         self._breaker = CircuitBreaker(retry_after, open_now=not reached)

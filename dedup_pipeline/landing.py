@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import os
 import re
 import time
 import zlib
@@ -13,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-LANDING_DIR_ENV = "DEDUP_LANDING_DIR"
+from dedup_pipeline import environment
+
 #: Batch file endings, longest first so "x.jsonl.gz" is not read as "x.jsonl" + ".gz".
 BATCH_SUFFIXES = (".jsonl.gz", ".ndjson.gz", ".json.gz", ".jsonl", ".ndjson")
 _KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=:+-]{0,199}$")
@@ -52,9 +52,7 @@ class BatchFileError(RuntimeError):
 
 def landing_dir() -> Path:
     """$DEDUP_LANDING_DIR, else the `landing` folder of the data folder."""
-    from dedup_pipeline.store.warehouse import data_dir
-
-    return Path(os.environ.get(LANDING_DIR_ENV) or data_dir() / "landing").resolve()
+    return environment.landing_dir()
 
 
 def batch_key(path: Path) -> str | None:

@@ -35,7 +35,7 @@ from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.cli import _listen_address
 from dedup_pipeline.metrics import prometheus_text, serve
-from dedup_pipeline.store.tombstones import TOMBSTONE_KEY_ENV
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import dedup_decisions, near_duplicate_links, quarantine
 from dedup_pipeline.store.seen_set import BloomSeenSet
 from dedup_pipeline.store.warehouse import utcnow

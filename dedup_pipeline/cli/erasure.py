@@ -8,6 +8,7 @@ import sys
 
 from dedup_pipeline.core.clustering import DEFAULT_RULE, RULES
 from dedup_pipeline.core.erasure import SubjectError, SubjectKind
+from dedup_pipeline.environment import DEFAULT_ERASURE_RUN_HOURS, ERASURE_RUN_RETENTION_ENV, RETENTION_DAYS_ENV
 
 
 def _read_value(value: str) -> str:
@@ -119,11 +120,11 @@ def add_commands(commands) -> None:
     erase.set_defaults(func=cmd_erase)
 
     prune = commands.add_parser("prune-retention", help="delete decision-log rows, history, staged rows and quarantine past retention")
-    for name, variable in (("decision-days", "DEDUP_DECISION_RETENTION_DAYS"), ("history-days", "DEDUP_HISTORY_RETENTION_DAYS"),
-                           ("staging-days", "DEDUP_STAGING_RETENTION_DAYS"), ("quarantine-days", "DEDUP_QUARANTINE_RETENTION_DAYS")):
-        prune.add_argument(f"--{name}", type=int, help=f"days to keep (default ${variable}; 0 keeps forever)")
+    for setting, variable in RETENTION_DAYS_ENV.items():  # --decision-days ... --quarantine-days
+        prune.add_argument(f"--{setting.replace('_', '-')}", type=int, help=f"days to keep (default ${variable}; 0 keeps forever)")
     prune.add_argument("--erasure-run-hours", type=int,
-                       help="hours finished erase_subject runs stay in the Dagster instance (default $DEDUP_ERASURE_RUN_RETENTION_HOURS, 24)")
+                       help="hours finished erase_subject runs stay in the Dagster instance "
+                       f"(default ${ERASURE_RUN_RETENTION_ENV}, {DEFAULT_ERASURE_RUN_HOURS})")
     prune.add_argument("--json", action="store_true", help="print one JSON object")
     prune.set_defaults(func=cmd_prune)
 

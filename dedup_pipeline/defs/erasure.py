@@ -1,23 +1,21 @@
 """Erasure and retention in the Dagster UI: the `erase_subject` and `prune_retention` jobs, and a daily schedule."""
 
-import os
 from datetime import datetime, timedelta
 from typing import Optional
 
 import dagster as dg
 from pydantic import Field
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.erasure import Subject, SubjectError, SubjectKind
-from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.resources import NearDupResource, SeenSetResource, WarehouseResource
 from dedup_pipeline.defs.sensors import automation_status
 from dedup_pipeline.ladder.erasure import erase_subject as run_erasure, url_seen_set_from_env
-from dedup_pipeline.ladder.retention import RETENTION_ENV, RetentionSettings, prune_retention as run_retention
+from dedup_pipeline.environment import DEFAULT_ERASURE_RUN_HOURS, ERASURE_RUN_RETENTION_ENV, RETENTION_DAYS_ENV
+from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention as run_retention
 from dedup_pipeline.store.warehouse import utcnow
 
 ERASE_JOB = "erase_subject"
-ERASURE_RUN_RETENTION_ENV = "DEDUP_ERASURE_RUN_RETENTION_HOURS"
-DEFAULT_ERASURE_RUN_HOURS = 24
 RETENTION_CRON = "41 3 * * *"
 _FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
@@ -75,7 +73,7 @@ def erase_subject_job():
 
 def _days(what: str, setting: str) -> str:
     """A retention field's description: what it keeps, its variable and its default."""
-    return f"{what} ({RETENTION_ENV[setting]}, {getattr(RetentionSettings, setting)})."
+    return f"{what} ({RETENTION_DAYS_ENV[setting]}, {getattr(RetentionSettings, setting)})."
 
 
 class RetentionConfig(dg.Config):
@@ -96,11 +94,7 @@ def erasure_run_hours(override: int | None = None) -> int:
     """Hours finished erasure runs are kept: `override`, else $DEDUP_ERASURE_RUN_RETENTION_HOURS, else 24."""
     if override is not None:
         return override
-    raw = os.environ.get(ERASURE_RUN_RETENTION_ENV, "").strip()
-    try:
-        return int(raw) if raw else DEFAULT_ERASURE_RUN_HOURS
-    except ValueError:
-        raise ConfigurationError(f"{ERASURE_RUN_RETENTION_ENV} must be a whole number of hours, got {raw!r}") from None
+    return environment.erasure_run_hours()
 
 
 def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int, now: datetime | None = None) -> int:

@@ -13,6 +13,7 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.exact import DuplicatePolicy
 from dedup_pipeline.core.near import NearDupParams, make_params
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
@@ -137,14 +138,19 @@ class SeenSetResource(dg.ConfigurableResource):
     """The exact rung's fast path. It only says "maybe seen"; the warehouse's UNIQUE index decides."""
 
     kind: str = Field(default="auto", description="'auto' (Redis if $DEDUP_REDIS_URL is set, else Bloom), 'redis', 'bloom' or 'none'.")
-    ttl_seconds: Optional[int] = Field(default=None, description="Redis key TTL; empty means $DEDUP_SEEN_TTL_SECONDS or 30 days.")
+    ttl_seconds: Optional[int] = Field(
+        default=None,
+        description=f"Redis key TTL; empty means ${environment.SEEN_TTL_ENV} or {environment.DEFAULT_TTL_SECONDS // 86400} days.",
+    )
     bloom_capacity: Optional[int] = Field(
         default=None,
-        description="Digests the Bloom filter is sized for (per hash version); empty means $DEDUP_BLOOM_CAPACITY or 10,000,000.",
+        description="Digests the Bloom filter is sized for (per hash version); empty means "
+        f"${environment.BLOOM_CAPACITY_ENV} or {environment.DEFAULT_BLOOM_CAPACITY:,}.",
     )
     bloom_error_rate: Optional[float] = Field(
         default=None,
-        description="The Bloom filter's false-positive rate at capacity; empty means $DEDUP_BLOOM_ERROR_RATE or 0.001.",
+        description="The Bloom filter's false-positive rate at capacity; empty means "
+        f"${environment.BLOOM_ERROR_RATE_ENV} or {environment.DEFAULT_BLOOM_ERROR_RATE:g}.",
     )
 
     def get(self) -> SeenSet:

@@ -1,23 +1,20 @@
 """The landing sensor: every new batch file becomes a partition and a run of the ladder."""
 
 
-import os
 from datetime import datetime, timezone
 
 import dagster as dg
 
+from dedup_pipeline import environment
 from dedup_pipeline.defs.jobs import dedup_ladder_job
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import LandingResource
 from dedup_pipeline.landing import SOURCE_TAG, batch_source, scan_landing
 
-AUTOMATION_ENV = "DEDUP_AUTOMATION"
-
 
 def automation_status() -> dg.DefaultSensorStatus:
     """Sensors start running when DEDUP_AUTOMATION=on, else they wait to be switched on in the UI."""
-    enabled = os.environ.get(AUTOMATION_ENV, "").lower() in ("1", "on", "true", "yes")
-    return dg.DefaultSensorStatus.RUNNING if enabled else dg.DefaultSensorStatus.STOPPED
+    return dg.DefaultSensorStatus.RUNNING if environment.automation_enabled() else dg.DefaultSensorStatus.STOPPED
 
 
 @dg.sensor(

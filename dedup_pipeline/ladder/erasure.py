@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 
 from sqlalchemy.exc import OperationalError
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.clustering import DEFAULT_RULE
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.store.erasure import erase, record_seen_set_removals
-from dedup_pipeline.store.seen_set import REDIS_URL_ENV
 from dedup_pipeline.store.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ class ErasureReport:
 
 def url_seen_set_from_env():
     """The crawlers' URL seen-set (dedup_pipeline.crawler) when Redis is configured, else None."""
-    if not os.environ.get(REDIS_URL_ENV):
+    if not environment.redis_url():
         return None
     from dedup_pipeline.crawler import UrlSeenSet
 

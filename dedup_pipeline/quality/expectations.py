@@ -20,12 +20,12 @@ What the suites expect of the key columns:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import pandas as pd
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.hashing import HASH_RULES
 from dedup_pipeline.core.url import URL_VERSION
 
@@ -117,7 +117,7 @@ class SuiteReport:
 
 
 def _context():
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    environment.quiet_great_expectations()
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig, InMemoryStoreBackendDefaults, ProgressBarsConfig,

@@ -26,39 +26,15 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from dedup_pipeline.core.errors import ConfigurationError
+from dedup_pipeline import environment
+from dedup_pipeline.environment import DEFAULT_BLOOM_CAPACITY, DEFAULT_BLOOM_ERROR_RATE, DEFAULT_REDIS_PREFIX
 
 log = logging.getLogger(__name__)
 
-REDIS_URL_ENV = "DEDUP_REDIS_URL"
-REDIS_PREFIX_ENV = "DEDUP_REDIS_PREFIX"  # one per warehouse when several share a Redis
-SEEN_TTL_ENV = "DEDUP_SEEN_TTL_SECONDS"
-DEFAULT_TTL_SECONDS = 30 * 86400  # the seeds' 30 days: about one re-crawl cycle
-KEY_PREFIX = "dedup:seen"
-BLOOM_CAPACITY_ENV = "DEDUP_BLOOM_CAPACITY"
-BLOOM_ERROR_RATE_ENV = "DEDUP_BLOOM_ERROR_RATE"
-DEFAULT_BLOOM_CAPACITY = 10_000_000
-DEFAULT_BLOOM_ERROR_RATE = 0.001
 
 
 class SeenSetUnavailable(RuntimeError):
     """The seen-set backend cannot answer now; use the database."""
-
-
-def seen_ttl(value: int | str | None = None) -> int:
-    """The TTL of seen-set keys, in seconds: `value`, else $DEDUP_SEEN_TTL_SECONDS, else 30 days.
-
-    At least 1: a seen-set key always expires (the set is never an unbounded store of identifiers), and Redis
-    refuses `EX 0`, which would make every URL look new.
-    """
-    raw = value if value not in (None, "") else os.environ.get(SEEN_TTL_ENV) or DEFAULT_TTL_SECONDS
-    try:
-        ttl = int(raw)
-    except (TypeError, ValueError):
-        ttl = 0
-    if ttl < 1:
-        raise ConfigurationError(f"{SEEN_TTL_ENV} must be a whole number of seconds, at least 1, got {raw!r}")
-    return ttl
 
 
 class CircuitBreaker:
@@ -213,12 +189,12 @@ class RedisSeenSet(SeenSet):
 
     def __init__(
         self, url: str, ttl_seconds: int | None = None, timeout: float = 1.0, retry_after: float = 15.0,
-        prefix: str = KEY_PREFIX,
+        prefix: str = DEFAULT_REDIS_PREFIX,
     ):
         from redis.cluster import RedisCluster
 
         self.prefix = prefix
-        self.ttl_seconds = seen_ttl(ttl_seconds)
+        self.ttl_seconds = environment.seen_ttl_seconds(ttl_seconds)
         self.client, reached = connect_redis(url, timeout)
         self._breaker = CircuitBreaker(retry_after, open_now=not reached)  # not reached: that was the one timeout
         self.cluster = isinstance(self.client, RedisCluster)
@@ -354,18 +330,18 @@ def seen_set_from_env(
     """
     from dedup_pipeline.store.warehouse import data_dir
 
-    url = os.environ.get(REDIS_URL_ENV)
+    url = environment.redis_url()
     if kind == "auto":
         kind = "redis" if url else "bloom"
     if kind == "redis":
         if not url:
-            raise ValueError(f"seen-set 'redis' needs {REDIS_URL_ENV}")
-        return RedisSeenSet(url, ttl_seconds, prefix=os.environ.get(REDIS_PREFIX_ENV, KEY_PREFIX))
+            raise ValueError(f"seen-set 'redis' needs {environment.REDIS_URL_ENV}")
+        return RedisSeenSet(url, ttl_seconds, prefix=environment.redis_prefix())
     if kind == "bloom":
         if bloom_capacity is None:
-            bloom_capacity = int(os.environ.get(BLOOM_CAPACITY_ENV, DEFAULT_BLOOM_CAPACITY))
+            bloom_capacity = environment.bloom_capacity()
         if bloom_error_rate is None:
-            bloom_error_rate = float(os.environ.get(BLOOM_ERROR_RATE_ENV, DEFAULT_BLOOM_ERROR_RATE))
+            bloom_error_rate = environment.bloom_error_rate()
         return BloomSeenSet(folder or data_dir() / "seen-sets", bloom_capacity, bloom_error_rate)
     if kind == "none":
         return NoSeenSet()

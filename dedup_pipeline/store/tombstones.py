@@ -32,15 +32,16 @@ from sqlalchemy import Connection, Engine, any_, bindparam, delete, func, select
 from sqlalchemy.dialects.postgresql import BYTEA
 from sqlalchemy.engine import make_url
 
+from dedup_pipeline import environment
 from dedup_pipeline.core import erasure as core
 from dedup_pipeline.core.erasure import Catalogue
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import chunked
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import canonical_records, erasure_scopes, erasure_tombstones
 
-TOMBSTONE_KEY_ENV = "DEDUP_TOMBSTONE_KEY"
 #: Names the advisory lock that serialises erasure against ingestion (any constant works).
 _ERASURE_LOCK = 7_301_043
 
@@ -61,7 +62,7 @@ def tombstone_key(conn: Connection) -> bytes:
     A PostgreSQL warehouse without the variable is an error: production keys
     come from the environment (a secret store), never from a file or a default.
     """
-    configured = os.environ.get(TOMBSTONE_KEY_ENV)
+    configured = environment.tombstone_key()
     if configured:
         key = configured.strip().encode("utf-8")
         if len(key) < core.MIN_KEY_BYTES:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,28 +13,24 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, select
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.schema import metadata, records, settings
 
 log = logging.getLogger(__name__)
-DATABASE_URL_ENV = "DEDUP_DATABASE_URL"
-DATA_DIR_ENV = "DEDUP_DATA_DIR"
 ACTIVE_HASH_VERSION = "active_hash_version"
 
 
 def data_dir() -> Path:
     """Where the embedded default keeps its files: $DEDUP_DATA_DIR, else ./.dedup."""
-    return Path(os.environ.get(DATA_DIR_ENV) or Path.cwd() / ".dedup").resolve()
+    return environment.data_dir()
 
 
 def default_database_url() -> str:
     """$DEDUP_DATABASE_URL, else a SQLite file in the data folder."""
-    url = os.environ.get(DATABASE_URL_ENV)
-    if url:
-        return url
-    return f"sqlite:///{data_dir() / 'warehouse.sqlite'}"
+    return environment.database_url() or f"sqlite:///{data_dir() / 'warehouse.sqlite'}"
 
 
 def utcnow() -> datetime:
@@ -114,11 +109,11 @@ def pg_connect_args(query: Mapping[str, Any]) -> dict[str, Any]:
     args = {}
     for name, value in PG_CONNECT_DEFAULTS.items():
         variable = _PG_ENVIRONMENT.get(name)
-        if name in query or (variable and os.environ.get(variable) and name != "options"):
+        if name in query or (variable and environment.libpq_setting(variable) and name != "options"):
             continue
         args[name] = value
     # Explicit options replace PGOPTIONS, and the URL's replace both: carry theirs along, adding the timeout.
-    given = query.get("options") or os.environ.get("PGOPTIONS", "")
+    given = query.get("options") or environment.libpq_setting("PGOPTIONS")
     if isinstance(given, (tuple, list)):
         given = " ".join(given)
     if "idle_in_transaction_session_timeout" in given:

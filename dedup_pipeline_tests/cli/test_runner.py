@@ -11,7 +11,7 @@ import dagster as dg
 from dagster._core.instance.ref import InstanceRef
 from sqlalchemy import func, select
 
-from dedup_pipeline.landing import LANDING_DIR_ENV
+from dedup_pipeline.environment import LANDING_DIR_ENV
 from dedup_pipeline.cli.runner import run_landing_folder
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse

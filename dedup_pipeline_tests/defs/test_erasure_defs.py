@@ -16,7 +16,7 @@ from dedup_pipeline.cli import main
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.erasure import ERASE_JOB, delete_old_erasure_runs, prune_retention_daily
 from dedup_pipeline.defs.sensors import automation_status
-from dedup_pipeline.store.tombstones import TOMBSTONE_KEY_ENV
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import erasure_requests, erasure_tombstones
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
 

@@ -34,7 +34,7 @@ from sqlalchemy import MetaData, select
 
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.store.tombstones import TOMBSTONE_KEY_ENV
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import listing, write_batch
 

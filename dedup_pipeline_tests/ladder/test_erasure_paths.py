@@ -24,7 +24,7 @@ from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.rehash import backfill, compare_versions, switch_hash_version
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.store.tombstones import TOMBSTONE_KEY_ENV
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import (
     canonical_records, dedup_decisions, minhash_signatures, record_history, records, rehash_comparisons,
 )

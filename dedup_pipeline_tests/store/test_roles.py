@@ -19,7 +19,7 @@ from sqlalchemy.exc import ProgrammingError
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
-from dedup_pipeline.store.tombstones import TOMBSTONE_KEY_ENV
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.metrics import prometheus_text
 from dedup_pipeline.store.roles import RoleNames, grant_roles, roles_sql
 from dedup_pipeline.store.schema import lsh_buckets

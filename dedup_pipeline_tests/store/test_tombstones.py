@@ -11,7 +11,8 @@ import pytest
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
-from dedup_pipeline.store.tombstones import TOMBSTONE_KEY_ENV, TombstoneKeyError, key_file_path
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
+from dedup_pipeline.store.tombstones import TombstoneKeyError, key_file_path
 from dedup_pipeline.store.schema import (
     canonical_records, dedup_decisions, metadata,
 )
