@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server, write_to_textfile
@@ -26,13 +27,24 @@ from dedup_pipeline.store.schema import exact_rung_runs, near_rung_runs
 log = logging.getLogger(__name__)
 
 #: Decisions that skip a record, by the `type` label of scraper_duplicates_skipped_total.
-SKIPPED = {
+_SKIPPED = {
     Decision.EXACT_DUPLICATE.value: "exact",
     Decision.STALE.value: "stale",
     Decision.CHANGE_IGNORED.value: "change_ignored",
     Decision.ERASED.value: "erased",
 }
 SEEN_SET_FIGURES = ("seen_set_hits", "seen_set_false_positives", "seen_set_cold_misses", "seen_set_fallbacks")
+
+
+def seed_figures(records_seen: int, decisions: Mapping[str, int]) -> dict:
+    """An exact-rung run's figures under the seeds' metric names and labels, for its asset metadata.
+
+    The counters this module exports are the totals of these figures over every run.
+    """
+    figures = {"scraper_records_seen": records_seen}
+    for decision, label in _SKIPPED.items():
+        figures[f'scraper_duplicates_skipped{{type="{label}"}}'] = decisions[decision]
+    return figures
 
 
 def _runs_summed(conn: Connection, table) -> tuple[Counter, dict]:
@@ -84,7 +96,7 @@ def families(conn: Connection) -> list[Metric]:
         _counter("scraper_records_seen", "Records that reached the dedup ladder (decided or quarantined).",
                  {(): sum(decisions.values()) + figures["quarantined"]}),
         _counter("scraper_duplicates_skipped", "Records skipped, by duplicate type.",
-                 {(label,): decisions[decision] for decision, label in SKIPPED.items()}, ("type",)),
+                 {(label,): decisions[decision] for decision, label in _SKIPPED.items()}, ("type",)),
         _counter("scraper_records_stored", "Records written to the warehouse, by kind.",
                  {(d,): decisions[d] for d in (Decision.NEW.value, Decision.CHANGED.value)}, ("type",)),
         _counter("scraper_records_quarantined", "Lines sent to quarantine.", {(): figures["quarantined"]}),

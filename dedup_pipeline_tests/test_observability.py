@@ -34,7 +34,7 @@ from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.cli import _listen_address
-from dedup_pipeline.metrics import prometheus_text, serve
+from dedup_pipeline.metrics import prometheus_text, seed_figures, serve
 from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import dedup_decisions, near_duplicate_links, quarantine
 from dedup_pipeline.store.seen_set import BloomSeenSet
@@ -246,3 +246,15 @@ def test_the_shipped_dashboard_queries_parse_and_name_only_metrics_the_exporter_
     named = {name for target in targets for name in EXPORTED_NAME.findall(target["expr"])}
     # every counter and gauge of the exporter is on the dashboard
     assert named == {name for name in served_metric_names if not name.endswith("_created")}
+
+
+def test_a_run_s_figures_carry_the_seeds_metric_names_and_labels():
+    """The label mapping lives in dedup_pipeline.metrics alone; the exact rung's metadata takes it from there."""
+    from collections import Counter
+
+    figures = seed_figures(12, Counter({"exact_duplicate": 3, "stale": 1, "new": 8}))
+    assert figures == {
+        "scraper_records_seen": 12, 'scraper_duplicates_skipped{type="exact"}': 3,
+        'scraper_duplicates_skipped{type="stale"}': 1, 'scraper_duplicates_skipped{type="change_ignored"}': 0,
+        'scraper_duplicates_skipped{type="erased"}': 0,
+    }

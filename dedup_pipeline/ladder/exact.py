@@ -17,7 +17,7 @@ from dedup_pipeline.core.exact import Decision, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.settings import LadderSettings
-from dedup_pipeline.metrics import SKIPPED
+from dedup_pipeline.metrics import seed_figures
 from dedup_pipeline.store.tombstones import erased_positions
 from dedup_pipeline.store.exact import (
     ChunkConflict, apply_plan, decided_by_unfinished_runs, decisions_through, iter_canonical_chunks, landed_at,
@@ -98,10 +98,7 @@ class ExactReport:
         if self.seen_set_fill is not None:
             meta["seen_set_fill"] = self.seen_set_fill
         meta.update({decision.value: self.decisions[decision.value] for decision in Decision if decision != Decision.QUARANTINED})
-        # The same figures under the seeds' metric names (dedup_pipeline.metrics exports their totals).
-        meta["scraper_records_seen"] = self.records_in + self.quarantined
-        for decision, label in SKIPPED.items():
-            meta[f'scraper_duplicates_skipped{{type="{label}"}}'] = self.decisions[decision]
+        meta.update(seed_figures(self.records_in + self.quarantined, self.decisions))
         return meta
 
 
