@@ -42,8 +42,8 @@ from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url
 TOMBSTONE_VERSION = "tombstone/1"
 #: A key shorter than this is refused: it could be guessed, and then so could every fingerprint.
 MIN_KEY_BYTES = 32
-#: Fields the pipeline treats as personal data (documentation, the privacy test and the
-#: README). Erasure accepts any field path; these are the ones a subject is usually named by.
+#: Fields the pipeline treats as personal data (documentation, the privacy test and
+#: docs/privacy.md). Erasure accepts any field path; these are the ones a subject is usually named by.
 PERSONAL_FIELDS = (
     "seller_id", "seller_name", "seller_email", "seller_phone", "author", "author_name", "author_email",
     "name", "email", "phone", "contact", "address", "username", "profile_url",

@@ -13,7 +13,7 @@ text) in the fixed form ``format(x, ".4f")``; other decimals are exact text in
 `record/1` already. It is not the seeds' `canonicalise` byte for byte: numeric
 price text, other and nested decimals, nested text and nulls, the currency's
 case, three more volatile fields and the URL (in its `url/1` form) differ; the
-README ("Hashes") says how and why, and `test_hashing.py` pins it.
+docs/canonical.md says how and why, and `test_hashing.py` pins it.
 
 `content/2` is the seeds' second rule: a fixed tuple of identity fields, the
 price in exact minor units, floats refused. `title`, `price` (or

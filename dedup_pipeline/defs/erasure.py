@@ -41,11 +41,11 @@ def erase_data_subject(
     seen_set: SeenSetResource,
 ) -> dg.Output:
     """Removes every copy of the subject in one transaction and leaves tombstones that no re-crawl gets past.
+    Read `records_removed`, `removed[<table>]` and `tombstones_added` (counts, never values); the warehouse's
+    `erasure_requests` keeps the audit, and `prune_retention` deletes the finished run, whose config names the
+    subject, after DEDUP_ERASURE_RUN_RETENTION_HOURS.
 
-    Metadata holds counts per table (never values). The run's config holds the
-    subject's value: `prune_retention` deletes finished erasure runs after
-    DEDUP_ERASURE_RUN_RETENTION_HOURS (24 h); the warehouse's
-    `erasure_requests` table keeps the audit (request id, kind, counts).
+    See docs/privacy.md.
     """
     wh = warehouse.get()
     version = config.version or (wh.active_hash_version() if config.kind == SubjectKind.CONTENT_DIGEST.value else None)
@@ -118,10 +118,11 @@ def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int, now: datet
 
 @dg.op(name="prune_expired_rows")
 def prune_expired_rows(context: dg.OpExecutionContext, config: RetentionConfig, warehouse: WarehouseResource) -> dg.Output:
-    """Deletes decision-log rows, history, staged canonical rows and quarantined lines past their retention.
+    """Deletes decision-log rows, history, staged canonical rows and quarantined lines past their retention,
+    clears the key and digest of `erased` decision rows, and deletes finished `erase_subject` runs. Read
+    `rows_pruned`, `pruned[<table>]`, `erasure_runs_deleted` and the `retention_days[...]` applied.
 
-    Also clears the key and digest of `erased` decision rows, and deletes
-    finished `erase_subject` runs from the Dagster instance. Counts only.
+    See docs/privacy.md.
     """
     settings = RetentionSettings.from_env(
         decision_days=config.decision_days, history_days=config.history_days,
@@ -135,7 +136,7 @@ def prune_expired_rows(context: dg.OpExecutionContext, config: RetentionConfig, 
     return dg.Output(report.pruned, metadata=meta)
 
 
-@dg.job(name="prune_retention", description="Delete identifiers and copies past their retention (see README, Privacy and erasure).")
+@dg.job(name="prune_retention", description="Delete identifiers and copies past their retention (see docs/privacy.md).")
 def prune_retention_job():
     prune_expired_rows()
 

@@ -111,11 +111,9 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         pool="warehouse",
         description=(
             f"`{target}` digests beside the stored ones, one partition per shard (first hex digit of the row's "
-            f"stored digest). Each run hashes the shard's rows that lack a `{target}` digest, in keyset-paginated "
-            f"pages (one SELECT, one multi-row INSERT ... ON CONFLICT DO NOTHING per page), so a killed shard "
-            f"resumes where it stopped and a second backfill writes nothing. Rows the `{target}` rule cannot hash "
-            f"get the reason instead of a digest and are listed (keys and reasons). Read `rows_hashed`, "
-            f"`shard_rows_left` and `warehouse_rows_left`."
+            f"stored digest), written page by page so a killed shard resumes where it stopped and a second "
+            f"backfill writes nothing; a row the `{target}` rule cannot hash gets the reason instead. Read "
+            f"`rows_hashed`, `shard_rows_left` and `warehouse_rows_left`.\n\nSee docs/rehash.md."
         ),
     )
     def hashes(context: dg.AssetExecutionContext, warehouse: WarehouseResource, rehash: RehashResource) -> dg.MaterializeResult:
@@ -151,10 +149,10 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
             )
         ],
         description=(
-            f"`{source}` against `{target}` over every stored row hashed under both: distinct contents and "
-            f"collapse rate under each, the change, groups that merge under `{target}` (several rows, one new "
-            f"digest) and, over the staged lines of `canonical_records`, groups that split. Keys and digests only. "
-            f"Stored in `rehash_comparisons`; `switch_hash_version` refuses while the latest one failed."
+            f"`{source}` against `{target}` over every stored row hashed under both, kept in `rehash_comparisons`: "
+            f"read `collapse_rate_source`, `collapse_rate_target` and their change (checked against the band), "
+            f"`rows_merged_away` and `split_groups`. `switch_hash_version` refuses while the latest one failed."
+            f"\n\nSee docs/rehash.md."
         ),
     )
     def comparison(warehouse: WarehouseResource, rehash: RehashResource) -> dg.MaterializeResult:

@@ -55,7 +55,7 @@ class LandingResource(dg.ConfigurableResource):
 
 
 class LadderResource(dg.ConfigurableResource):
-    """How records move down the ladder (see the README, 'Duplicate classes')."""
+    """How records move down the ladder (see docs/exact.md, duplicate classes)."""
 
     chunk_size: int = Field(default=LadderSettings.chunk_size, description="Records per transaction and per set-based statement.")
     natural_key: list[str] = Field(
