@@ -2,8 +2,8 @@
 
 One test (or parametrised group) per rule of url/1, golden examples from
 fixtures/url_golden.jsonl, hypothesis properties (idempotence, never raises,
-no path-case merge, query order independence) and, when the shared data
-folder is present, agreement with the public WHATWG test vectors on the
+no path-case merge, query order independence) and agreement with the public
+WHATWG and urlcanon test vectors (fixtures/url_canon/, see its README) on the
 fields where url/1 and the WHATWG URL Standard mean the same thing.
 """
 
@@ -29,8 +29,7 @@ from dedup_pipeline.core.url import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-URL_VECTORS = REPO_ROOT.parent / "shared" / "data" / "url_canon"
+URL_VECTORS = FIXTURES / "url_canon"
 
 
 
@@ -727,11 +726,7 @@ def test_query_order_and_tracking_do_not_matter(pieces, rnd):
     assert strict("http://h/p?" + "&".join(shuffled + ["utm_medium=mail", "fbclid=abc"])) == base
 
 
-# --- public vectors (optional: /work/shared/data/url_canon) -------------------------
-
-needs_vectors = pytest.mark.skipif(
-    not URL_VECTORS.is_dir(), reason=f"public URL vectors not found at {URL_VECTORS} (optional shared data)"
-)
+# --- public vectors (fixtures/url_canon) ----------------------------------------------
 
 
 def rfc3986_normalise_escapes(text: str) -> str:
@@ -783,7 +778,6 @@ def documented_refusal(raw: str) -> bool:
     )
 
 
-@needs_vectors
 def test_agrees_with_whatwg_vectors_where_the_rules_coincide():
     """whatwg_urltestdata_pairs.jsonl rows with base null, http(s), not a failure.
 
@@ -844,7 +838,6 @@ def test_agrees_with_whatwg_vectors_where_the_rules_coincide():
     assert compared["hostname"] >= 60 and compared["pathname"] >= 60 and compared["search"] >= 60, compared
 
 
-@needs_vectors
 def test_agrees_with_whatwg_dot_segment_vectors():
     """urlcanon_pairs.jsonl 'whatwg.path_dots.special': path in, path out.
 
