@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 from dagster._core.instance.ref import InstanceRef
 from sqlalchemy import func, select
 
@@ -47,6 +48,7 @@ def _corrupt_gzip(path: Path, lines: list) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow  # loads the workspace (a code server process) and launches the re-execution in a run worker
 def test_a_run_the_command_line_failed_is_re_executed_from_failure_in_the_workspace(tmp_path, monkeypatch):
     """Breaks: a batch whose run `run_landing_folder` (what `dedup-pipeline run` calls) failed on a corrupt file.
 

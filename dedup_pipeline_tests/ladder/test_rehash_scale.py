@@ -25,7 +25,7 @@ from dedup_pipeline_tests.rehash_helpers import (
     assert_unique_per_version, expected, load_legacy_rows, migration_listing, run_ladder,
 )
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # 100,000 rows: out of `make test-fast`
 ROWS = 100_000
 SOURCE, TARGET = "content/1", "content/2"
 KILLED = "rehash-killed-shard"
