@@ -44,7 +44,12 @@ from dedup_pipeline.ladder.settings import LadderSettings  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store import tombstones as store  # noqa: E402
 from dedup_pipeline.store.schema import (  # noqa: E402
-    dedup_decisions, erasure_scopes, erasure_tombstones, record_hashes, record_history, records,
+    dedup_decisions,
+    erasure_scopes,
+    erasure_tombstones,
+    record_hashes,
+    record_history,
+    records,
 )
 from dedup_pipeline.store.warehouse import Warehouse, utcnow  # noqa: E402
 
@@ -61,13 +66,27 @@ def seed_tombstones(warehouse: Warehouse, count: int) -> list[dict]:
     """`count` tombstones spread over every kind and scope, plus the scopes catalogue rows; returns the scopes."""
     with warehouse.engine.connect() as conn:
         kid = core.key_id(store.tombstone_key(conn))
-    kinds = [("natural_key", ""), ("canonical_url", "url/1"), ("field", "seller_id"), ("content_digest", "content/1"),
-             ("content_digest", "content/2")]
-    rows = [{"fingerprint": secrets.token_bytes(32), "kind": kinds[i % 5][0], "scope": kinds[i % 5][1], "key_id": kid,
-             "erasure_id": 0, "created_at": utcnow()} for i in range(count)]
+    kinds = [
+        ("natural_key", ""),
+        ("canonical_url", "url/1"),
+        ("field", "seller_id"),
+        ("content_digest", "content/1"),
+        ("content_digest", "content/2"),
+    ]
+    rows = [
+        {
+            "fingerprint": secrets.token_bytes(32),
+            "kind": kinds[i % 5][0],
+            "scope": kinds[i % 5][1],
+            "key_id": kid,
+            "erasure_id": 0,
+            "created_at": utcnow(),
+        }
+        for i in range(count)
+    ]
     with warehouse.engine.begin() as conn:
         for start in range(0, len(rows), 10_000):
-            conn.execute(insert(erasure_tombstones), rows[start:start + 10_000])
+            conn.execute(insert(erasure_tombstones), rows[start : start + 10_000])
     return [{"kind": kind, "scope": scope, "key_id": kid} for kind, scope in kinds]
 
 
@@ -85,7 +104,9 @@ def per_record_check(warehouse: Warehouse, chunk) -> set[int]:
         catalogue = store.load_catalogue(conn)
         key = store.tombstone_key(conn)
         for position, record in enumerate(chunk):
-            prints = core.record_fingerprints(key, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes)
+            prints = core.record_fingerprints(
+                key, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes
+            )
             column = erasure_tombstones.c.fingerprint
             if conn.execute(select(column).where(column.in_(prints)).limit(1)).first() is not None:
                 erased.add(position)
@@ -125,7 +146,9 @@ def main() -> None:
             assert report.decisions["new"] == args.records
             plain.append(args.records / seconds)
 
-            seconds, result = timed(erase_subject, warehouse, Subject.parse("field", ERASED_SELLER, field="seller_id"), "bench")
+            seconds, result = timed(
+                erase_subject, warehouse, Subject.parse("field", ERASED_SELLER, field="seller_id"), "bench"
+            )
             erasures.append(seconds)
             removed = result.removed["records"]
 
@@ -146,11 +169,15 @@ def main() -> None:
     print(f"records={args.records} tombstones={args.tombstones} chunk={args.chunk} repeat={args.repeat}")
     print("1. exact rung, records/s (median)")
     print(f"   no tombstones            {median(plain):>10,.0f}")
-    print(f"   {args.tombstones:,} tombstones     {median(checked):>10,.0f}   "
-          f"ratio {median(checked) / median(plain):.2f} (1% of the batch erased)")
+    print(
+        f"   {args.tombstones:,} tombstones     {median(checked):>10,.0f}   "
+        f"ratio {median(checked) / median(plain):.2f} (1% of the batch erased)"
+    )
     print(f"2. tombstone check of one chunk of {len(chunk)} records, ms (median)")
     print(f"   erased_positions         {median(one_query):>10.1f}")
-    print(f"   per record (baseline)    {median(per_record):>10.1f}   ratio {median(per_record) / median(one_query):.1f}x")
+    print(
+        f"   per record (baseline)    {median(per_record):>10.1f}   ratio {median(per_record) / median(one_query):.1f}x"
+    )
     print(f"3. erasure of one seller ({removed} current records of {args.records}): {median(erasures):.3f} s (median)")
 
 

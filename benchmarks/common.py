@@ -70,8 +70,16 @@ def crawl_with_duplicates(n: int, duplicate_share: float = 0.5, seed: int = 1) -
     records = [product(i, rng) for i in range(unique)]
     for _ in range(n - unique):
         original = records[rng.randrange(unique)]
-        records.append({**original, "scraped_at": "2026-11-29T08:00:00Z", "crawl_id": "recrawl",
-                        "proxy_ip": "10.9.9.9", "etag": "changed", "response_ms": 1})
+        records.append(
+            {
+                **original,
+                "scraped_at": "2026-11-29T08:00:00Z",
+                "crawl_id": "recrawl",
+                "proxy_ip": "10.9.9.9",
+                "etag": "changed",
+                "response_ms": 1,
+            }
+        )
     rng.shuffle(records)
     return records
 

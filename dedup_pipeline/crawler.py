@@ -45,7 +45,11 @@ class UrlSeenSet:
     """Canonical URLs seen by a crawl fleet, in Redis with a TTL."""
 
     def __init__(
-        self, redis_url: str | None = None, ttl_seconds: int | None = None, prefix: str | None = None, client=None,
+        self,
+        redis_url: str | None = None,
+        ttl_seconds: int | None = None,
+        prefix: str | None = None,
+        client=None,
         retry_after: float = 15.0,
     ):
         url = redis_url or environment.redis_url() or "redis://127.0.0.1:6379/0"
@@ -64,8 +68,9 @@ class UrlSeenSet:
         """First seen, from this process's memory, for items Redis could not answer for."""
         with self._lock:
             if not self._meanwhile:
-                log.warning("URL seen-set unavailable (%s): this process remembers the URLs it sees until Redis "
-                            "answers", reason)
+                log.warning(
+                    "URL seen-set unavailable (%s): this process remembers the URLs it sees until Redis answers", reason
+                )
             answers = []
             for item in items:
                 answers.append(item not in self._meanwhile)
@@ -115,7 +120,9 @@ class UrlSeenSet:
             return self.first_time_seen(url)
         field = hashlib.sha256(method.encode() + b"\0" + body).hexdigest()
         key = _requests_of(self.key(url))
-        return self._ask([(key, field)], lambda: [bool(self._add_request(keys=[key], args=[field, self.ttl_seconds]))])[0]
+        return self._ask([(key, field)], lambda: [bool(self._add_request(keys=[key], args=[field, self.ttl_seconds]))])[
+            0
+        ]
 
     def first_time_seen_many(self, urls: Iterable[str]) -> list[bool]:
         """For each URL, True only on its first sighting within the TTL; one round trip for all of them.
@@ -183,7 +190,9 @@ class RedisUrlDupeFilter:
     @classmethod
     def from_crawler(cls, crawler) -> "RedisUrlDupeFilter":
         settings = crawler.settings
-        seen = UrlSeenSet(settings.get("DEDUP_REDIS_URL"), settings.get("DEDUP_SEEN_TTL_SECONDS"), settings.get("DEDUP_URL_PREFIX"))
+        seen = UrlSeenSet(
+            settings.get("DEDUP_REDIS_URL"), settings.get("DEDUP_SEEN_TTL_SECONDS"), settings.get("DEDUP_URL_PREFIX")
+        )
         return cls(seen, settings.getbool("DUPEFILTER_DEBUG"))
 
     def request_seen(self, request) -> bool:

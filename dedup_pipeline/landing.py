@@ -18,8 +18,10 @@ from dedup_pipeline import environment
 BATCH_SUFFIXES = (".jsonl.gz", ".ndjson.gz", ".json.gz", ".jsonl", ".ndjson")
 _KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=:+-]{0,199}$")
 #: Why a file whose name ends like a batch is not one (a Dagster partition key must be a plain name).
-BAD_KEY = "its name (less the suffix) is not a batch key: ASCII letters, digits and . _ = : + -, starting with a " \
+BAD_KEY = (
+    "its name (less the suffix) is not a batch key: ASCII letters, digits and . _ = : + -, starting with a "
     "letter or digit, at most 200 characters"
+)
 NOT_A_BATCH = "not a batch file: batch names end in " + ", ".join(sorted(BATCH_SUFFIXES)) + " (lower case)"
 #: A file modified more recently than this is taken to be still being written (the sensor's and `run`'s default).
 DEFAULT_SETTLE_SECONDS = 5.0
@@ -96,9 +98,11 @@ class LandingScan:
             f"{settle_seconds:g} s a batch must be left unchanged (still being written?)"
             for batch in self.unsettled
         ]
-        return lines + [f"ignored: {name}: {reason}" for name, reason in self.ignored] + [
-            f"ambiguous: batch {key!r}: {reason}" for key, reason in self.ambiguous.items()
-        ]
+        return (
+            lines
+            + [f"ignored: {name}: {reason}" for name, reason in self.ignored]
+            + [f"ambiguous: batch {key!r}: {reason}" for key, reason in self.ambiguous.items()]
+        )
 
 
 def scan_landing(folder: Path, settle_seconds: float = 0.0) -> LandingScan:
@@ -132,7 +136,9 @@ def scan_landing(folder: Path, settle_seconds: float = 0.0) -> LandingScan:
     for key, found in sorted(files.items()):
         if len(found) > 1:
             names = ", ".join(batch.path.name for batch in found)
-            ambiguous[key] = f"{len(found)} files map to it ({names}): none is taken until all but one are removed or renamed"
+            ambiguous[key] = (
+                f"{len(found)} files map to it ({names}): none is taken until all but one are removed or renamed"
+            )
         elif now - found[0].mtime < settle_seconds:
             unsettled.append(found[0])
         else:

@@ -18,7 +18,6 @@ from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import PG_ADMIN_URL, database_url, fresh_database
 
 
-
 @pytest.fixture(autouse=True, scope="session")
 def keep_ephemeral_instances_alive():
     """Keep every test's ephemeral Dagster instance alive until the session ends.

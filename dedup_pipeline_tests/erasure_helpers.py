@@ -41,17 +41,23 @@ def mirror(n: int, suffix: str, url: str) -> dict:
 
 def record_id(warehouse, natural_key):
     with warehouse.engine.connect() as conn:
-        return conn.execute(select(records.c.record_id).where(records.c.natural_key == natural_key)).scalar_one_or_none()
+        return conn.execute(
+            select(records.c.record_id).where(records.c.natural_key == natural_key)
+        ).scalar_one_or_none()
 
 
 def crawl_two_days(warehouse, tmp_path):
     """Two days of crawl: p/4 changes price on day 2 and has two syndicated copies; bad lines in quarantine."""
     folder = tmp_path / "landing"
     day1 = [listing(n) for n in range(12)]
-    day1 += [mirror(4, "shipped today", "https://mirror.example.net/k4"),
-             mirror(4, "fast delivery", "https://copy.example.org/kettle")]
-    day1 += ['{"url": "https://Shop.Example.com/p/4?utm_source=a", "title": "broken',  # holds the subject
-             '{"url": "https://shop.example.com/p/40", "title": "broken']              # does not
+    day1 += [
+        mirror(4, "shipped today", "https://mirror.example.net/k4"),
+        mirror(4, "fast delivery", "https://copy.example.org/kettle"),
+    ]
+    day1 += [
+        '{"url": "https://Shop.Example.com/p/4?utm_source=a", "title": "broken',  # holds the subject
+        '{"url": "https://shop.example.com/p/40", "title": "broken',
+    ]  # does not
     write_batch(folder, "day1", day1, landed=T0)
     write_batch(folder, "day2", [listing(4, price="99.00", crawl_id="c2"), listing(5, crawl_id="c2")], landed=T0 + DAY)
     for key in ("day1", "day2"):

@@ -76,8 +76,11 @@ class Expectation:
     def figures(self) -> dict:
         groups = [n for n in self.target_digests.values() if n > 1]
         return {
-            "rows": self.rows, "unhashable": self.unhashable, "hashable": sum(self.target_digests.values()),
-            "distinct_target": len(self.target_digests), "merge_groups": len(groups),
+            "rows": self.rows,
+            "unhashable": self.unhashable,
+            "hashable": sum(self.target_digests.values()),
+            "distinct_target": len(self.target_digests),
+            "merge_groups": len(groups),
             "rows_merged_away": sum(groups) - len(groups),
         }
 
@@ -91,7 +94,11 @@ def expected(raws: list[dict], source: str = "content/1", target: str = "content
 
 
 def load_legacy_rows(
-    warehouse, raws: list[dict], versions=("content/1",), target: str = "content/2", batch_id: str = "legacy",
+    warehouse,
+    raws: list[dict],
+    versions=("content/1",),
+    target: str = "content/2",
+    batch_id: str = "legacy",
 ) -> dict:
     """Store raw records as a pipeline that only knew `versions` would have: one row each, bulk-copied.
 
@@ -109,21 +116,58 @@ def load_legacy_rows(
             digests, errors = compute_hashes(payload, (*versions, target))
             tally.add(digests, errors)
             rid = start + i
-            rows.append((rid, url, url, "url/1", versions[0], bytes.fromhex(digests[versions[0]]), payload, LEGACY_TIME,
-                         LEGACY_TIME, batch_id, batch_id, LEGACY_TIME, i))
+            rows.append(
+                (
+                    rid,
+                    url,
+                    url,
+                    "url/1",
+                    versions[0],
+                    bytes.fromhex(digests[versions[0]]),
+                    payload,
+                    LEGACY_TIME,
+                    LEGACY_TIME,
+                    batch_id,
+                    batch_id,
+                    LEGACY_TIME,
+                    i,
+                )
+            )
             hashes += [(rid, v, bytes.fromhex(digests[v]), None) for v in versions]
-        copy_rows(conn, records, (
-            "record_id", "natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload",
-            "first_seen_at", "last_crawled_at", "first_batch_id", "last_batch_id", "last_landed_at", "last_line_no",
-        ), rows)
+        copy_rows(
+            conn,
+            records,
+            (
+                "record_id",
+                "natural_key",
+                "canonical_url",
+                "url_version",
+                "hash_version",
+                "content_hash",
+                "payload",
+                "first_seen_at",
+                "last_crawled_at",
+                "first_batch_id",
+                "last_batch_id",
+                "last_landed_at",
+                "last_line_no",
+            ),
+            rows,
+        )
         copy_rows(conn, record_hashes, ("record_id", "hash_version", "content_hash", "error"), hashes)
         if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT setval(pg_get_serial_sequence('records', 'record_id'), (SELECT max(record_id) FROM records))"))
+            conn.execute(
+                text(
+                    "SELECT setval(pg_get_serial_sequence('records', 'record_id'), (SELECT max(record_id) FROM records))"
+                )
+            )
             conn.execute(text("ANALYZE records, record_hashes"))
     return tally.figures()
 
 
-def run_ladder(warehouse, folder: Path, key: str, settings: LadderSettings = LadderSettings(chunk_size=500), near: bool = True):
+def run_ladder(
+    warehouse, folder: Path, key: str, settings: LadderSettings = LadderSettings(chunk_size=500), near: bool = True
+):
     """One batch file down the real ladder; returns the exact rung's report."""
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, settings)
@@ -144,7 +188,8 @@ def assert_unique_per_version(warehouse) -> None:
         assert dupes == []
         own = record_hashes.alias("own")
         mismatched = conn.execute(
-            select(func.count()).select_from(records.join(own, own.c.record_id == records.c.record_id))
+            select(func.count())
+            .select_from(records.join(own, own.c.record_id == records.c.record_id))
             .where(own.c.hash_version == records.c.hash_version, own.c.content_hash != records.c.content_hash)
         ).scalar_one()
         assert mismatched == 0

@@ -33,7 +33,9 @@ def test_unset_and_blank_variables_take_their_defaults(monkeypatch):
     for name in (environment.CELERY_QUEUE_ENV, environment.URL_PREFIX_ENV, environment.ERASURE_RUN_RETENTION_ENV):
         monkeypatch.setenv(name, "")
     assert (environment.celery_queue(), environment.url_prefix(), environment.erasure_run_hours()) == (
-        "dagster", "dedup:url", 24,
+        "dagster",
+        "dedup:url",
+        24,
     )
     monkeypatch.setenv(environment.RETENTION_DAYS_ENV["history_days"], " ")
     assert environment.retention_days("history_days") is None

@@ -88,7 +88,9 @@ def release_runs_of_dead_processes(instance: dg.DagsterInstance) -> list[str]:
     folder = _marks_folder(instance)
     storage = instance.event_log_storage
     holding = storage.get_concurrency_run_ids() if storage.supports_global_concurrency_limits else set()
-    started = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING]))
+    started = instance.get_run_records(
+        dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING])
+    )
     holders = instance.get_run_records(dg.RunsFilter(run_ids=list(holding))) if holding else []
     released = []
     for record in {r.dagster_run.run_id: r for r in [*started, *holders]}.values():

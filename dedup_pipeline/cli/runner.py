@@ -85,7 +85,8 @@ class LadderSummary:
 
     def as_dict(self) -> dict:
         return {
-            "batches": [asdict(b) for b in self.batches], "warehouse_records": self.warehouse_records,
+            "batches": [asdict(b) for b in self.batches],
+            "warehouse_records": self.warehouse_records,
             "failed": [{"batch": batch, "error": error} for batch, error in self.failed.items()],
             "notices": self.notices,
         }
@@ -111,7 +112,11 @@ def run_config_for(landing: Path) -> dict:
 
 
 def execute_partition(
-    job: dg.JobDefinition, partition_key: str, instance: dg.DagsterInstance, origin: RemoteJobOrigin, tags: dict,
+    job: dg.JobDefinition,
+    partition_key: str,
+    instance: dg.DagsterInstance,
+    origin: RemoteJobOrigin,
+    tags: dict,
     run_config: dict,
 ) -> ExecutionResult:
     """Execute `job` for one partition in this process, as `job.execute_in_process` does (the same executor,

@@ -45,8 +45,20 @@ MIN_KEY_BYTES = 32
 #: Fields the pipeline treats as personal data (documentation, the privacy test and
 #: docs/privacy.md). Erasure accepts any field path; these are the ones a subject is usually named by.
 PERSONAL_FIELDS = (
-    "seller_id", "seller_name", "seller_email", "seller_phone", "author", "author_name", "author_email",
-    "name", "email", "phone", "contact", "address", "username", "profile_url",
+    "seller_id",
+    "seller_name",
+    "seller_email",
+    "seller_phone",
+    "author",
+    "author_name",
+    "author_email",
+    "name",
+    "email",
+    "phone",
+    "contact",
+    "address",
+    "username",
+    "profile_url",
 )
 
 _FIELD_PATH = re.compile(r"[A-Za-z0-9_\-]{1,64}(?:\.[A-Za-z0-9_\-]{1,64}){0,7}")
@@ -127,7 +139,7 @@ def page_variants(url: str) -> tuple[str, ...]:
     variants = [url]
     for scheme, other in (("https://", "http://"), ("http://", "https://")):
         if url.startswith(scheme):
-            variants.append(other + url[len(scheme):])
+            variants.append(other + url[len(scheme) :])
             break
     for variant in list(variants):
         address, question, query = variant.partition("?")
@@ -240,8 +252,14 @@ class Catalogue:
                 url_versions.add(scope)
             elif kind == _KEY:
                 natural_keys = True
-        return cls(frozenset(fields), frozenset(versions), frozenset(key_ids), generation, frozenset(url_versions),
-                   natural_keys)
+        return cls(
+            frozenset(fields),
+            frozenset(versions),
+            frozenset(key_ids),
+            generation,
+            frozenset(url_versions),
+            natural_keys,
+        )
 
     def __bool__(self) -> bool:
         return bool(self.key_ids)
@@ -306,7 +324,9 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
     if catalogue.natural_keys:
         found += [
             fingerprint(key, _KEY, scope, normalise_natural_key(value))
-            for value in strings | urls if value.strip() for scope in ("", QUARANTINE_SCOPE)
+            for value in strings | urls
+            if value.strip()
+            for scope in ("", QUARANTINE_SCOPE)
         ]
     values = {normalise_field_value(value) for value in strings} - {None}
     found += [fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in values]
@@ -315,7 +335,9 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
     ]
     fields = _canonical_fields_of(text) if catalogue.fields or catalogue.versions else None
     if fields is not None:
-        found += [fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in field_texts(fields, path)]
+        found += [
+            fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in field_texts(fields, path)
+        ]
         try:
             digests, _ = compute_hashes(fields, [v for v in catalogue.versions if v in HASH_RULES])
         except (RecordError, RecursionError):

@@ -59,6 +59,7 @@ def _dumps(payload: Any) -> bytes:
 
 # ---------------------------------------------------------------- content/1
 
+
 def _fixed_number(value: Decimal | float) -> str:
     return format(value, ".4f")
 
@@ -143,6 +144,7 @@ def content_v2_bytes(record: Mapping[str, Any]) -> bytes:
 
 # ---------------------------------------------------------------- registry
 
+
 @dataclass(frozen=True)
 class HashRule:
     """One versioned way of turning a record into a SHA-256 digest."""
@@ -160,7 +162,11 @@ HASH_RULES: dict[str, HashRule] = {
     rule.version: rule
     for rule in (
         HashRule("content/1", "all non-volatile fields, url/1 URL, numbers as .4f", content_v1_bytes),
-        HashRule("content/2", "identity tuple (title, price_minor, currency, seller_id, description), floats refused", content_v2_bytes),
+        HashRule(
+            "content/2",
+            "identity tuple (title, price_minor, currency, seller_id, description), floats refused",
+            content_v2_bytes,
+        ),
     )
 }
 #: The version a fresh warehouse dedups on; the warehouse stores the active one.

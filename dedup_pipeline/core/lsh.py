@@ -25,7 +25,7 @@ KEY_SCHEME = "xxh64-le32-bandseed"
 
 
 def _band_probability(s: np.ndarray, bands: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    return 1.0 - (1.0 - s ** rows) ** bands
+    return 1.0 - (1.0 - s**rows) ** bands
 
 
 def choose_bands_rows(
@@ -67,8 +67,11 @@ def candidate_probability(similarity: float, bands: int, rows: int) -> float:
 
 _U = np.uint64
 _P1, _P2, _P3, _P4, _P5 = (
-    _U(0x9E3779B185EBCA87), _U(0xC2B2AE3D27D4EB4F), _U(0x165667B19E3779F9),
-    _U(0x85EBCA77C2B2AE63), _U(0x27D4EB2F165667C5),
+    _U(0x9E3779B185EBCA87),
+    _U(0xC2B2AE3D27D4EB4F),
+    _U(0x165667B19E3779F9),
+    _U(0x85EBCA77C2B2AE63),
+    _U(0x27D4EB2F165667C5),
 )
 
 

@@ -140,7 +140,10 @@ def minhash_signatures(
 
 
 def minhash_signatures_from_texts(
-    texts: Sequence[str], normaliser: "TextNormaliser", num_perm: int = DEFAULT_NUM_PERM, seed: int = DEFAULT_SEED,
+    texts: Sequence[str],
+    normaliser: "TextNormaliser",
+    num_perm: int = DEFAULT_NUM_PERM,
+    seed: int = DEFAULT_SEED,
     texts_per_chunk: int = 256,
 ) -> np.ndarray:
     """``minhash_signatures([normaliser.shingle_bytes(t) for t in texts], num_perm, seed)``, without per-shingle Python.

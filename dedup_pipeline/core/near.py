@@ -176,7 +176,9 @@ def verify_pairs(
     return list(zip(left[keep].tolist(), right[keep].tolist(), sims[keep].tolist()))
 
 
-def _shingles_of(shingles, left: np.ndarray, right: np.ndarray) -> Mapping[int, Sequence[bytes]] | Sequence[Sequence[bytes]]:
+def _shingles_of(
+    shingles, left: np.ndarray, right: np.ndarray
+) -> Mapping[int, Sequence[bytes]] | Sequence[Sequence[bytes]]:
     if shingles is None:
         raise ValueError("exact verification needs the shingles")
     if callable(shingles):

@@ -60,8 +60,11 @@ def _nested_deeper_than(record: dict, limit: int) -> bool:
         value, depth = pending.pop()
         if depth > limit:
             return True
-        pending.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value)
-                       if isinstance(child, (dict, list)))
+        pending.extend(
+            (child, depth + 1)
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, (dict, list))
+        )
     return False
 
 
@@ -103,7 +106,10 @@ def parse_timestamp(value: Any) -> datetime | None:
         if parsed.tzinfo is None:
             return parsed.replace(tzinfo=timezone.utc)
         return parsed.astimezone(timezone.utc)
-    except (ValueError, OverflowError):  # OverflowError: in UTC it falls outside years 1-9999 ("0001-01-01T00:00+01:00")
+    except (
+        ValueError,
+        OverflowError,
+    ):  # OverflowError: in UTC it falls outside years 1-9999 ("0001-01-01T00:00+01:00")
         return None
 
 
@@ -239,6 +245,13 @@ def canonicalise_records(
 
 
 __all__ = [
-    "RECORD_VERSION", "URL_VERSION", "CanonicalRecord", "RecordError",
-    "canonicalise_record", "canonicalise_records", "parse_line", "parse_timestamp", "natural_key_of",
+    "RECORD_VERSION",
+    "URL_VERSION",
+    "CanonicalRecord",
+    "RecordError",
+    "canonicalise_record",
+    "canonicalise_records",
+    "parse_line",
+    "parse_timestamp",
+    "natural_key_of",
 ]

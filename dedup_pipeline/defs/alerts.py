@@ -49,7 +49,9 @@ def failure_alert(run: dg.DagsterRun, step_failures: Sequence[dg.DagsterEvent], 
 
 
 @dg.run_failure_sensor(
-    name="ladder_failure_alert", default_status=automation_status(), minimum_interval_seconds=30,
+    name="ladder_failure_alert",
+    default_status=automation_status(),
+    minimum_interval_seconds=30,
     description="Logs a clear alert (job, partition, failed steps, error) for every failed run of this code location.",
 )
 def ladder_failure_alert(context: dg.RunFailureSensorContext) -> None:

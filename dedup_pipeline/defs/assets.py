@@ -9,7 +9,11 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.plots import ladder_figures
 from dedup_pipeline.defs.resources import (
-    LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource,
+    LadderResource,
+    LandingResource,
+    NearDupResource,
+    SeenSetResource,
+    WarehouseResource,
 )
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
@@ -37,12 +41,16 @@ def retried_only_if_transient() -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - re-raised as a failure that bypasses the retry policy
         raise dg.Failure(description=f"{type(exc).__name__}: {exc}", allow_retries=False) from exc
+
+
 #: The writing rungs claim a slot of this pool, so the instance bounds concurrent warehouse writers across
 #: runs and workers (`concurrency: pools:` in dagster.yaml and deploy/dagster.yaml).
 WAREHOUSE_POOL = "warehouse"
 
 
-@dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, kinds={"python", "sql"}, retry_policy=WAREHOUSE_RETRY)
+@dg.asset(
+    partitions_def=crawl_batches_partitions, group_name=GROUP, kinds={"python", "sql"}, retry_policy=WAREHOUSE_RETRY
+)
 def raw_crawl_batches(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource
 ) -> dg.MaterializeResult:
@@ -59,8 +67,12 @@ def raw_crawl_batches(
 
 
 @dg.asset(
-    partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[raw_crawl_batches], kinds={"python", "sql"},
-    retry_policy=WAREHOUSE_RETRY, pool=WAREHOUSE_POOL,
+    partitions_def=crawl_batches_partitions,
+    group_name=GROUP,
+    deps=[raw_crawl_batches],
+    kinds={"python", "sql"},
+    retry_policy=WAREHOUSE_RETRY,
+    pool=WAREHOUSE_POOL,
 )
 def canonical_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource
@@ -109,8 +121,12 @@ def deduplicated_records(
 
 
 @dg.asset(
-    partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[deduplicated_records], kinds={"python", "sql"},
-    retry_policy=WAREHOUSE_RETRY, pool=WAREHOUSE_POOL,
+    partitions_def=crawl_batches_partitions,
+    group_name=GROUP,
+    deps=[deduplicated_records],
+    kinds={"python", "sql"},
+    retry_policy=WAREHOUSE_RETRY,
+    pool=WAREHOUSE_POOL,
 )
 def near_duplicate_clusters(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource

@@ -25,11 +25,15 @@ class EraseSubjectConfig(dg.Config):
 
     kind: str = Field(description=f"How the subject is named: one of {[k.value for k in SubjectKind]}.")
     value: str = Field(description="The natural key, URL (any variant), field value, or 64-hex content digest.")
-    field: Optional[str] = Field(default=None, description="kind 'field': the field path, e.g. seller_id or author.email.")
+    field: Optional[str] = Field(
+        default=None, description="kind 'field': the field path, e.g. seller_id or author.email."
+    )
     version: Optional[str] = Field(
         default=None, description="kind 'content_digest': the digest's hash version; empty means the active version."
     )
-    request_id: str = Field(default="", description="Your reference for the request (a ticket id; never personal data).")
+    request_id: str = Field(
+        default="", description="Your reference for the request (a ticket id; never personal data)."
+    )
 
 
 @dg.op(name="erase_data_subject")
@@ -79,9 +83,13 @@ def _days(what: str, setting: str) -> str:
 class RetentionConfig(dg.Config):
     """Empty fields take the environment's value, else the documented default."""
 
-    decision_days: Optional[int] = Field(default=None, description=_days("Decision-log rows", "decision_days") + " 0 keeps forever.")
+    decision_days: Optional[int] = Field(
+        default=None, description=_days("Decision-log rows", "decision_days") + " 0 keeps forever."
+    )
     history_days: Optional[int] = Field(default=None, description=_days("Superseded content", "history_days"))
-    staging_days: Optional[int] = Field(default=None, description=_days("Staged canonical rows of old batches", "staging_days"))
+    staging_days: Optional[int] = Field(
+        default=None, description=_days("Staged canonical rows of old batches", "staging_days")
+    )
     quarantine_days: Optional[int] = Field(default=None, description=_days("Quarantined raw lines", "quarantine_days"))
     erasure_run_hours: Optional[int] = Field(
         default=None,
@@ -117,7 +125,9 @@ def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int, now: datet
 
 
 @dg.op(name="prune_expired_rows")
-def prune_expired_rows(context: dg.OpExecutionContext, config: RetentionConfig, warehouse: WarehouseResource) -> dg.Output:
+def prune_expired_rows(
+    context: dg.OpExecutionContext, config: RetentionConfig, warehouse: WarehouseResource
+) -> dg.Output:
     """Deletes decision-log rows, history, staged canonical rows and quarantined lines past their retention,
     clears the key and digest of `erased` decision rows, and deletes finished `erase_subject` runs. Read
     `rows_pruned`, `pruned[<table>]`, `erasure_runs_deleted` and the `retention_days[...]` applied.
@@ -125,14 +135,22 @@ def prune_expired_rows(context: dg.OpExecutionContext, config: RetentionConfig, 
     See docs/privacy.md.
     """
     settings = RetentionSettings.from_env(
-        decision_days=config.decision_days, history_days=config.history_days,
-        staging_days=config.staging_days, quarantine_days=config.quarantine_days,
+        decision_days=config.decision_days,
+        history_days=config.history_days,
+        staging_days=config.staging_days,
+        quarantine_days=config.quarantine_days,
     )
     report = run_retention(warehouse.get(), settings)
     meta = report.as_metadata()
-    meta["erasure_runs_deleted"] = delete_old_erasure_runs(context.instance, erasure_run_hours(config.erasure_run_hours))
-    meta.update({f"retention_days[{name}]": getattr(settings, name) for name in
-                 ("decision_days", "history_days", "staging_days", "quarantine_days")})
+    meta["erasure_runs_deleted"] = delete_old_erasure_runs(
+        context.instance, erasure_run_hours(config.erasure_run_hours)
+    )
+    meta.update(
+        {
+            f"retention_days[{name}]": getattr(settings, name)
+            for name in ("decision_days", "history_days", "staging_days", "quarantine_days")
+        }
+    )
     return dg.Output(report.pruned, metadata=meta)
 
 

@@ -45,9 +45,12 @@ class WarehouseResource(dg.ConfigurableResource):
 class LandingResource(dg.ConfigurableResource):
     """The landing folder crawlers drop batch files into."""
 
-    folder: Optional[str] = Field(default=None, description="Folder path; empty means $DEDUP_LANDING_DIR or .dedup/landing.")
+    folder: Optional[str] = Field(
+        default=None, description="Folder path; empty means $DEDUP_LANDING_DIR or .dedup/landing."
+    )
     settle_seconds: float = Field(
-        default=DEFAULT_SETTLE_SECONDS, description="A file modified more recently than this is still being written and is left alone."
+        default=DEFAULT_SETTLE_SECONDS,
+        description="A file modified more recently than this is still being written and is left alone.",
     )
 
     def path(self) -> Path:
@@ -57,7 +60,9 @@ class LandingResource(dg.ConfigurableResource):
 class LadderResource(dg.ConfigurableResource):
     """How records move down the ladder (see docs/exact.md, duplicate classes)."""
 
-    chunk_size: int = Field(default=LadderSettings.chunk_size, description="Records per transaction and per set-based statement.")
+    chunk_size: int = Field(
+        default=LadderSettings.chunk_size, description="Records per transaction and per set-based statement."
+    )
     natural_key: list[str] = Field(
         default=list(LadderSettings.natural_key), description="Fields that identify the same thing."
     )
@@ -67,7 +72,9 @@ class LadderResource(dg.ConfigurableResource):
     on_changed: str = Field(
         default=DuplicatePolicy.on_changed, description="'upsert' (keep old content in history) or 'keep_first'."
     )
-    keep_history: bool = Field(default=DuplicatePolicy.keep_history, description="Keep superseded content in record_history.")
+    keep_history: bool = Field(
+        default=DuplicatePolicy.keep_history, description="Keep superseded content in record_history."
+    )
     canonical_workers: int = Field(
         default=LadderSettings.canonical_workers,
         description="Processes that canonicalise a batch of 20,000 lines or more: 0 is one per CPU, 1 keeps it in the step's process.",
@@ -92,7 +99,8 @@ class NearDupResource(dg.ConfigurableResource):
     )
     num_perm: int = Field(default=NearDupParams.num_perm, description="MinHash permutations.")
     shingle: Optional[str] = Field(
-        default=None, description="'word' or 'char' n-grams; empty means the method's default (MinHash word, SimHash char)."
+        default=None,
+        description="'word' or 'char' n-grams; empty means the method's default (MinHash word, SimHash char).",
     )
     ngram: Optional[int] = Field(
         default=None, description="n-gram size; empty means the method's default (MinHash 3, SimHash 4)."
@@ -103,7 +111,7 @@ class NearDupResource(dg.ConfigurableResource):
     verify: str = Field(
         default=NearDupParams.verify,
         description="MinHash: 'estimate' (signatures), 'exact' (Jaccard of the shingles, from the payloads), or 'auto' "
-        "(the estimate, and the exact Jaccard where the estimate is within two standard errors of the threshold)."
+        "(the estimate, and the exact Jaccard where the estimate is within two standard errors of the threshold).",
     )
     representative: str = Field(
         default=NearDupParams.representative, description="Cluster representative: 'oldest' or 'longest'."
@@ -114,30 +122,42 @@ class NearDupResource(dg.ConfigurableResource):
         description="A record meets at most this many (oldest) members of each LSH bucket; empty means no cap.",
     )
     max_cluster_share: float = Field(
-        default=NearSettings.max_cluster_share, description="Runaway-cluster check fails when one cluster holds more of a batch."
+        default=NearSettings.max_cluster_share,
+        description="Runaway-cluster check fails when one cluster holds more of a batch.",
     )
     min_records_for_cluster_check: int = Field(
-        default=NearSettings.min_records_for_cluster_check, description="Smaller batches pass the runaway-cluster check."
+        default=NearSettings.min_records_for_cluster_check,
+        description="Smaller batches pass the runaway-cluster check.",
     )
 
     def params(self) -> NearDupParams:
         text = {k: v for k, v in (("shingle", self.shingle), ("ngram", self.ngram)) if v is not None}
         return make_params(
-            self.threshold, self.method, num_perm=self.num_perm, simhash_max_distance=self.simhash_max_distance,
-            verify=self.verify, representative=self.representative, **text,
+            self.threshold,
+            self.method,
+            num_perm=self.num_perm,
+            simhash_max_distance=self.simhash_max_distance,
+            verify=self.verify,
+            representative=self.representative,
+            **text,
         )
 
     def settings(self) -> NearSettings:
         return NearSettings(
-            params=self.params(), chunk_size=self.chunk_size, max_bucket_size=self.max_bucket_size,
-            max_cluster_share=self.max_cluster_share, min_records_for_cluster_check=self.min_records_for_cluster_check,
+            params=self.params(),
+            chunk_size=self.chunk_size,
+            max_bucket_size=self.max_bucket_size,
+            max_cluster_share=self.max_cluster_share,
+            min_records_for_cluster_check=self.min_records_for_cluster_check,
         )
 
 
 class SeenSetResource(dg.ConfigurableResource):
     """The exact rung's fast path. It only says "maybe seen"; the warehouse's UNIQUE index decides."""
 
-    kind: str = Field(default="auto", description="'auto' (Redis if $DEDUP_REDIS_URL is set, else Bloom), 'redis', 'bloom' or 'none'.")
+    kind: str = Field(
+        default="auto", description="'auto' (Redis if $DEDUP_REDIS_URL is set, else Bloom), 'redis', 'bloom' or 'none'."
+    )
     ttl_seconds: Optional[int] = Field(
         default=None,
         description=f"Redis key TTL; empty means ${environment.SEEN_TTL_ENV} or {environment.DEFAULT_TTL_SECONDS // 86400} days.",
@@ -155,7 +175,10 @@ class SeenSetResource(dg.ConfigurableResource):
 
     def get(self) -> SeenSet:
         return seen_set_from_env(
-            self.kind, ttl_seconds=self.ttl_seconds, bloom_capacity=self.bloom_capacity, bloom_error_rate=self.bloom_error_rate
+            self.kind,
+            ttl_seconds=self.ttl_seconds,
+            bloom_capacity=self.bloom_capacity,
+            bloom_error_rate=self.bloom_error_rate,
         )
 
 
@@ -163,8 +186,12 @@ class ChecksResource(dg.ConfigurableResource):
     """How strict the asset checks are (the `checks` resource, editable in the launchpad): the collapse-rate band
     and history, the quarantine bound, the seen-set's fill."""
 
-    min_collapse_rate: float = Field(default=CollapseRules.band_low, description="Collapse-rate check fails below this.")
-    max_collapse_rate: float = Field(default=CollapseRules.band_high, description="Collapse-rate check fails above this.")
+    min_collapse_rate: float = Field(
+        default=CollapseRules.band_low, description="Collapse-rate check fails below this."
+    )
+    max_collapse_rate: float = Field(
+        default=CollapseRules.band_high, description="Collapse-rate check fails above this."
+    )
     min_records_for_check: int = Field(
         default=CollapseRules.min_records, description="Smaller batches pass the collapse-rate check."
     )
@@ -179,29 +206,42 @@ class ChecksResource(dg.ConfigurableResource):
         description="Collapse-rate check fails (error) below this fraction of the trailing median.",
     )
     jump_delta: float = Field(
-        default=CollapseRules.jump_delta, description="Warn when the rate is more than this above the trailing median..."
+        default=CollapseRules.jump_delta,
+        description="Warn when the rate is more than this above the trailing median...",
     )
     jump_mads: float = Field(
         default=CollapseRules.jump_mads,
         description="...and more than this many robust deviations (1.4826 x MAD) above it.",
     )
-    max_quarantine_rate: float = Field(default=0.05, description="Quarantine-rate check fails above this share of a batch's lines.")
-    min_lines_for_quarantine_check: int = Field(default=20, description="Smaller batches pass the quarantine-rate check.")
+    max_quarantine_rate: float = Field(
+        default=0.05, description="Quarantine-rate check fails above this share of a batch's lines."
+    )
+    min_lines_for_quarantine_check: int = Field(
+        default=20, description="Smaller batches pass the quarantine-rate check."
+    )
     max_seen_set_fill: float = Field(
         default=0.9, description="Seen-set check warns when a Bloom filter holds more than this share of its capacity."
     )
 
     def collapse_rules(self) -> CollapseRules:
         return CollapseRules(
-            band_low=self.min_collapse_rate, band_high=self.max_collapse_rate, min_records=self.min_records_for_check,
+            band_low=self.min_collapse_rate,
+            band_high=self.max_collapse_rate,
+            min_records=self.min_records_for_check,
             window=self.history_window,
-            min_history=self.min_history, collapse_ratio=self.collapse_ratio, jump_delta=self.jump_delta,
+            min_history=self.min_history,
+            collapse_ratio=self.collapse_ratio,
+            jump_delta=self.jump_delta,
             jump_mads=self.jump_mads,
         )
 
 
 def default_resources() -> dict:
     return {
-        "warehouse": WarehouseResource(), "landing": LandingResource(), "ladder": LadderResource(),
-        "near_dup": NearDupResource(), "seen_set": SeenSetResource(), "checks": ChecksResource(),
+        "warehouse": WarehouseResource(),
+        "landing": LandingResource(),
+        "ladder": LadderResource(),
+        "near_dup": NearDupResource(),
+        "seen_set": SeenSetResource(),
+        "checks": ChecksResource(),
     }

@@ -1,6 +1,5 @@
 """The landing sensor: every new batch file becomes a partition and a run of the ladder."""
 
-
 from datetime import datetime, timezone
 
 import dagster as dg
@@ -18,7 +17,9 @@ def automation_status() -> dg.DefaultSensorStatus:
 
 
 @dg.sensor(
-    job=dedup_ladder_job, minimum_interval_seconds=30, default_status=automation_status(),
+    job=dedup_ladder_job,
+    minimum_interval_seconds=30,
+    default_status=automation_status(),
     description="Adds a partition for each new, fully written batch file in the landing folder and requests its "
     "run, tagged with the batch's source. Files still being written, files that are no batch and keys that two "
     "files map to are left alone and named in the tick's log.",

@@ -47,8 +47,14 @@ class CanonicalReport:
         self.hash_errors.update(chunk.hash_errors)
 
     def as_metadata(self) -> dict:
-        meta = {"batch_id": self.batch_id, "records_in": self.records_in, "canonical": self.canonical,
-                "quarantined": self.quarantined, "workers": self.workers, "withheld": self.withheld}
+        meta = {
+            "batch_id": self.batch_id,
+            "records_in": self.records_in,
+            "canonical": self.canonical,
+            "quarantined": self.quarantined,
+            "workers": self.workers,
+            "withheld": self.withheld,
+        }
         meta.update({f"unhashable[{v}]": n for v, n in sorted(self.hash_errors.items())})
         return meta
 
@@ -63,8 +69,9 @@ class RegisteredFile:
 def registered_file(warehouse: Warehouse, batch_id: str) -> RegisteredFile:
     with warehouse.engine.connect() as conn:
         row = conn.execute(
-            select(crawl_batches.c.file_path, crawl_batches.c.file_sha256, crawl_batches.c.lines)
-            .where(crawl_batches.c.batch_id == batch_id)
+            select(crawl_batches.c.file_path, crawl_batches.c.file_sha256, crawl_batches.c.lines).where(
+                crawl_batches.c.batch_id == batch_id
+            )
         ).one_or_none()
     if row is None:
         raise BatchFileError(f"batch {batch_id!r} is not registered: materialise raw_crawl_batches first")
@@ -142,8 +149,14 @@ class _StagedRecords(Sequence):
 
     def __getitem__(self, position: int) -> CanonicalRecord:
         _, line_no, natural_key, canonical_url, _, hashes, hash_errors, payload, _ = self.rows[position]
-        return CanonicalRecord(line_no, canonical_url, natural_key, EncodedJson(payload), json_text.loads(hashes),
-                               json_text.loads(hash_errors))
+        return CanonicalRecord(
+            line_no,
+            canonical_url,
+            natural_key,
+            EncodedJson(payload),
+            json_text.loads(hashes),
+            json_text.loads(hash_errors),
+        )
 
 
 #: What a withheld staged line holds instead of its data: placeholders the canonical suite accepts, and no digest.
@@ -159,9 +172,15 @@ def _withheld(row: tuple, versions: Sequence[str]) -> tuple:
     """
     batch_id, line_no = row[0], row[1]
     return (
-        batch_id, line_no, f"withheld:{line_no}", _WITHHELD_URL, URL_VERSION,
+        batch_id,
+        line_no,
+        f"withheld:{line_no}",
+        _WITHHELD_URL,
+        URL_VERSION,
         json_text.dumps({version: _NO_DIGEST for version in versions}),
-        json_text.dumps({WITHHELD: "the line names an erased subject"}), "{}", None,
+        json_text.dumps({WITHHELD: "the line names an erased subject"}),
+        "{}",
+        None,
     )
 
 
@@ -170,6 +189,7 @@ def _line_chunks(path: Path, read: FileDigest, size: int) -> Iterator[list[tuple
 
     A truncated tail ends the batch: the raw rung has already quarantined it.
     """
+
     def lines() -> Iterator[tuple[int, bytes]]:
         try:
             for line in iter_lines(path, read):

@@ -16,7 +16,15 @@ from dedup_pipeline.store import json_text
 
 #: Columns of `canonical_records` in the order of `CanonicalLines.rows`.
 COLUMNS = (
-    "batch_id", "line_no", "natural_key", "canonical_url", "url_version", "hashes", "hash_errors", "payload", "crawled_at",
+    "batch_id",
+    "line_no",
+    "natural_key",
+    "canonical_url",
+    "url_version",
+    "hashes",
+    "hash_errors",
+    "payload",
+    "crawled_at",
 )
 
 
@@ -59,10 +67,19 @@ def canonicalise_lines(
             out.quarantine.append((line_no, str(canonical), raw))
             continue
         out.hash_errors.update(canonical.hash_errors.keys())
-        out.rows.append((
-            batch_id, line_no, canonical.natural_key, canonical.canonical_url, URL_VERSION,
-            dumps(canonical.hashes), dumps(canonical.hash_errors), dumps(canonical.payload), canonical.crawled_at,
-        ))
+        out.rows.append(
+            (
+                batch_id,
+                line_no,
+                canonical.natural_key,
+                canonical.canonical_url,
+                URL_VERSION,
+                dumps(canonical.hashes),
+                dumps(canonical.hash_errors),
+                dumps(canonical.payload),
+                canonical.crawled_at,
+            )
+        )
     return out
 
 

@@ -20,15 +20,31 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import seed_figures
 from dedup_pipeline.store.tombstones import erased_positions
 from dedup_pipeline.store.exact import (
-    ChunkConflict, apply_plan, decided_by_unfinished_runs, decisions_through, iter_canonical_chunks, landed_at,
-    load_state, other_versions_held, quarantined_lines, staged_without,
+    ChunkConflict,
+    apply_plan,
+    decided_by_unfinished_runs,
+    decisions_through,
+    iter_canonical_chunks,
+    landed_at,
+    load_state,
+    other_versions_held,
+    quarantined_lines,
+    staged_without,
 )
 from dedup_pipeline.store.schema import (
-    exact_rung_runs, record_hashes, records,
+    exact_rung_runs,
+    record_hashes,
+    records,
 )
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable, fallback_warning
 from dedup_pipeline.store.warehouse import (
-    Warehouse, active_hash_version, analyze_grown, analyze_new_batch, batch_rung_held, record_rung_run, utcnow,
+    Warehouse,
+    active_hash_version,
+    analyze_grown,
+    analyze_new_batch,
+    batch_rung_held,
+    record_rung_run,
+    utcnow,
 )
 
 log = logging.getLogger(__name__)
@@ -49,12 +65,12 @@ class ExactReport:
     quarantined: int = 0
     decisions: Counter = field(default_factory=Counter)
     chunk_retries: int = 0
-    seen_set_hits: int = 0             # fast-path hits the warehouse confirmed
+    seen_set_hits: int = 0  # fast-path hits the warehouse confirmed
     seen_set_false_positives: int = 0  # hits the warehouse did not confirm (Bloom false positive, stale key)
-    seen_set_cold_misses: int = 0      # chunks whose misses the UNIQUE index caught (cold or flushed seen-set)
-    seen_set_fallbacks: int = 0        # chunks the seen-set failed (down, hung) for, once each; plus a failed final save
+    seen_set_cold_misses: int = 0  # chunks whose misses the UNIQUE index caught (cold or flushed seen-set)
+    seen_set_fallbacks: int = 0  # chunks the seen-set failed (down, hung) for, once each; plus a failed final save
     seen_set_fill: float | None = None  # a Bloom filter's digests over its capacity after the batch (None: no capacity)
-    seen_set_bypassed: bool = False    # a rehash migration's overlap: every digest was looked up in the warehouse
+    seen_set_bypassed: bool = False  # a rehash migration's overlap: every digest was looked up in the warehouse
 
     @property
     def duplicates(self) -> int:
@@ -88,16 +104,29 @@ class ExactReport:
 
     def as_metadata(self) -> dict:
         meta = {
-            "batch_id": self.batch_id, "hash_version": self.hash_version, "records_in": self.records_in,
-            "quarantined": self.quarantined, "survivors": self.survivors, "collapse_rate": self.collapse_rate,
-            "chunk_retries": self.chunk_retries, "seen_set": self.seen_set, "seen_set_hits": self.seen_set_hits,
+            "batch_id": self.batch_id,
+            "hash_version": self.hash_version,
+            "records_in": self.records_in,
+            "quarantined": self.quarantined,
+            "survivors": self.survivors,
+            "collapse_rate": self.collapse_rate,
+            "chunk_retries": self.chunk_retries,
+            "seen_set": self.seen_set,
+            "seen_set_hits": self.seen_set_hits,
             "seen_set_false_positives": self.seen_set_false_positives,
-            "seen_set_cold_misses": self.seen_set_cold_misses, "seen_set_fallbacks": self.seen_set_fallbacks,
+            "seen_set_cold_misses": self.seen_set_cold_misses,
+            "seen_set_fallbacks": self.seen_set_fallbacks,
             "seen_set_bypassed": self.seen_set_bypassed,
         }
         if self.seen_set_fill is not None:
             meta["seen_set_fill"] = self.seen_set_fill
-        meta.update({decision.value: self.decisions[decision.value] for decision in Decision if decision != Decision.QUARANTINED})
+        meta.update(
+            {
+                decision.value: self.decisions[decision.value]
+                for decision in Decision
+                if decision != Decision.QUARANTINED
+            }
+        )
         meta.update(seed_figures(self.records_in + self.quarantined, self.decisions))
         return meta
 
@@ -142,11 +171,22 @@ def _deduplicate_held_batch(
         quarantined = quarantined_lines(reader, batch_id)
         done_until, done = decided_by_unfinished_runs(reader, batch_id, run_id)
         if done:
-            log.info("run %s takes batch %s over after line %d (%d records decided by runs that did not finish)",
-                     run_id, batch_id, done_until, sum(done.values()))
+            log.info(
+                "run %s takes batch %s over after line %d (%d records decided by runs that did not finish)",
+                run_id,
+                batch_id,
+                done_until,
+                sum(done.values()),
+            )
         report = deduplicate_records(
-            warehouse, batch_id, run_id, iter_canonical_chunks(reader, batch_id, settings.chunk_size, done_until),
-            settings, seen_set, batch_time, version,
+            warehouse,
+            batch_id,
+            run_id,
+            iter_canonical_chunks(reader, batch_id, settings.chunk_size, done_until),
+            settings,
+            seen_set,
+            batch_time,
+            version,
         )
         reader.rollback()
     report.decisions.update(done)
@@ -233,11 +273,22 @@ class _ChunkWriter:
                     erased = erased_positions(conn, chunk, self.batch_id)
                     state = (stored_by_key, stored, erased)
                     plan = plan_chunk(
-                        chunk, self.version, stored_by_key, stored, (self.batch_time, self.batch_id), self.settings.policy,
+                        chunk,
+                        self.version,
+                        stored_by_key,
+                        stored,
+                        (self.batch_time, self.batch_id),
+                        self.settings.policy,
                         erased=erased,
                     )
                     counts = apply_plan(
-                        conn, plan, self.version, self.batch_id, self.run_id, utcnow(), self.batch_time,
+                        conn,
+                        plan,
+                        self.version,
+                        self.batch_id,
+                        self.run_id,
+                        utcnow(),
+                        self.batch_time,
                         self.settings.policy.keep_history,
                     )
             except (ChunkConflict, IntegrityError, OperationalError) as exc:

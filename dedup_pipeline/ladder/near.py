@@ -18,7 +18,12 @@ from typing import Sequence
 
 import numpy as np
 
-from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, signature_from_bytes, signature_to_bytes
+from dedup_pipeline.core.minhash import (
+    empty_mask,
+    minhash_signatures_from_texts,
+    signature_from_bytes,
+    signature_to_bytes,
+)
 from dedup_pipeline.core.lsh import band_keys
 from dedup_pipeline.core.near import NearDupParams, verify_pairs
 from dedup_pipeline.core.records import TEXT_FIELDS
@@ -98,14 +103,21 @@ class NearReport:
         """Figures for the asset (ids and counts only). The largest clusters table comes from `defs.plots`."""
         sizes = Counter(self.clusters.values())
         return {
-            "batch_id": self.batch_id, "method": self.method, "verify": self.verify, "sketched": self.sketched,
-            "candidate_pairs": self.candidate_pairs, "pairs": self.pairs,
-            "near_duplicates": len(self.near_duplicates), "clusters_touched": len(self.clusters),
+            "batch_id": self.batch_id,
+            "method": self.method,
+            "verify": self.verify,
+            "sketched": self.sketched,
+            "candidate_pairs": self.candidate_pairs,
+            "pairs": self.pairs,
+            "near_duplicates": len(self.near_duplicates),
+            "clusters_touched": len(self.clusters),
             "largest_cluster": max(self.clusters.values(), default=0),
             "cluster_sizes": {str(size): count for size, count in sorted(sizes.items())},
             "max_bucket_size": self.max_bucket_size if self.max_bucket_size is not None else "none",
             "capped_buckets": len(self.capped_buckets),
-            "capped_bucket_keys": [f"{band}:{bucket}" for band, bucket in sorted(self.capped_buckets)[:CAPPED_KEYS_SHOWN]],
+            "capped_bucket_keys": [
+                f"{band}:{bucket}" for band, bucket in sorted(self.capped_buckets)[:CAPPED_KEYS_SHOWN]
+            ],
         }
 
 
@@ -113,9 +125,7 @@ class NearReport:
 CAPPED_KEYS_SHOWN = 20
 
 
-def cluster_batch(
-    warehouse: Warehouse, batch_id: str, settings: NearSettings, run_id: str | None = None
-) -> NearReport:
+def cluster_batch(warehouse: Warehouse, batch_id: str, settings: NearSettings, run_id: str | None = None) -> NearReport:
     """Sketch, index, link and cluster the batch's new and changed records.
 
     ``settings.max_bucket_size`` caps the partners a record meets per LSH
@@ -227,12 +237,17 @@ class RunawayVerdict:
     def as_metadata(self) -> dict:
         share = self.largest[0][1] / self.batch_records if self.largest and self.batch_records else 0.0
         rows = "\n".join(
-            ["| cluster id | records of this batch | share of batch | records in all batches |", "|---:|---:|---:|---:|"]
+            [
+                "| cluster id | records of this batch | share of batch | records in all batches |",
+                "|---:|---:|---:|---:|",
+            ]
             + [f"| {cid} | {n} | {n / self.batch_records:.1%} | {size} |" for cid, n, size in self.largest]
         )
         return {
-            "batch_records": self.batch_records, "max_cluster_share": self.max_share,
-            "min_records_for_check": self.min_records, "largest_share": share,
+            "batch_records": self.batch_records,
+            "max_cluster_share": self.max_share,
+            "min_records_for_check": self.min_records,
+            "largest_share": share,
             "offending_clusters": [cid for cid, _, _ in self.offenders],
             "offending_sizes": [n for _, n, _ in self.offenders],
             "largest_clusters": rows if self.largest else "no clusters",
@@ -243,8 +258,10 @@ class RunawayVerdict:
             return f"batch of {self.batch_records} records is under {self.min_records}: too small to judge"
         if self.offenders:
             worst = ", ".join(f"cluster {cid}: {n} records" for cid, n, _ in self.offenders)
-            return (f"{len(self.offenders)} cluster(s) hold more than {self.max_share:.0%} of the batch's "
-                    f"{self.batch_records} records ({worst})")
+            return (
+                f"{len(self.offenders)} cluster(s) hold more than {self.max_share:.0%} of the batch's "
+                f"{self.batch_records} records ({worst})"
+            )
         return f"no cluster holds more than {self.max_share:.0%} of the batch's {self.batch_records} records"
 
 

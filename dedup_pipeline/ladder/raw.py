@@ -55,9 +55,7 @@ class QuarantineWriter:
     def flush(self) -> None:
         """Write the buffered rows; a line naming an erased subject keeps its number and reason, not its bytes."""
         withheld = erased_raw_lines(self.conn, [raw for *_, raw, _ in self.rows]) if self.rows else set()
-        rows = [
-            (*row[:3], row[3] + WITHHELD, b"", row[5]) if i in withheld else row for i, row in enumerate(self.rows)
-        ]
+        rows = [(*row[:3], row[3] + WITHHELD, b"", row[5]) if i in withheld else row for i, row in enumerate(self.rows)]
         copy_rows(self.conn, quarantine, _QUARANTINE_COLUMNS, rows)
         self.rows = []
 
@@ -95,9 +93,15 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
         conn.execute(delete(crawl_batches).where(crawl_batches.c.batch_id == batch.key))
         conn.execute(
             upsert_ignore(conn, crawl_batches).values(
-                batch_id=batch.key, file_path=str(batch.path), file_sha256=sha256,
-                file_bytes=read.size, lines=lines, parsed=parsed, quarantined=bad.count,
-                landed_at=landed_at, registered_at=utcnow(),
+                batch_id=batch.key,
+                file_path=str(batch.path),
+                file_sha256=sha256,
+                file_bytes=read.size,
+                lines=lines,
+                parsed=parsed,
+                quarantined=bad.count,
+                landed_at=landed_at,
+                registered_at=utcnow(),
             )
         )
     return RawReport(batch.key, read.size, lines, parsed, bad.count)
@@ -115,6 +119,10 @@ def _first_landed_at(conn: Connection, batch: BatchFile, sha256: str) -> datetim
     if registered is None:
         return datetime.fromtimestamp(batch.mtime, timezone.utc)
     if registered.file_sha256 != sha256:
-        log.warning("batch %s: its file changed since it was registered; its lines are read again, its landing "
-                    "time (%s) is kept", batch.key, as_utc(registered.landed_at).isoformat())
+        log.warning(
+            "batch %s: its file changed since it was registered; its lines are read again, its landing "
+            "time (%s) is kept",
+            batch.key,
+            as_utc(registered.landed_at).isoformat(),
+        )
     return as_utc(registered.landed_at)

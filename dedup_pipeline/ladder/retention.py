@@ -27,7 +27,6 @@ from dedup_pipeline.store.schema import canonical_records, crawl_batches, dedup_
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
 
 
-
 @dataclass(frozen=True)
 class RetentionSettings:
     """Days each kind of row is kept (0 = forever)."""

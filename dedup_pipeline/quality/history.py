@@ -81,7 +81,9 @@ def batch_rates(
     for start in range(0, len(candidates), 4 * window):
         part = candidates[start : start + 4 * window]
         counts = first_decision_counts(conn, part)
-        history += [rate for rate in (rate_of(b, counts[b]) for b in part if b in counts) if rate.records_in >= min_records]
+        history += [
+            rate for rate in (rate_of(b, counts[b]) for b in part if b in counts) if rate.records_in >= min_records
+        ]
         if len(history) >= window:
             break
     return current, history[:window]

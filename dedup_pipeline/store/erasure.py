@@ -22,7 +22,20 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from sqlalchemy import (
-    JSON, Connection, String, and_, case, cast, delete, false, func, literal_column, or_, select, tuple_, update,
+    JSON,
+    Connection,
+    String,
+    and_,
+    case,
+    cast,
+    delete,
+    false,
+    func,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+    update,
 )
 from sqlalchemy import column as sql_column
 from sqlalchemy.dialects.postgresql import JSONB
@@ -34,12 +47,29 @@ from dedup_pipeline.core.url import URL_VERSION
 from dedup_pipeline.store import near as index
 from dedup_pipeline.store.bulk import chunked, delete_in
 from dedup_pipeline.store.schema import (
-    canonical_records, crawl_batches, dedup_decisions, erasure_requests, erasure_scopes, erasure_tombstones,
-    lsh_buckets, metadata, minhash_signatures, near_duplicate_clusters, near_duplicate_links, quarantine,
-    record_hashes, record_history, records, settings,
+    canonical_records,
+    crawl_batches,
+    dedup_decisions,
+    erasure_requests,
+    erasure_scopes,
+    erasure_tombstones,
+    lsh_buckets,
+    metadata,
+    minhash_signatures,
+    near_duplicate_clusters,
+    near_duplicate_links,
+    quarantine,
+    record_hashes,
+    record_history,
+    records,
+    settings,
 )
 from dedup_pipeline.store.tombstones import (
-    checked_key, existing_fingerprints, load_catalogue, lock_for_erasure, tombstone_key,
+    checked_key,
+    existing_fingerprints,
+    load_catalogue,
+    lock_for_erasure,
+    tombstone_key,
 )
 from dedup_pipeline.store.warehouse import upsert_ignore, utcnow
 
@@ -50,10 +80,23 @@ _MAX_ROUNDS = 20
 #: Tables this module handles by name. Any other table of the schema with a `record_id`,
 #: `natural_key` or (`hash_version`, `content_hash`) column is swept by those columns.
 _HANDLED = {
-    t.name for t in (
-        records, record_hashes, record_history, dedup_decisions, quarantine, canonical_records, minhash_signatures,
-        lsh_buckets, near_duplicate_links, near_duplicate_clusters, crawl_batches, settings, erasure_requests,
-        erasure_tombstones, erasure_scopes,
+    t.name
+    for t in (
+        records,
+        record_hashes,
+        record_history,
+        dedup_decisions,
+        quarantine,
+        canonical_records,
+        minhash_signatures,
+        lsh_buckets,
+        near_duplicate_links,
+        near_duplicate_clusters,
+        crawl_batches,
+        settings,
+        erasure_requests,
+        erasure_tombstones,
+        erasure_scopes,
     )
 }
 
@@ -118,15 +161,21 @@ def _field_holds(column, path: Sequence[str], value: str, dialect: str):
         target = column[tuple(path)]
         only_lists = case((func.jsonb_typeof(target) == "array", target))  # elements of a scalar would be an error
         elements = func.jsonb_array_elements(only_lists).table_valued(sql_column("value", JSONB))
-        holds = select(1).select_from(elements).where(
-            func.jsonb_typeof(elements.c.value).in_(("string", "number")),
-            elements.c.value.op("#>>")(literal_column("'{}'")) == value,
+        holds = (
+            select(1)
+            .select_from(elements)
+            .where(
+                func.jsonb_typeof(elements.c.value).in_(("string", "number")),
+                elements.c.value.op("#>>")(literal_column("'{}'")) == value,
+            )
         )
     else:
         json_path = "$" + "".join(f'."{name}"' for name in path)  # names are [A-Za-z0-9_-] (Subject.parse)
         elements = func.json_each(column, json_path).table_valued("value", "type")
-        holds = select(1).select_from(elements).where(
-            elements.c.type.in_(("text", "integer", "real")), cast(elements.c.value, String) == value
+        holds = (
+            select(1)
+            .select_from(elements)
+            .where(elements.c.type.in_(("text", "integer", "real")), cast(elements.c.value, String) == value)
         )
     return or_(scalar, holds.exists())
 
@@ -169,13 +218,19 @@ def _find(conn: Connection, subject: Subject) -> _Found:
     if subject.kind is SubjectKind.CONTENT_DIGEST:
         found.add_digest(subject.scope, subject.value)
     on_records, on_history, on_staged = _subject_conditions(subject, conn.dialect.name)
-    new_records = {row.record_id: row for row in conn.execute(
-        select(records.c.record_id, records.c.natural_key, records.c.canonical_url).where(on_records))}
+    new_records = {
+        row.record_id: row
+        for row in conn.execute(
+            select(records.c.record_id, records.c.natural_key, records.c.canonical_url).where(on_records)
+        )
+    }
     found.direct_keys = {row.natural_key for row in new_records.values()}
     found.direct_urls = {row.canonical_url for row in new_records.values()}
     new_history = set(conn.execute(select(record_history.c.history_id).where(on_history)).scalars())
-    new_staged = {tuple(row) for row in conn.execute(
-        select(canonical_records.c.batch_id, canonical_records.c.line_no).where(on_staged))}
+    new_staged = {
+        tuple(row)
+        for row in conn.execute(select(canonical_records.c.batch_id, canonical_records.c.line_no).where(on_staged))
+    }
     new_record_ids = set(new_records)
     for _ in range(_MAX_ROUNDS):
         new_record_ids -= found.record_ids
@@ -194,7 +249,9 @@ def _find(conn: Connection, subject: Subject) -> _Found:
         found.staged |= new_staged
         for part in chunked(sorted(new_record_ids)):
             for row in conn.execute(
-                select(records.c.natural_key, records.c.canonical_url, records.c.payload).where(records.c.record_id.in_(part))
+                select(records.c.natural_key, records.c.canonical_url, records.c.payload).where(
+                    records.c.record_id.in_(part)
+                )
             ):
                 found.keys.add(row.natural_key)
                 found.urls.add(row.canonical_url)
@@ -218,10 +275,12 @@ def _find(conn: Connection, subject: Subject) -> _Found:
         for batch_id, lines in _group_lines(new_staged).items():
             for part in chunked(lines):
                 for row in conn.execute(
-                    select(canonical_records.c.natural_key, canonical_records.c.canonical_url, canonical_records.c.hashes,
-                           canonical_records.c.payload).where(
-                        canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part)
-                    )
+                    select(
+                        canonical_records.c.natural_key,
+                        canonical_records.c.canonical_url,
+                        canonical_records.c.hashes,
+                        canonical_records.c.payload,
+                    ).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part))
                 ):
                     found.keys.add(row.natural_key)  # a listing not deduplicated yet is erased like a stored one
                     found.urls.add(row.canonical_url)
@@ -229,26 +288,40 @@ def _find(conn: Connection, subject: Subject) -> _Found:
                         absorb(version, digest)
         # Every other copy of a content just found: current rows holding it under any version,
         # history rows of erased records or of that content, staged lines hashed to it.
-        new_record_ids = set(conn.execute(
-            select(record_hashes.c.record_id).where(
-                _digest_condition(record_hashes.c.hash_version, record_hashes.c.content_hash, fresh)
+        new_record_ids = (
+            set(
+                conn.execute(
+                    select(record_hashes.c.record_id).where(
+                        _digest_condition(record_hashes.c.hash_version, record_hashes.c.content_hash, fresh)
+                    )
+                ).scalars()
             )
-        ).scalars()) if fresh else set()
+            if fresh
+            else set()
+        )
         history_by_id = [record_history.c.record_id.in_(part) for part in chunked(sorted(found.record_ids))]
-        new_history = set(conn.execute(
-            select(record_history.c.history_id).where(
-                or_(false(), *history_by_id,
-                    _digest_condition(record_history.c.hash_version, record_history.c.content_hash, fresh))
-            )
-        ).scalars())
+        new_history = set(
+            conn.execute(
+                select(record_history.c.history_id).where(
+                    or_(
+                        false(),
+                        *history_by_id,
+                        _digest_condition(record_history.c.hash_version, record_history.c.content_hash, fresh),
+                    )
+                )
+            ).scalars()
+        )
         new_staged = set()
         for version, values in fresh.items():
             for part in chunked(sorted(v.hex() for v in values)):
-                new_staged |= {tuple(row) for row in conn.execute(
-                    select(canonical_records.c.batch_id, canonical_records.c.line_no).where(
-                        _json_text(canonical_records.c.hashes, (version,)).in_(part)
+                new_staged |= {
+                    tuple(row)
+                    for row in conn.execute(
+                        select(canonical_records.c.batch_id, canonical_records.c.line_no).where(
+                            _json_text(canonical_records.c.hashes, (version,)).in_(part)
+                        )
                     )
-                )}
+                }
     else:
         raise RuntimeError(f"erasure did not converge in {_MAX_ROUNDS} rounds of following copies")
     return found
@@ -274,7 +347,9 @@ def _remove_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
     matched: list[tuple[str, int]] = []
     after: tuple[str, int] | None = None
     while True:
-        query = select(q.c.batch_id, q.c.line_no, q.c.raw_line).order_by(q.c.batch_id, q.c.line_no).limit(_QUARANTINE_PAGE)
+        query = (
+            select(q.c.batch_id, q.c.line_no, q.c.raw_line).order_by(q.c.batch_id, q.c.line_no).limit(_QUARANTINE_PAGE)
+        )
         if after is not None:
             query = query.where(tuple_(q.c.batch_id, q.c.line_no) > tuple_(*after))
         rows = conn.execute(query).all()
@@ -292,9 +367,13 @@ def _remove_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
 def swept_tables() -> list:
     """Tables of the schema, beyond the ones handled by name, that name records by id, natural key or digest."""
     return [
-        table for table in metadata.sorted_tables
+        table
+        for table in metadata.sorted_tables
         if table.name not in _HANDLED
-        and ({"record_id", "natural_key"} & set(table.c.keys()) or {"hash_version", "content_hash"} <= set(table.c.keys()))
+        and (
+            {"record_id", "natural_key"} & set(table.c.keys())
+            or {"hash_version", "content_hash"} <= set(table.c.keys())
+        )
     ]
 
 
@@ -320,7 +399,8 @@ def _sweep_other_tables(conn: Connection, found: _Found) -> dict[str, int]:
 def redacted_tables() -> list:
     """Tables of the schema, beyond the ones handled by name, with JSON columns (reports, audits, figures)."""
     return [
-        table for table in metadata.sorted_tables
+        table
+        for table in metadata.sorted_tables
         if table.name not in _HANDLED and table.primary_key.columns and any(isinstance(c.type, JSON) for c in table.c)
     ]
 
@@ -387,10 +467,22 @@ def _tombstones(key: bytes, subject: Subject, found: _Found) -> list[tuple[bytes
     # The erasure removed broken lines naming any erased row's URL or key (RawLineMatcher); so that such lines
     # are not kept again, these are tombstoned for the quarantine only: they never suppress a record.
     quarantined_urls = {variant for url in found.urls for variant in core.page_variants(url)}
-    rows += [(core.fingerprint(key, SubjectKind.CANONICAL_URL.value, core.QUARANTINE_SCOPE, u),
-              SubjectKind.CANONICAL_URL.value, core.QUARANTINE_SCOPE) for u in sorted(quarantined_urls)]
-    rows += [(core.fingerprint(key, SubjectKind.NATURAL_KEY.value, core.QUARANTINE_SCOPE, k),
-              SubjectKind.NATURAL_KEY.value, core.QUARANTINE_SCOPE) for k in sorted(found.keys)]
+    rows += [
+        (
+            core.fingerprint(key, SubjectKind.CANONICAL_URL.value, core.QUARANTINE_SCOPE, u),
+            SubjectKind.CANONICAL_URL.value,
+            core.QUARANTINE_SCOPE,
+        )
+        for u in sorted(quarantined_urls)
+    ]
+    rows += [
+        (
+            core.fingerprint(key, SubjectKind.NATURAL_KEY.value, core.QUARANTINE_SCOPE, k),
+            SubjectKind.NATURAL_KEY.value,
+            core.QUARANTINE_SCOPE,
+        )
+        for k in sorted(found.keys)
+    ]
     return list({fp: (fp, kind, scope) for fp, kind, scope in rows}.values())
 
 
@@ -420,7 +512,9 @@ def erase(
     removed["records"] = delete_in(conn, records, [records.c.record_id], found.record_ids)
     removed["canonical_records"] = sum(
         conn.execute(
-            delete(canonical_records).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part))
+            delete(canonical_records).where(
+                canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part)
+            )
         ).rowcount
         for batch_id, lines in _group_lines(found.staged).items()
         for part in chunked(lines)
@@ -434,8 +528,14 @@ def erase(
 
     erasure_id = conn.execute(
         erasure_requests.insert()
-        .values(request_id=request_id, subject_kind=subject.kind.value, subject_scope=subject.scope, key_id=kid,
-                removed={}, requested_at=now)
+        .values(
+            request_id=request_id,
+            subject_kind=subject.kind.value,
+            subject_scope=subject.scope,
+            key_id=kid,
+            removed={},
+            requested_at=now,
+        )
         .returning(erasure_requests.c.erasure_id)
     ).scalar_one()
     tombstones = _tombstones(key, subject, found)
@@ -444,11 +544,22 @@ def erase(
     if added:
         conn.execute(
             upsert_ignore(conn, erasure_tombstones),
-            [{"fingerprint": fp, "kind": kind, "scope": scope, "key_id": kid, "erasure_id": erasure_id, "created_at": now}
-             for fp, kind, scope in added],
+            [
+                {
+                    "fingerprint": fp,
+                    "kind": kind,
+                    "scope": scope,
+                    "key_id": kid,
+                    "erasure_id": erasure_id,
+                    "created_at": now,
+                }
+                for fp, kind, scope in added
+            ],
         )
     scopes = {(kind, scope) for _, kind, scope in tombstones}
-    conn.execute(upsert_ignore(conn, erasure_scopes), [{"kind": k, "scope": s, "key_id": kid} for k, s in sorted(scopes)])
+    conn.execute(
+        upsert_ignore(conn, erasure_scopes), [{"kind": k, "scope": s, "key_id": kid} for k, s in sorted(scopes)]
+    )
     summary = {**removed, "tombstones_added": len(added), "clusters_recomputed": clusters_recomputed}
     conn.execute(update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed=summary))
     erased_urls = {variant for url in urls for variant in core.page_variants(url)}
@@ -457,7 +568,9 @@ def erase(
 
 def record_seen_set_removals(conn: Connection, erasure_id: int, removed: dict[str, int]) -> None:
     """Add seen-set counts to an erasure's audit row (seen-sets are cleared after the transaction commits)."""
-    row = conn.execute(select(erasure_requests.c.removed).where(erasure_requests.c.erasure_id == erasure_id)).scalar_one()
+    row = conn.execute(
+        select(erasure_requests.c.removed).where(erasure_requests.c.erasure_id == erasure_id)
+    ).scalar_one()
     conn.execute(
         update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed={**row, **removed})
     )

@@ -14,7 +14,21 @@ from datetime import datetime
 from typing import Iterator, Sequence
 
 from sqlalchemy import (
-    Column, Connection, DateTime, Integer, Select, String, Text, and_, cast, delete, func, insert, literal, select, true,
+    Column,
+    Connection,
+    DateTime,
+    Integer,
+    Select,
+    String,
+    Text,
+    and_,
+    cast,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    true,
     update,
 )
 
@@ -24,7 +38,14 @@ from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import copy_rows, in_values, staging_table
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import (
-    Id, canonical_records, crawl_batches, dedup_decisions, exact_rung_runs, quarantine, record_hashes, record_history,
+    Id,
+    canonical_records,
+    crawl_batches,
+    dedup_decisions,
+    exact_rung_runs,
+    quarantine,
+    record_hashes,
+    record_history,
     records,
 )
 from dedup_pipeline.store.warehouse import as_utc, upsert_ignore
@@ -35,7 +56,10 @@ class ChunkConflict(RuntimeError):
 
 
 def load_state(
-    conn: Connection, chunk: Sequence[CanonicalRecord], version: str, check_digests: Sequence[bytes] | None = None,
+    conn: Connection,
+    chunk: Sequence[CanonicalRecord],
+    version: str,
+    check_digests: Sequence[bytes] | None = None,
     batch_order: tuple | None = None,
 ) -> tuple[dict[str, StoredRow], dict[str, set[str]]]:
     """Current rows of the chunk's natural keys, and which digests are stored by which keys (see `plan_chunk`).
@@ -63,8 +87,12 @@ def load_state(
         active_hash, and_(active_hash.c.record_id == records.c.record_id, active_hash.c.hash_version == version)
     )
     columns = (
-        records.c.natural_key, records.c.record_id, active_hash.c.content_hash,
-        records.c.last_landed_at, records.c.last_batch_id, records.c.last_line_no,
+        records.c.natural_key,
+        records.c.record_id,
+        active_hash.c.content_hash,
+        records.c.last_landed_at,
+        records.c.last_batch_id,
+        records.c.last_line_no,
     )
     by_key = {
         key: StoredRow(record_id, digest.hex() if digest else "", (as_utc(landed), batch, line))
@@ -76,7 +104,8 @@ def load_state(
         by_key = _with_first_batches(conn, by_key, batch_order)
     held = {row.content_hash for row in by_key.values() if row.content_hash}
     wanted = (
-        {record.hashes[version] for record in chunk} if check_digests is None
+        {record.hashes[version] for record in chunk}
+        if check_digests is None
         else {digest.hex() for digest in check_digests}
     )
     left: set[str] = set()
@@ -91,9 +120,11 @@ def load_state(
         if row.content_hash:
             holders.setdefault(row.content_hash, set()).add(key)
     if lookup:
-        holding = select(record_hashes.c.content_hash, records.c.natural_key).join(
-            records, records.c.record_id == record_hashes.c.record_id
-        ).where(record_hashes.c.hash_version == version, in_values(conn, record_hashes.c.content_hash, lookup))
+        holding = (
+            select(record_hashes.c.content_hash, records.c.natural_key)
+            .join(records, records.c.record_id == record_hashes.c.record_id)
+            .where(record_hashes.c.hash_version == version, in_values(conn, record_hashes.c.content_hash, lookup))
+        )
         for digest, key in conn.execute(holding):
             holders.setdefault(digest.hex(), set()).add(key)
     return by_key, holders
@@ -115,7 +146,8 @@ def _with_first_batches(conn: Connection, by_key: dict[str, StoredRow], batch_or
         record_id: (as_utc(landed), batch_id)
         for record_id, landed, batch_id in conn.execute(
             select(records.c.record_id, crawl_batches.c.landed_at, records.c.first_batch_id)
-            .select_from(first_batch).where(in_values(conn, records.c.record_id, later))
+            .select_from(first_batch)
+            .where(in_values(conn, records.c.record_id, later))
         )
     }
     return {key: replace(row, first=firsts.get(row.record_id)) for key, row in by_key.items()}
@@ -137,21 +169,47 @@ def other_versions_held(conn: Connection, version: str) -> bool:
 _DATED_COLUMNS = ("last_crawled_at", "last_batch_id", "last_landed_at", "last_line_no")
 #: What an older batch, run after the one a row was first stored from, changes: when and by which batch it was first seen.
 _FIRST_COLUMNS = ("first_seen_at", "first_batch_id")
-_ROW_COLUMNS = ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload", *_DATED_COLUMNS)
+_ROW_COLUMNS = (
+    "natural_key",
+    "canonical_url",
+    "url_version",
+    "hash_version",
+    "content_hash",
+    "payload",
+    *_DATED_COLUMNS,
+)
 _HASH_COLUMNS = ("record_id", "hash_version", "content_hash", "error")
 _HISTORY_COLUMNS = (
-    "record_id", "natural_key", "hash_version", "content_hash", "payload", "valid_from", "superseded_at",
+    "record_id",
+    "natural_key",
+    "hash_version",
+    "content_hash",
+    "payload",
+    "valid_from",
+    "superseded_at",
     "superseded_by_batch_id",
 )
 _DECISION_COLUMNS = (
-    "batch_id", "line_no", "run_id", "natural_key", "hash_version", "content_hash", "decision", "decided_at",
+    "batch_id",
+    "line_no",
+    "run_id",
+    "natural_key",
+    "hash_version",
+    "content_hash",
+    "decision",
+    "decided_at",
 )
 
 
 def _row_values(record: CanonicalRecord, version: str, batch_id: str, batch_time: datetime) -> tuple:
     return (
-        record.natural_key, record.canonical_url, URL_VERSION, version, bytes.fromhex(record.hashes[version]),
-        record.payload, *_dated_values(record, batch_id, batch_time),
+        record.natural_key,
+        record.canonical_url,
+        URL_VERSION,
+        version,
+        bytes.fromhex(record.hashes[version]),
+        record.payload,
+        *_dated_values(record, batch_id, batch_time),
     )
 
 
@@ -174,9 +232,15 @@ def _insert_new(conn: Connection, plan: ChunkPlan, version: str, batch_id: str, 
     names = (*_ROW_COLUMNS, "first_seen_at")
     stage = staging_table(conn, records, "stage_new_records", names)
     first_seen = {key: _dated_values(first, batch_id, batch_time)[0] for key, first in plan.first_inserted.items()}
-    copy_rows(conn, stage, names, (
-        (*_row_values(record, version, batch_id, batch_time), first_seen[key]) for key, record in plan.inserts.items()
-    ))
+    copy_rows(
+        conn,
+        stage,
+        names,
+        (
+            (*_row_values(record, version, batch_id, batch_time), first_seen[key])
+            for key, record in plan.inserts.items()
+        ),
+    )
     moved = select(*(stage.c[name] for name in names), stage.c.last_batch_id).where(true())
     statement = (
         upsert_ignore(conn, records)
@@ -198,13 +262,20 @@ def _update_changed(conn: Connection, plan: ChunkPlan, version: str, batch_id: s
     """
     vacating = _vacating(plan, version)
     if vacating:
-        _update_stored(conn, "stage_vacated_records", ("content_hash",), (
-            (_placeholder_digest(stored.record_id), stored) for stored in vacating
-        ), len(vacating))
-    _update_stored(conn, "stage_changed_records", _ROW_COLUMNS, (
-        (*_row_values(record, version, batch_id, batch_time), stored)
-        for record, stored in plan.updates.values()
-    ), len(plan.updates))
+        _update_stored(
+            conn,
+            "stage_vacated_records",
+            ("content_hash",),
+            ((_placeholder_digest(stored.record_id), stored) for stored in vacating),
+            len(vacating),
+        )
+    _update_stored(
+        conn,
+        "stage_changed_records",
+        _ROW_COLUMNS,
+        ((*_row_values(record, version, batch_id, batch_time), stored) for record, stored in plan.updates.values()),
+        len(plan.updates),
+    )
     ids = [stored.record_id for _, stored in plan.updates.values()]
     conn.execute(delete(record_hashes).where(in_values(conn, record_hashes.c.record_id, ids)))
 
@@ -213,7 +284,8 @@ def _vacating(plan: ChunkPlan, version: str) -> list[StoredRow]:
     """The stored rows of changed keys whose digest another changed key of the chunk takes."""
     taken = {record.hashes[version] for record, _ in plan.updates.values()}
     return [
-        stored for record, stored in plan.updates.values()
+        stored
+        for record, stored in plan.updates.values()
         if stored.content_hash in taken and stored.content_hash != record.hashes[version]
     ]
 
@@ -225,18 +297,25 @@ def _placeholder_digest(record_id: int) -> bytes:
 
 def _antedate(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
     """Move the first version of rows this older batch brought (an out-of-order run) to it; the rest stays."""
-    _update_stored(conn, "stage_antedated_records", _FIRST_COLUMNS, (
-        (*_dated_values(record, batch_id, batch_time)[:2], stored)
-        for record, stored in plan.antedated.values()
-    ), len(plan.antedated), first_too=True)
+    _update_stored(
+        conn,
+        "stage_antedated_records",
+        _FIRST_COLUMNS,
+        ((*_dated_values(record, batch_id, batch_time)[:2], stored) for record, stored in plan.antedated.values()),
+        len(plan.antedated),
+        first_too=True,
+    )
 
 
 def _date_recrawled(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
     """Move the order and crawl time of rows this newer batch re-crawled unchanged to it; their content stays."""
-    _update_stored(conn, "stage_recrawled_records", _DATED_COLUMNS, (
-        (*_dated_values(record, batch_id, batch_time), stored)
-        for record, stored in plan.recrawls.values()
-    ), len(plan.recrawls))
+    _update_stored(
+        conn,
+        "stage_recrawled_records",
+        _DATED_COLUMNS,
+        ((*_dated_values(record, batch_id, batch_time), stored) for record, stored in plan.recrawls.values()),
+        len(plan.recrawls),
+    )
 
 
 def _update_stored(
@@ -252,10 +331,15 @@ def _update_stored(
     if first_too:
         guard.append(Column("old_first_batch_id", String(255)))
     stage = staging_table(conn, records, stage_name, columns, extra=guard)
-    copy_rows(conn, stage, (*columns, *(column.name for column in guard)), (
-        (*values, stored.record_id, stored.order[1], stored.order[2], *([stored.first[1]] if first_too else []))
-        for *values, stored in rows
-    ))
+    copy_rows(
+        conn,
+        stage,
+        (*columns, *(column.name for column in guard)),
+        (
+            (*values, stored.record_id, stored.order[1], stored.order[2], *([stored.first[1]] if first_too else []))
+            for *values, stored in rows
+        ),
+    )
     matched = [
         records.c.record_id == stage.c.record_id,
         records.c.last_batch_id == stage.c.old_batch_id,
@@ -272,8 +356,14 @@ def _history_of_stored(conn: Connection, plan: ChunkPlan, batch_id: str, now: da
     """Copy the stored rows this chunk supersedes into history, in one INSERT ... SELECT."""
     ids = [row.record_id for row in plan.stored_superseded]
     old = select(
-        records.c.record_id, records.c.natural_key, records.c.hash_version, records.c.content_hash,
-        records.c.payload, records.c.last_crawled_at, literal(now, DateTime(timezone=True)), literal(batch_id),
+        records.c.record_id,
+        records.c.natural_key,
+        records.c.hash_version,
+        records.c.content_hash,
+        records.c.payload,
+        records.c.last_crawled_at,
+        literal(now, DateTime(timezone=True)),
+        literal(batch_id),
     ).where(in_values(conn, records.c.record_id, ids))
     conn.execute(insert(record_history).from_select(_HISTORY_COLUMNS, old))
 
@@ -313,20 +403,41 @@ def apply_plan(
         return inserted_ids[key] if key in inserted_ids else plan.updates[key][1].record_id
 
     if keep_history and plan.chunk_superseded:
-        copy_rows(conn, record_history, _HISTORY_COLUMNS, (
-            (current_id(new.natural_key), old.natural_key, version, bytes.fromhex(old.hashes[version]), old.payload,
-             old.crawled_at or batch_time, now, batch_id)
-            for old, new in plan.chunk_superseded
-        ))
+        copy_rows(
+            conn,
+            record_history,
+            _HISTORY_COLUMNS,
+            (
+                (
+                    current_id(new.natural_key),
+                    old.natural_key,
+                    version,
+                    bytes.fromhex(old.hashes[version]),
+                    old.payload,
+                    old.crawled_at or batch_time,
+                    now,
+                    batch_id,
+                )
+                for old, new in plan.chunk_superseded
+            ),
+        )
     final = [*plan.inserts.values(), *(record for record, _ in plan.updates.values())]
-    copy_rows(conn, record_hashes, _HASH_COLUMNS, (
-        row for record in final for row in _hash_rows(current_id(record.natural_key), record)
-    ))
+    copy_rows(
+        conn,
+        record_hashes,
+        _HASH_COLUMNS,
+        (row for record in final for row in _hash_rows(current_id(record.natural_key), record)),
+    )
     counts: Counter = Counter(decision.value for _, decision in plan.decisions)
-    copy_rows(conn, dedup_decisions, _DECISION_COLUMNS, (
-        (batch_id, record.line_no, run_id, *_logged_identity(record, decision, version), decision.value, now)
-        for record, decision in plan.decisions
-    ))
+    copy_rows(
+        conn,
+        dedup_decisions,
+        _DECISION_COLUMNS,
+        (
+            (batch_id, record.line_no, run_id, *_logged_identity(record, decision, version), decision.value, now)
+            for record, decision in plan.decisions
+        ),
+    )
     return counts
 
 
@@ -335,13 +446,19 @@ __all__ = ["ChunkConflict", "Decision", "apply_plan", "load_state", "other_versi
 
 # ---------------------------------------------------------------- what the rung reads of a batch
 
+
 def canonical_chunk_query(batch_id: str, after_line: int, chunk_size: int) -> Select:
     """The batch's next `chunk_size` canonical records after line `after_line`, in line order, JSON as text."""
     staged = canonical_records.c
     return (
         select(
-            staged.line_no, staged.canonical_url, staged.natural_key, cast(staged.payload, Text),
-            cast(staged.hashes, Text), cast(staged.hash_errors, Text), staged.crawled_at,
+            staged.line_no,
+            staged.canonical_url,
+            staged.natural_key,
+            cast(staged.payload, Text),
+            cast(staged.hashes, Text),
+            cast(staged.hash_errors, Text),
+            staged.crawled_at,
         )
         .where(staged.batch_id == batch_id, staged.line_no > after_line)
         .order_by(staged.line_no)
@@ -364,8 +481,13 @@ def iter_canonical_chunks(
             return
         yield [
             CanonicalRecord(
-                line_no=line_no, canonical_url=canonical_url, natural_key=natural_key, payload=EncodedJson(payload),
-                hashes=json_text.loads(hashes), hash_errors=json_text.loads(hash_errors), crawled_at=crawled_at,
+                line_no=line_no,
+                canonical_url=canonical_url,
+                natural_key=natural_key,
+                payload=EncodedJson(payload),
+                hashes=json_text.loads(hashes),
+                hash_errors=json_text.loads(hash_errors),
+                crawled_at=crawled_at,
             )
             for line_no, canonical_url, natural_key, payload, hashes, hash_errors, crawled_at in rows
         ]
@@ -382,7 +504,9 @@ def landed_at(conn: Connection, batch_id: str) -> datetime:
 
 def quarantined_lines(conn: Connection, batch_id: str) -> int:
     """How many lines of the batch the raw and canonical rungs sent to quarantine."""
-    return conn.execute(select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)).scalar_one()
+    return conn.execute(
+        select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)
+    ).scalar_one()
 
 
 def decided_by_unfinished_runs(conn: Connection, batch_id: str, run_id: str) -> tuple[int, Counter]:
@@ -401,8 +525,11 @@ def decided_by_unfinished_runs(conn: Connection, batch_id: str, run_id: str) -> 
     finished_through = max(
         conn.execute(select(func.max(runs.stats["decisions_through"].as_integer())).where(others)).scalar() or 0,
         conn.execute(
-            select(func.max(d.decision_id)).where(d.batch_id == batch_id, d.run_id.in_(select(runs.run_id).where(others)))
-        ).scalar() or 0,
+            select(func.max(d.decision_id)).where(
+                d.batch_id == batch_id, d.run_id.in_(select(runs.run_id).where(others))
+            )
+        ).scalar()
+        or 0,
     )
     rows = conn.execute(
         select(d.decision, func.count(), func.max(d.line_no))

@@ -32,7 +32,6 @@ from dedup_pipeline.environment import DEFAULT_BLOOM_CAPACITY, DEFAULT_BLOOM_ERR
 log = logging.getLogger(__name__)
 
 
-
 class SeenSetUnavailable(RuntimeError):
     """The seen-set backend cannot answer now; use the database."""
 
@@ -145,8 +144,9 @@ def connect_redis(url: str, timeout: float = 1.0) -> tuple[object, bool]:
     try:
         return redis_client(url, timeout), True
     except redis_errors() as exc:
-        log.warning("redis at %s not reached (%s): the seen-set is unavailable for now", url.split("@")[-1],
-                    type(exc).__name__)
+        log.warning(
+            "redis at %s not reached (%s): the seen-set is unavailable for now", url.split("@")[-1], type(exc).__name__
+        )
         return redis_client(url, timeout, detect=False), False
 
 
@@ -169,7 +169,10 @@ def sentinel_client(url: str, options: dict):
     if not sentinels or not service or not (database or "0").isdigit():
         raise ValueError(f"expected {SENTINEL_SCHEME}host[:port][,host[:port]...]/service[/db], got {url!r}")
     return Sentinel(sentinels, sentinel_kwargs=options, **options).master_for(
-        unquote(service), db=int(database or 0), username=unquote(user) or None, password=unquote(password) or None,
+        unquote(service),
+        db=int(database or 0),
+        username=unquote(user) or None,
+        password=unquote(password) or None,
         **options,
     )
 
@@ -188,7 +191,11 @@ class RedisSeenSet(SeenSet):
     kind = "redis"
 
     def __init__(
-        self, url: str, ttl_seconds: int | None = None, timeout: float = 1.0, retry_after: float = 15.0,
+        self,
+        url: str,
+        ttl_seconds: int | None = None,
+        timeout: float = 1.0,
+        retry_after: float = 15.0,
         prefix: str = DEFAULT_REDIS_PREFIX,
     ):
         from redis.cluster import RedisCluster
@@ -219,7 +226,9 @@ class RedisSeenSet(SeenSet):
         if not digests:
             return
         keys = [self.key(version, d) for d in digests]
-        self._call(lambda: self._set_nx_ex(keys=keys, args=[self.ttl_seconds]) if not self.cluster else self._set_each(keys))
+        self._call(
+            lambda: self._set_nx_ex(keys=keys, args=[self.ttl_seconds]) if not self.cluster else self._set_each(keys)
+        )
 
     def _set_each(self, keys: list[str]) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -271,7 +280,9 @@ class BloomSeenSet(SeenSet):
         if version not in self._filters:
             path = self._path(version)
             self._filters[version] = (
-                Bloom.load(str(path), _bloom_hash) if path.exists() else Bloom(self.capacity, self.error_rate, _bloom_hash)
+                Bloom.load(str(path), _bloom_hash)
+                if path.exists()
+                else Bloom(self.capacity, self.error_rate, _bloom_hash)
             )
         return self._filters[version]
 

@@ -102,6 +102,7 @@ def _key_file(path: Path) -> bytes:
 
 # ---------------------------------------------------------------- locking
 
+
 def _sqlite_write_transaction(conn: Connection) -> None:
     """Make what follows one SQLite write transaction, reads included.
 
@@ -131,6 +132,7 @@ def lock_for_erasure(conn: Connection) -> None:
 
 # ---------------------------------------------------------------- the gate
 
+
 def load_catalogue(conn: Connection) -> Catalogue:
     """The tombstone catalogue, and what identifies the tombstone set (for the in-memory prefix cache).
 
@@ -145,7 +147,9 @@ def load_catalogue(conn: Connection) -> Catalogue:
         select(t.c.fingerprint).order_by(t.c.fingerprint).limit(1).scalar_subquery().label("lowest"),
         select(t.c.fingerprint).order_by(t.c.fingerprint.desc()).limit(1).scalar_subquery().label("highest"),
     ]
-    rows = conn.execute(select(erasure_scopes.c.kind, erasure_scopes.c.scope, erasure_scopes.c.key_id, *generation)).all()
+    rows = conn.execute(
+        select(erasure_scopes.c.kind, erasure_scopes.c.scope, erasure_scopes.c.key_id, *generation)
+    ).all()
     marker = (rows[0][3], bytes(rows[0][4] or b""), bytes(rows[0][5] or b"")) if rows else None
     return Catalogue.from_rows([row[:3] for row in rows], generation=marker)
 
@@ -175,7 +179,10 @@ def existing_fingerprints(conn: Connection, fingerprints: Sequence[bytes]) -> se
         blob = bindparam("blob", b"".join(fingerprints), type_=BYTEA)
         piece = func.substring(blob, text("i * 32 + 1"), 32)
         wanted = select(piece).select_from(func.generate_series(0, len(fingerprints) - 1).alias("i"))
-        return {bytes(fp) for fp in conn.execute(select(column).where(column == any_(func.array(wanted.scalar_subquery())))).scalars()}
+        return {
+            bytes(fp)
+            for fp in conn.execute(select(column).where(column == any_(func.array(wanted.scalar_subquery())))).scalars()
+        }
     found: set[bytes] = set()
     for part in chunked(list(fingerprints)):
         found |= set(conn.execute(select(column).where(column.in_(part))).scalars())
@@ -221,14 +228,20 @@ def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_i
     are deleted in the same transaction, so a re-crawl of an erased subject
     leaves no staged copy behind.
     """
-    erased = _tombstoned(conn, chunk, lambda key, catalogue, record: core.record_fingerprints(
-        key, catalogue, record.natural_key, record.canonical_url, json_text.decoded(record.payload), record.hashes
-    ))
+    erased = _tombstoned(
+        conn,
+        chunk,
+        lambda key, catalogue, record: core.record_fingerprints(
+            key, catalogue, record.natural_key, record.canonical_url, json_text.decoded(record.payload), record.hashes
+        ),
+    )
     erased |= {position for position, record in enumerate(chunk) if core.WITHHELD in record.hash_errors}
     if erased and batch_id is not None:
         lines = sorted({chunk[p].line_no for p in erased})
         conn.execute(
-            delete(canonical_records).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(lines))
+            delete(canonical_records).where(
+                canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(lines)
+            )
         )
     return erased
 

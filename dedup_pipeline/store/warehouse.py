@@ -68,7 +68,10 @@ def _engine(url: str, **options) -> Engine:
 #: vanished worker keeps its locks (the erasure lock among them) until the OS notices, about two hours later.
 PG_CONNECT_DEFAULTS = {
     "connect_timeout": 10,  # seconds to reach the server
-    "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,  # a silent peer: ~1 min
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,  # a silent peer: ~1 min
     "tcp_user_timeout": 60_000,  # ms: data the server has not acknowledged for a minute ends the connection
     # Server side: a transaction left idle for 10 minutes (its client gone or stuck) is ended, its locks freed.
     "options": "-c idle_in_transaction_session_timeout=600000",

@@ -16,8 +16,10 @@ def test_a_process_mark_tells_a_live_process_from_a_killed_one(tmp_path):
     PID 1, a PID reused or in another namespace), so a live run is never released and a dead one always is."""
     from dedup_pipeline.cli.liveness import process_alive
 
-    code = ("import sys, time; from pathlib import Path; from dedup_pipeline.cli.liveness import ProcessMark; "
-            "mark = ProcessMark(Path(sys.argv[1])); print(mark.token, flush=True); time.sleep(120)")
+    code = (
+        "import sys, time; from pathlib import Path; from dedup_pipeline.cli.liveness import ProcessMark; "
+        "mark = ProcessMark(Path(sys.argv[1])); print(mark.token, flush=True); time.sleep(120)"
+    )
     process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         token = process.stdout.readline().strip()
@@ -47,9 +49,13 @@ def test_a_re_execution_inherits_the_process_mark_but_is_never_released_as_a_dea
         (tmp_path / PROCESS_MARKS).mkdir()
         (tmp_path / PROCESS_MARKS / "dead.lock").touch()  # a mark nobody holds locked: its process is gone
         own = DagsterRun(job_name="dedup_ladder", status=dg.DagsterRunStatus.STARTED, tags={PROCESS_TAG: "dead"})
-        child = DagsterRun(job_name="dedup_ladder", status=dg.DagsterRunStatus.STARTED, parent_run_id=own.run_id,
-                           root_run_id=own.run_id, tags={PROCESS_TAG: "dead", PARENT_RUN_ID_TAG: own.run_id,
-                                                         ROOT_RUN_ID_TAG: own.run_id})
+        child = DagsterRun(
+            job_name="dedup_ladder",
+            status=dg.DagsterRunStatus.STARTED,
+            parent_run_id=own.run_id,
+            root_run_id=own.run_id,
+            tags={PROCESS_TAG: "dead", PARENT_RUN_ID_TAG: own.run_id, ROOT_RUN_ID_TAG: own.run_id},
+        )
         for run in (own, child):
             instance.add_run(run)
         assert release_runs_of_dead_processes(instance) == [own.run_id]

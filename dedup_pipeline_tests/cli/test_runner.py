@@ -88,13 +88,16 @@ def test_a_run_the_command_line_failed_is_re_executed_from_failure_in_the_worksp
         assert origin.repository_origin.code_location_origin == workspace_location
         assert origin.location_name == "dedup_pipeline" and origin.repository_origin.repository_name == "__repository__"
 
-        write_batch(landing, "2026-11-02-b", good, landed=1e9 + 60, gz=True)  # the cause fixed: the file delivered again
+        write_batch(
+            landing, "2026-11-02-b", good, landed=1e9 + 60, gz=True
+        )  # the cause fixed: the file delivered again
         # The UI's webserver knows no landing folder of its own (the default, where this batch is not): the
         # re-execution must read the folder the command line was given, from its parent's run config.
         monkeypatch.chdir(tmp_path)
         with WorkspaceProcessContext(instance, WorkspaceFileTarget([str(REPO / "workspace.yaml")])) as workspace:
             answer = execute_dagster_graphql(
-                workspace.create_request_context(), REEXECUTE,
+                workspace.create_request_context(),
+                REEXECUTE,
                 {"params": {"parentRunId": failed.run_id, "strategy": "FROM_FAILURE"}},
             )
             launched = answer.data["launchPipelineReexecution"]

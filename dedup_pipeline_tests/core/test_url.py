@@ -32,7 +32,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 URL_VECTORS = FIXTURES / "url_canon"
 
 
-
 def strict(url: str) -> str:
     return canonical_url(url, strict=True)
 
@@ -225,7 +224,7 @@ def test_invalid_ipv6(url, reason):
         ("a%40b:c%3Ad@example.com", "a%40b:c%3Ad@example.com"),
         ("a@b@example.com", "a%40b@example.com"),
         ("us er:p\u00e4ss\u00a0@example.com", "us%20er:p%C3%A4ss%C2%A0@example.com"),
-        ("u\x0b\x1f\"<>[]^`{|}\\@example.com", "u%0B%1F%22%3C%3E%5B%5D%5E%60%7B%7C%7D%5C@example.com"),
+        ('u\x0b\x1f"<>[]^`{|}\\@example.com', "u%0B%1F%22%3C%3E%5B%5D%5E%60%7B%7C%7D%5C@example.com"),
         ("u%zz@example.com", "u%zz@example.com"),
     ],
 )
@@ -479,7 +478,9 @@ def test_tracking_prefix_is_dropped(name):
     assert strict(f"http://h/p?{name}=x&id=1") == "http://h/p?id=1"
 
 
-@pytest.mark.parametrize("name", ["utm", "xutm_source", "gclid_x", "agclid", "gclid%20", "utm-source", "source", "referer"])
+@pytest.mark.parametrize(
+    "name", ["utm", "xutm_source", "gclid_x", "agclid", "gclid%20", "utm-source", "source", "referer"]
+)
 def test_non_tracking_names_are_kept(name):
     assert strict(f"http://h/p?{name}=x") == f"http://h/p?{name}=x"
 

@@ -12,7 +12,11 @@ from dedup_pipeline.defs.resources import ChecksResource
 from dedup_pipeline.defs.checks import ladder_checks
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import (
-    LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource,
+    LadderResource,
+    LandingResource,
+    NearDupResource,
+    SeenSetResource,
+    WarehouseResource,
 )
 from dedup_pipeline.defs.sensors import landing_sensor
 from dedup_pipeline.landing import SOURCE_TAG, batch_source
@@ -25,8 +29,12 @@ def test_definitions_load():
     dg.Definitions.validate_loadable(defs)
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
     assert keys == {
-        "raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters",
-        "content_v2_hashes", "rehash_comparison_content_v2",  # the rehash migration (defs/rehash.py)
+        "raw_crawl_batches",
+        "canonical_records",
+        "deduplicated_records",
+        "near_duplicate_clusters",
+        "content_v2_hashes",
+        "rehash_comparison_content_v2",  # the rehash migration (defs/rehash.py)
     }
     assert defs.resolve_job_def("dedup_ladder") is not None
 
@@ -56,7 +64,9 @@ def resources(url, folder, checks=None, **ladder):
 
 def materialize(instance, url, folder, key, checks=None, **ladder):
     return dg.materialize(
-        [*ladder_assets, *ladder_checks], partition_key=key, instance=instance,
+        [*ladder_assets, *ladder_checks],
+        partition_key=key,
+        instance=instance,
         resources=resources(url, folder, checks, **ladder),
     )
 
@@ -72,7 +82,9 @@ def meta(result, asset):
 
 def test_whole_ladder_in_process(warehouse_url, tmp_path):
     folder = tmp_path / "landing"
-    write_batch(folder, "day1", [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)], landed=1e9)
+    write_batch(
+        folder, "day1", [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)], landed=1e9
+    )
     write_batch(folder, "day2", [listing(n) for n in range(100, 200)] + ["not json"], landed=1e9 + 86400, gz=True)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["day1", "day2"])
@@ -100,7 +112,9 @@ def test_collapse_check_fails_outside_its_band(tmp_path):
     write_batch(folder, "b", [listing(n) for n in range(120)], landed=1e9)  # no duplicates at all
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b"])
-    result = materialize(instance, f"sqlite:///{tmp_path / 'w.sqlite'}", folder, "b", checks={"min_collapse_rate": 0.05})
+    result = materialize(
+        instance, f"sqlite:///{tmp_path / 'w.sqlite'}", folder, "b", checks={"min_collapse_rate": 0.05}
+    )
     check = collapse_check(result)
     assert not check.passed and check.metadata["collapse_rate"].value == 0.0
     assert result.success  # reported, not blocking: the run goes on
@@ -112,7 +126,11 @@ def test_landing_sensor_adds_partitions_and_requests_runs(tmp_path):
     write_batch(folder, "2026-11-02", [listing(2)], landed=1e9, gz=True)
     (folder / "notes.txt").write_text("not a batch")
     instance = dg.DagsterInstance.ephemeral()
-    context = dg.build_sensor_context(instance=instance, definitions=defs, resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)})
+    context = dg.build_sensor_context(
+        instance=instance,
+        definitions=defs,
+        resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)},
+    )
     result = landing_sensor(context)
     assert [r.partition_key for r in result.run_requests] == ["2026-11-01", "2026-11-02"]
     assert [r.tags[SOURCE_TAG] for r in result.run_requests] == ["2026-11-01", "2026-11-02"]  # undated: own source
@@ -120,7 +138,11 @@ def test_landing_sensor_adds_partitions_and_requests_runs(tmp_path):
 
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["2026-11-01", "2026-11-02"])
     write_batch(folder, "2026-11-03", [listing(3)])  # still being written: too fresh to take
-    context = dg.build_sensor_context(instance=instance, definitions=defs, resources={"landing": LandingResource(folder=str(folder), settle_seconds=60)})
+    context = dg.build_sensor_context(
+        instance=instance,
+        definitions=defs,
+        resources={"landing": LandingResource(folder=str(folder), settle_seconds=60)},
+    )
     assert not landing_sensor(context).run_requests
 
 
@@ -149,8 +171,14 @@ def test_a_partition_deleted_and_added_again_by_the_sensor_is_run_again(tmp_path
                 tags = {"dagster/run_key": request.run_key, "dagster/sensor_name": landing_sensor.name}
                 if instance.get_runs(dg.RunsFilter(tags=tags)):
                     continue  # the daemon: "already completed with run keys ..."
-                instance.add_run(dg.DagsterRun(job_name="dedup_ladder", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.SUCCESS,
-                                               tags={**tags, **request.tags, "dagster/partition": request.partition_key}))
+                instance.add_run(
+                    dg.DagsterRun(
+                        job_name="dedup_ladder",
+                        run_id=str(uuid.uuid4()),
+                        status=dg.DagsterRunStatus.SUCCESS,
+                        tags={**tags, **request.tags, "dagster/partition": request.partition_key},
+                    )
+                )
                 launched.append(request.partition_key)
             return launched
 
@@ -162,10 +190,18 @@ def test_a_partition_deleted_and_added_again_by_the_sensor_is_run_again(tmp_path
         assert len(instance.get_runs(dg.RunsFilter(tags={"dagster/partition": key}))) == 2
 
 
-@pytest.mark.parametrize(("key", "source"), [
-    ("2026-11-30-shop-a", "shop-a"), ("2026-11-02-syndication", "syndication"), ("20261130_shop", "shop"),
-    ("2026-11-30T06:00Z_shop-a", "shop-a"), ("shop-a", "shop-a"), ("2026-11-30", "2026-11-30"), ("2024-model-1", "2024-model-1"),
-])
+@pytest.mark.parametrize(
+    ("key", "source"),
+    [
+        ("2026-11-30-shop-a", "shop-a"),
+        ("2026-11-02-syndication", "syndication"),
+        ("20261130_shop", "shop"),
+        ("2026-11-30T06:00Z_shop-a", "shop-a"),
+        ("shop-a", "shop-a"),
+        ("2026-11-30", "2026-11-30"),
+        ("2024-model-1", "2024-model-1"),
+    ],
+)
 def test_a_batch_source_is_its_key_without_the_landing_date(key, source):
     assert batch_source(key) == source
 
@@ -175,7 +211,8 @@ def test_sensor_runs_carry_their_source_so_one_source_runs_in_landing_order(tmp_
     for key in ("2026-11-01-shop-a", "2026-11-02-shop-a", "2026-11-02-shop-b"):
         write_batch(folder, key, [listing(1)], landed=1e9)
     context = dg.build_sensor_context(
-        instance=dg.DagsterInstance.ephemeral(), definitions=defs,
+        instance=dg.DagsterInstance.ephemeral(),
+        definitions=defs,
         resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)},
     )
     tags = {r.partition_key: r.tags[SOURCE_TAG] for r in landing_sensor(context).run_requests}

@@ -26,11 +26,14 @@ def _staged(warehouse, batch_id):
     """The batch's canonical_records and quarantine rows, as comparable values."""
     with warehouse.engine.connect() as conn:
         staged = conn.execute(
-            select(canonical_records).where(canonical_records.c.batch_id == batch_id).order_by(canonical_records.c.line_no)
+            select(canonical_records)
+            .where(canonical_records.c.batch_id == batch_id)
+            .order_by(canonical_records.c.line_no)
         ).all()
         quarantined = conn.execute(
             select(quarantine.c.line_no, quarantine.c.rung, quarantine.c.reason, quarantine.c.raw_line)
-            .where(quarantine.c.batch_id == batch_id).order_by(quarantine.c.line_no)
+            .where(quarantine.c.batch_id == batch_id)
+            .order_by(quarantine.c.line_no)
         ).all()
     return [tuple(row) for row in staged], [tuple(row) for row in quarantined]
 

@@ -23,7 +23,12 @@ from dedup_pipeline_tests.ladder.common import DAY, count, run_batch
 
 def test_last_occurrence_in_file_order_wins(warehouse, tmp_path):
     folder = tmp_path / "landing"
-    write_batch(folder, "b", [listing(1, price="1.00"), listing(1, price="2.00"), listing(1, price="3.00")], landed=1_700_000_000)
+    write_batch(
+        folder,
+        "b",
+        [listing(1, price="1.00"), listing(1, price="2.00"), listing(1, price="3.00")],
+        landed=1_700_000_000,
+    )
     _, _, exact, _ = run_batch(warehouse, folder, "b")
     assert [exact.decisions[d] for d in ("new", "changed")] == [1, 2]
     with warehouse.engine.connect() as conn:
@@ -45,7 +50,9 @@ def test_an_unchanged_recrawl_then_a_change_of_the_key_in_one_chunk(warehouse, t
     _, _, exact, _ = run_batch(warehouse, folder, "p2")
     assert [exact.decisions[d] for d in ("exact_duplicate", "changed")] == [1, 1] and exact.chunk_retries == 0
     with warehouse.engine.connect() as conn:
-        assert conn.execute(select(records.c.payload["price"].as_string(), records.c.last_batch_id, records.c.last_line_no)).one() == ("2", "p2", 2)
+        assert conn.execute(
+            select(records.c.payload["price"].as_string(), records.c.last_batch_id, records.c.last_line_no)
+        ).one() == ("2", "p2", 2)
         assert [p["price"] for p in conn.execute(select(record_history.c.payload)).scalars()] == ["1"]
 
 
@@ -61,7 +68,9 @@ def test_a_price_change_below_a_ten_thousandth(warehouse, tmp_path, active, old,
 
     set_active_version(warehouse, active)
     folder = tmp_path / "landing"
-    line = '{"url": "https://shop.example.com/p/1", "title": "Kettle", "price": %s, "currency": "EUR", "seller_id": "s1"}'
+    line = (
+        '{"url": "https://shop.example.com/p/1", "title": "Kettle", "price": %s, "currency": "EUR", "seller_id": "s1"}'
+    )
     write_batch(folder, "p1", [(line % old).encode()], landed=1_700_000_000)
     write_batch(folder, "p2", [(line % new).encode()], landed=1_700_000_000 + DAY)
     run_batch(warehouse, folder, "p1")
@@ -101,10 +110,15 @@ def test_content_stored_under_another_key_is_an_exact_duplicate_whatever_the_see
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7])
-@pytest.mark.parametrize("move, titles, changed", [
-    pytest.param("chain", {"p/1": "Product 2 kettle", "p/2": "Product 3 kettle"}, 2, id="chain"),  # B Z, then A B's Y
-    pytest.param("swap", {"p/1": "Product 2 kettle", "p/2": "Product 1 kettle"}, 3, id="swap"),    # ... then B A's X
-])
+@pytest.mark.parametrize(
+    "move, titles, changed",
+    [
+        pytest.param(
+            "chain", {"p/1": "Product 2 kettle", "p/2": "Product 3 kettle"}, 2, id="chain"
+        ),  # B Z, then A B's Y
+        pytest.param("swap", {"p/1": "Product 2 kettle", "p/2": "Product 1 kettle"}, 3, id="swap"),  # ... then B A's X
+    ],
+)
 def test_content_moving_between_two_stored_keys_in_one_chunk(warehouse, tmp_path, move, titles, changed, chunk_size):
     """Breaks: under content/2 (the URL is not part of the content), keys A and B hold X and Y; a newer batch gives
     B new content Z, then A the content Y that B just left (a chain), then B the content X that A left (a swap).
@@ -120,7 +134,9 @@ def test_content_moving_between_two_stored_keys_in_one_chunk(warehouse, tmp_path
     folder = tmp_path / "landing"
     a, b = listing(1)["url"], listing(2)["url"]
     write_batch(folder, "p1", [listing(1), listing(2)], landed=1_700_000_000)
-    moves = [{**listing(3), "url": b}, {**listing(2), "url": a}] + ([{**listing(1), "url": b}] if move == "swap" else [])
+    moves = [{**listing(3), "url": b}, {**listing(2), "url": a}] + (
+        [{**listing(1), "url": b}] if move == "swap" else []
+    )
     write_batch(folder, "p2", moves, landed=1_700_000_000 + DAY)
     settings = LadderSettings(chunk_size=chunk_size)
     run_batch(warehouse, folder, "p1", settings)
@@ -189,14 +205,23 @@ def test_a_rows_first_batch_is_its_earliest_in_landing_order_whatever_the_run_or
 
     write_batch(folder, "p1", [crawl("p1", 1, "1.00"), crawl("p1", 2, "5.00")], landed=1_700_000_000)
     write_batch(folder, "p2", [crawl("p2", 1, "2.00"), crawl("p2", 3, "7.00")], landed=1_700_000_000 + DAY)
-    write_batch(folder, "p3", [crawl("p3", n, price) for n, price in ((1, "1.00"), (2, "6.00"), (3, "7.00"), (4, "8.00"))],
-                landed=1_700_000_000 + 2 * DAY)
+    write_batch(
+        folder,
+        "p3",
+        [crawl("p3", n, price) for n, price in ((1, "1.00"), (2, "6.00"), (3, "7.00"), (4, "8.00"))],
+        landed=1_700_000_000 + 2 * DAY,
+    )
     for batch in order:
         run_batch(warehouse, folder, batch)
     with warehouse.engine.connect() as conn:
-        rows = conn.execute(select(
-            records.c.natural_key, records.c.first_batch_id, records.c.first_seen_at, records.c.payload["price"].as_string(),
-        )).all()
+        rows = conn.execute(
+            select(
+                records.c.natural_key,
+                records.c.first_batch_id,
+                records.c.first_seen_at,
+                records.c.payload["price"].as_string(),
+            )
+        ).all()
     firsts = {key.rsplit("/", 1)[1]: (batch, as_utc(seen), price) for key, batch, seen, price in rows}
     assert firsts == {
         str(n): (batch, datetime(2026, 11, 1, hours[batch], n, tzinfo=timezone.utc), price)
@@ -205,7 +230,9 @@ def test_a_rows_first_batch_is_its_earliest_in_landing_order_whatever_the_run_or
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7])
-def test_a_key_new_in_a_batch_is_first_seen_at_its_first_occurrence_whatever_the_chunk_size(warehouse, tmp_path, chunk_size):
+def test_a_key_new_in_a_batch_is_first_seen_at_its_first_occurrence_whatever_the_chunk_size(
+    warehouse, tmp_path, chunk_size
+):
     """Breaks: a new key appears twice in one batch, crawled at two times, with two contents.
 
     Must hold: its row was first seen at the first occurrence's crawl time and last crawled at the last's, whether
@@ -216,19 +243,30 @@ def test_a_key_new_in_a_batch_is_first_seen_at_its_first_occurrence_whatever_the
     from dedup_pipeline.store.warehouse import as_utc
 
     folder = tmp_path / "landing"
-    write_batch(folder, "p1", [listing(1, price="1.00", scraped_at="2026-11-01T10:00:00Z"), listing(2),
-                               listing(1, price="2.00", scraped_at="2026-11-01T10:30:00Z")], landed=1_700_000_000)
+    write_batch(
+        folder,
+        "p1",
+        [
+            listing(1, price="1.00", scraped_at="2026-11-01T10:00:00Z"),
+            listing(2),
+            listing(1, price="2.00", scraped_at="2026-11-01T10:30:00Z"),
+        ],
+        landed=1_700_000_000,
+    )
     run_batch(warehouse, folder, "p1", LadderSettings(chunk_size=chunk_size))
     with warehouse.engine.connect() as conn:
-        first, last = conn.execute(select(records.c.first_seen_at, records.c.last_crawled_at)
-                                   .where(records.c.natural_key == listing(1)["url"])).one()
-    assert (as_utc(first), as_utc(last)) == (datetime(2026, 11, 1, 10, 0, tzinfo=timezone.utc),
-                                             datetime(2026, 11, 1, 10, 30, tzinfo=timezone.utc))
+        first, last = conn.execute(
+            select(records.c.first_seen_at, records.c.last_crawled_at).where(records.c.natural_key == listing(1)["url"])
+        ).one()
+    assert (as_utc(first), as_utc(last)) == (
+        datetime(2026, 11, 1, 10, 0, tzinfo=timezone.utc),
+        datetime(2026, 11, 1, 10, 30, tzinfo=timezone.utc),
+    )
 
 
 def test_staged_payloads_are_carried_as_their_stored_text_and_stored_unchanged(warehouse, tmp_path):
     """The exact rung reads each payload as JSON text, never decodes it, and `records` gets the same value."""
-    odd = {"note": "Ünïcode ☕ \\ \"quoted\"", "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}
+    odd = {"note": 'Ünïcode ☕ \\ "quoted"', "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}
     write_batch(tmp_path, "b", [listing(n, **odd) for n in range(12)] + [listing(3, price="7.00")])
     ingest_raw_batch(warehouse, find_batch(tmp_path, "b"))
     canonicalise_batch(warehouse, "b", LadderSettings(chunk_size=5))
@@ -255,7 +293,9 @@ def test_the_exact_rung_reads_a_fresh_batch_in_index_order(warehouse, tmp_path):
     write_batch(tmp_path, "big", [listing(n) for n in range(lines)])
     ingest_raw_batch(warehouse, find_batch(tmp_path, "big"))
     canonicalise_batch(warehouse, "big", LadderSettings(chunk_size=2000))
-    query = canonical_chunk_query("big", lines // 2, 2000).compile(warehouse.engine, compile_kwargs={"literal_binds": True})
+    query = canonical_chunk_query("big", lines // 2, 2000).compile(
+        warehouse.engine, compile_kwargs={"literal_binds": True}
+    )
     with warehouse.engine.connect() as conn:
         plan = "\n".join(conn.execute(text(f"EXPLAIN {query}")).scalars())
     assert "canonical_records_pkey" in plan and "Sort" not in plan, plan
@@ -291,7 +331,9 @@ def _dies_after(monkeypatch, chunks: int):
 
 def _decided_lines(warehouse, run_id: str) -> list[int]:
     with warehouse.engine.connect() as conn:
-        return sorted(conn.execute(select(dedup_decisions.c.line_no).where(dedup_decisions.c.run_id == run_id)).scalars())
+        return sorted(
+            conn.execute(select(dedup_decisions.c.line_no).where(dedup_decisions.c.run_id == run_id)).scalars()
+        )
 
 
 def _counted(warehouse) -> dict:

@@ -40,8 +40,14 @@ def stored(warehouse):
     """(texts by record id, links, clusters as sorted member lists)."""
     with warehouse.engine.connect() as conn:
         texts = {rid: near_text(p) for rid, p in conn.execute(select(records.c.record_id, records.c.payload))}
-        links = {(a, b): s for a, b, s in conn.execute(select(
-            near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity))}
+        links = {
+            (a, b): s
+            for a, b, s in conn.execute(
+                select(
+                    near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity
+                )
+            )
+        }
         groups: dict = {}
         for rid, cid in conn.execute(select(near_duplicate_clusters.c.record_id, near_duplicate_clusters.c.cluster_id)):
             groups.setdefault(cid, []).append(rid)
@@ -50,8 +56,12 @@ def stored(warehouse):
 
 def test_a_boilerplate_bucket_is_capped_and_still_forms_one_cluster(warehouse, tmp_path):
     n, cap = 60, 5
-    land(warehouse, tmp_path / "landing", "b1",
-         [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)])
+    land(
+        warehouse,
+        tmp_path / "landing",
+        "b1",
+        [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)],
+    )
     report = cluster_batch(warehouse, "b1", NearSettings(chunk_size=25, max_bucket_size=cap))
 
     # every record meets at most `cap` partners (the oldest members), not n - 1
@@ -65,8 +75,12 @@ def test_a_boilerplate_bucket_is_capped_and_still_forms_one_cluster(warehouse, t
 
 def test_without_a_cap_the_same_bucket_gives_every_pair(warehouse, tmp_path):
     n = 30
-    land(warehouse, tmp_path / "landing", "b1",
-         [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)])
+    land(
+        warehouse,
+        tmp_path / "landing",
+        "b1",
+        [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)],
+    )
     report = cluster_batch(warehouse, "b1", NearSettings(chunk_size=n, max_bucket_size=None))
     assert report.candidate_pairs == n * (n - 1) and not report.capped_buckets
     assert report.pairs == n * (n - 1) // 2
@@ -85,7 +99,9 @@ def _variants(seed: int, count: int) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("method, verify", [("minhash", "auto"), ("minhash", "estimate"), ("minhash", "exact"), ("simhash", "estimate")])
+@pytest.mark.parametrize(
+    "method, verify", [("minhash", "auto"), ("minhash", "estimate"), ("minhash", "exact"), ("simhash", "estimate")]
+)
 def test_the_warehouse_path_links_what_the_library_links(warehouse, tmp_path, method, verify):
     texts = [t for seed in (1, 2, 3) for t in _variants(seed, 6)] + [description(100 + i) for i in range(5)]
     rows = [listing(i, title="", description=t) for i, t in enumerate(texts)]
@@ -152,7 +168,9 @@ def test_unchanged_recrawls_are_not_the_batch_s_records_for_the_runaway_check(wa
     assert recrawled.passed and recrawled.batch_records == 0
 
 
-def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the_newer_sketch(warehouse, tmp_path, monkeypatch):
+def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the_newer_sketch(
+    warehouse, tmp_path, monkeypatch
+):
     """Breaks: worker X reads record 1 (text A) to sketch it; before X takes the index lock, worker Y changes record 1
     to text B and indexes it (the interleaving is forced by running Y inside X's read).
 
@@ -164,14 +182,24 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
 
     text_a, text_b = description(1, words=120), description(2, words=120)
     folder = tmp_path / "landing"
-    land(warehouse, folder, "X", [listing(1, title="", description=text_a), listing(3, title="", description=text_a + " more")])
+    land(
+        warehouse,
+        folder,
+        "X",
+        [listing(1, title="", description=text_a), listing(3, title="", description=text_a + " more")],
+    )
     real = near.index.records_to_index
 
     def y_runs_in_the_window(conn, batch_id, after, limit):
         rows = real(conn, batch_id, after, limit)
         if batch_id == "X" and after == 0:
-            land(warehouse, folder, "Y", [listing(1, title="", description=text_b), listing(2, title="", description=text_b + " more")],
-                 landed=1e9 + 10)
+            land(
+                warehouse,
+                folder,
+                "Y",
+                [listing(1, title="", description=text_b), listing(2, title="", description=text_b + " more")],
+                landed=1e9 + 10,
+            )
             cluster_batch(warehouse, "Y", NearSettings())
         return rows
 
@@ -180,8 +208,11 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
     _, links, _ = stored(warehouse)
     with warehouse.engine.connect() as conn:
         ids = dict(conn.execute(select(records.c.natural_key, records.c.record_id)).all())
-        stale = conn.execute(select(minhash_signatures.c.record_id).join(records, records.c.record_id == minhash_signatures.c.record_id)
-                             .where(minhash_signatures.c.content_hash != records.c.content_hash)).all()
+        stale = conn.execute(
+            select(minhash_signatures.c.record_id)
+            .join(records, records.c.record_id == minhash_signatures.c.record_id)
+            .where(minhash_signatures.c.content_hash != records.c.content_hash)
+        ).all()
     one, two = ids[listing(1)["url"]], ids[listing(2)["url"]]
     assert (min(one, two), max(one, two)) in links and not stale
 

@@ -23,8 +23,8 @@ def test_two_overlapping_batches(warehouse, two_overlapping_batches):
     raw2, can2, ex2, near2 = run_batch(warehouse, folder, "2026-11-02")
     assert raw2.quarantined == 0 and can2.canonical == 21
     assert ex2.decisions["exact_duplicate"] == 9  # products 11..19, re-crawled unchanged
-    assert ex2.decisions["changed"] == 1          # product 10's new price
-    assert ex2.decisions["new"] == 11             # products 20..29 and the mirror copy
+    assert ex2.decisions["changed"] == 1  # product 10's new price
+    assert ex2.decisions["new"] == 11  # products 20..29 and the mirror copy
     assert near2.pairs == 1 and len(near2.near_duplicates) == 1  # the mirror copy is linked to product 4, kept
 
     assert count(warehouse, records) == 31
@@ -33,7 +33,9 @@ def test_two_overlapping_batches(warehouse, two_overlapping_batches):
     assert count(warehouse, dedup_decisions) == 21 + 21
     assert count(warehouse, record_hashes) == 31 * 2
     with warehouse.engine.connect() as conn:
-        price = conn.execute(select(records.c.payload).where(records.c.natural_key == "https://shop.example.com/p/10")).scalar_one()
+        price = conn.execute(
+            select(records.c.payload).where(records.c.natural_key == "https://shop.example.com/p/10")
+        ).scalar_one()
         assert price["price"] == "99"
         old = conn.execute(select(record_history.c.payload)).scalar_one()
         assert old["price"] == "20.9"

@@ -18,7 +18,11 @@ def test_funnel_and_cluster_preview_match_the_rung_reports(warehouse, tmp_path):
         for key, (raw, canonical, exact, near) in reports.items():
             funnel = batch_funnel(conn, key)
             assert (funnel["lines"], funnel["parsed"], funnel["canonical"], funnel["exact_survivors"]) == (
-                raw.lines, raw.parsed, canonical.canonical, exact.survivors)
+                raw.lines,
+                raw.parsed,
+                canonical.canonical,
+                exact.survivors,
+            )
             # near duplicates found when the batch ran stay clustered; later batches can only add more
             assert 0 <= funnel["near_distinct"] <= exact.survivors - len(near.near_duplicates)
         syndication = reports["2026-11-02-syndication"][3]

@@ -23,11 +23,23 @@ def test_integrity_passes_on_a_clean_warehouse_and_counts_each_violation(warehou
 
     with warehouse.engine.begin() as conn:
         victim = conn.execute(select(records.c.record_id).where(records.c.last_batch_id == keys[1]).limit(1)).scalar()
-        conn.execute(update(record_hashes).where(record_hashes.c.record_id == victim, record_hashes.c.hash_version == "content/2")
-                     .values(content_hash=b"\x01" * 31))
-        conn.execute(insert(dedup_decisions).values(
-            batch_id=keys[1], line_no=999, run_id="rogue", natural_key="k", hash_version="content/9",
-            content_hash=b"\x02" * 32, decision="new", decided_at=utcnow()))
+        conn.execute(
+            update(record_hashes)
+            .where(record_hashes.c.record_id == victim, record_hashes.c.hash_version == "content/2")
+            .values(content_hash=b"\x01" * 31)
+        )
+        conn.execute(
+            insert(dedup_decisions).values(
+                batch_id=keys[1],
+                line_no=999,
+                run_id="rogue",
+                natural_key="k",
+                hash_version="content/9",
+                content_hash=b"\x02" * 32,
+                decision="new",
+                decided_at=utcnow(),
+            )
+        )
     with warehouse.engine.connect() as conn:
         broken = check_batch_integrity(conn, keys[1])
         other = check_batch_integrity(conn, keys[0])

@@ -15,8 +15,15 @@ from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import (
-    canonical_records, dedup_decisions, erasure_requests, erasure_tombstones, near_duplicate_clusters,
-    quarantine, record_hashes, record_history, records,
+    canonical_records,
+    dedup_decisions,
+    erasure_requests,
+    erasure_tombstones,
+    near_duplicate_clusters,
+    quarantine,
+    record_hashes,
+    record_history,
+    records,
 )
 from dedup_pipeline.store.seen_set import RedisSeenSet
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
@@ -35,18 +42,26 @@ def test_erasure_removes_every_copy_and_recomputes_clusters(warehouse, crawled):
     copies = ["https://mirror.example.net/k4", "https://copy.example.org/kettle"]
     p4 = record_id(warehouse, P4)
     with warehouse.engine.connect() as conn:
-        assert conn.execute(select(func.count()).select_from(near_duplicate_clusters)
-                            .where(near_duplicate_clusters.c.cluster_id == p4)).scalar_one() == 3
+        assert (
+            conn.execute(
+                select(func.count())
+                .select_from(near_duplicate_clusters)
+                .where(near_duplicate_clusters.c.cluster_id == p4)
+            ).scalar_one()
+            == 3
+        )
     before = snapshot(warehouse.engine)
 
-    report = erase_subject(warehouse, Subject.parse("canonical_url", "HTTP://SHOP.example.com:80/p/4?gclid=9#top"), "T-1")
+    report = erase_subject(
+        warehouse, Subject.parse("canonical_url", "HTTP://SHOP.example.com:80/p/4?gclid=9#top"), "T-1"
+    )
 
     assert report.removed["records"] == 1
-    assert report.removed["record_hashes"] == 2           # content/1 and content/2
-    assert report.removed["record_history"] == 1          # the day-1 price
-    assert report.removed["canonical_records"] == 2       # staged day-1 and day-2 lines
+    assert report.removed["record_hashes"] == 2  # content/1 and content/2
+    assert report.removed["record_history"] == 1  # the day-1 price
+    assert report.removed["canonical_records"] == 2  # staged day-1 and day-2 lines
     assert report.removed["dedup_decisions"] == 2
-    assert report.removed["quarantine"] == 1              # the broken line with the URL variant, not /p/40
+    assert report.removed["quarantine"] == 1  # the broken line with the URL variant, not /p/40
     assert report.removed["near_duplicate_links"] == 2
     assert report.removed["near_duplicate_clusters"] == 1
     assert report.removed["minhash_signatures"] == 1 and report.removed["lsh_buckets"] > 0
@@ -74,7 +89,9 @@ def test_erasure_removes_every_copy_and_recomputes_clusters(warehouse, crawled):
 
 def test_erasure_by_field_reaches_history_but_spares_the_listing_now_held_by_someone_else(warehouse, tmp_path):
     folder = tmp_path / "landing"
-    write_batch(folder, "a", [listing(1, seller_id="s-X"), listing(2, seller_id="s-X"), listing(3, seller_id="s-Y")], landed=T0)
+    write_batch(
+        folder, "a", [listing(1, seller_id="s-X"), listing(2, seller_id="s-X"), listing(3, seller_id="s-Y")], landed=T0
+    )
     write_batch(folder, "b", [listing(2, seller_id="s-Y")], landed=T0 + DAY)  # p/2 changes hands
     run_ladder(warehouse, folder, "a")
     run_ladder(warehouse, folder, "b")
@@ -86,7 +103,9 @@ def test_erasure_by_field_reaches_history_but_spares_the_listing_now_held_by_som
         sellers = [p["seller_id"] for p in conn.execute(select(records.c.payload)).scalars()]
     assert sorted(sellers) == ["s-Y", "s-Y"]
     # A later crawl of s-X's old p/2 listing (volatile fields only differ) is suppressed by its digest.
-    write_batch(folder, "c", [listing(2, seller_id="s-X", crawl_id="z"), listing(9, seller_id="s-X")], landed=T0 + 2 * DAY)
+    write_batch(
+        folder, "c", [listing(2, seller_id="s-X", crawl_id="z"), listing(9, seller_id="s-X")], landed=T0 + 2 * DAY
+    )
     assert run_ladder(warehouse, folder, "c").decisions["erased"] == 2
 
 
@@ -98,8 +117,17 @@ def test_a_field_value_held_in_a_list_is_erased_everywhere_and_never_comes_back(
     it, and a nested list, are kept); a re-crawl with the value in a list is decided `erased`, never staged.
     """
     folder = tmp_path / "landing"
-    write_batch(folder, "a", [listing(1, author="Jane Doe"), listing(2, author=["Bob Roe", "Jane  Doe"]),
-                              listing(3, author=["Bob Roe"]), listing(4, author=[["Jane Doe"]])], landed=T0)
+    write_batch(
+        folder,
+        "a",
+        [
+            listing(1, author="Jane Doe"),
+            listing(2, author=["Bob Roe", "Jane  Doe"]),
+            listing(3, author=["Bob Roe"]),
+            listing(4, author=[["Jane Doe"]]),
+        ],
+        landed=T0,
+    )
     write_batch(folder, "b", [listing(2, author=["Jane Doe"], price="1.00")], landed=T0 + DAY)  # p/2 changes
     write_batch(folder, "c", [listing(5, author=["Ann Poe", "Jane Doe"])], landed=T0 + 2 * DAY)
     run_ladder(warehouse, folder, "a")
@@ -110,13 +138,18 @@ def test_a_field_value_held_in_a_list_is_erased_everywhere_and_never_comes_back(
     assert report.removed["records"] == 2 and report.removed["record_history"] == 1
     assert report.removed["canonical_records"] == 4  # a/1, a/2, b/1 and the staged c/1
     assert record_id(warehouse, P4) is not None and record_id(warehouse, "https://shop.example.com/p/3") is not None
-    write_batch(folder, "d", [listing(6, author=["Jane Doe"]), listing(7, author=["Bob Roe", "jane doe"])],
-                landed=T0 + 3 * DAY)
+    write_batch(
+        folder, "d", [listing(6, author=["Jane Doe"]), listing(7, author=["Bob Roe", "jane doe"])], landed=T0 + 3 * DAY
+    )
     decisions = run_ladder(warehouse, folder, "d").decisions
     assert decisions["erased"] == 1 and decisions["new"] == 1
     with warehouse.engine.connect() as conn:
-        named = {key for table in (records, canonical_records, record_history)
-                 for key, payload in conn.execute(select(table.c.natural_key, table.c.payload)) if "Jane Doe" in str(payload)}
+        named = {
+            key
+            for table in (records, canonical_records, record_history)
+            for key, payload in conn.execute(select(table.c.natural_key, table.c.payload))
+            if "Jane Doe" in str(payload)
+        }
     assert named == {P4}  # only the nested list
 
 
@@ -156,12 +189,18 @@ def test_fields_that_look_like_sql_are_stored_verbatim_and_erased_by_parameter(w
     write_batch(folder, "a", [listing(1, **SQL_LIKE), listing(2), listing(3)], landed=T0)
     run_ladder(warehouse, folder, "a")
     with warehouse.engine.connect() as conn:
-        payload = conn.execute(select(records.c.payload).where(records.c.natural_key == "https://shop.example.com/p/1")).scalar_one()
+        payload = conn.execute(
+            select(records.c.payload).where(records.c.natural_key == "https://shop.example.com/p/1")
+        ).scalar_one()
     assert {k: payload[k] for k in SQL_LIKE} == SQL_LIKE
     assert count(warehouse, records) == 3 and count(warehouse, record_hashes) == 6
     report = erase_subject(warehouse, Subject.parse("field", SQL_LIKE["seller_id"], field="seller_id"), "T-6")
     assert report.removed["records"] == 1
-    assert count(warehouse, records) == 2 and count(warehouse, record_hashes) == 4 and count(warehouse, dedup_decisions) == 2
+    assert (
+        count(warehouse, records) == 2
+        and count(warehouse, record_hashes) == 4
+        and count(warehouse, dedup_decisions) == 2
+    )
 
 
 @pytest.mark.redis

@@ -96,8 +96,11 @@ def test_a_rows_first_batch_is_loaded_only_for_a_chunk_older_than_its_last_versi
     stored_warehouse(warehouse, tmp_path)  # batch "a", landed at 1e9
     chunk = canonical(listing(0, crawl_id="again"), listing(1, crawl_id="again"))
     landed = datetime.fromtimestamp(1e9, timezone.utc)
-    for batch_time, lookups, first in ((datetime(2026, 11, 1, tzinfo=timezone.utc), 1, None), (landed, 1, None),
-                                       (datetime(2000, 1, 1, tzinfo=timezone.utc), 2, (landed, "a"))):
+    for batch_time, lookups, first in (
+        (datetime(2026, 11, 1, tzinfo=timezone.utc), 1, None),
+        (landed, 1, None),
+        (datetime(2000, 1, 1, tzinfo=timezone.utc), 2, (landed, "a")),
+    ):
         seen, stop = selects(warehouse.engine)
         try:
             with warehouse.engine.connect() as conn:

@@ -17,13 +17,13 @@ from dedup_pipeline.store.warehouse import utcnow
 
 # Values orjson alone gets wrong (silently) or refuses, each paired with what `json` makes of it.
 AWKWARD = [
-    12345678901234567890123,          # beyond 64 bits: orjson reads it as a float
+    12345678901234567890123,  # beyond 64 bits: orjson reads it as a float
     -(2**63) - 1,
     2**64,
     {"price": [1, {"minor": 10**30}]},  # nested
-    1e300,                            # a large float that is a float
+    1e300,  # a large float that is a float
     -0.0,
-    "\u00e9t\u00e9 \U0001f600 \x1f \"quoted\" \\",
+    '\u00e9t\u00e9 \U0001f600 \x1f "quoted" \\',
 ]
 
 json_values = st.recursive(

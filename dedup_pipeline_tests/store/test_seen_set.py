@@ -174,7 +174,9 @@ def test_dead_redis_fails_open_to_the_warehouse(warehouse, batches, tmp_path):
     assert snapshot(warehouse.engine) == _baseline(tmp_path, batches)
 
 
-def test_a_hung_redis_costs_one_timeout_then_the_rung_runs_on_the_warehouse(warehouse, batches, tmp_path, hung_redis_url):
+def test_a_hung_redis_costs_one_timeout_then_the_rung_runs_on_the_warehouse(
+    warehouse, batches, tmp_path, hung_redis_url
+):
     url, connections = hung_redis_url
     seen = RedisSeenSet(url, timeout=0.3, retry_after=60)
     run(warehouse, batches, "a", seen)

@@ -14,7 +14,9 @@ from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.tombstones import TombstoneKeyError, key_file_path
 from dedup_pipeline.store.schema import (
-    canonical_records, dedup_decisions, metadata,
+    canonical_records,
+    dedup_decisions,
+    metadata,
 )
 from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.erasure_helpers import DAY, P4, T0, count, crawl_two_days, record_id, run_ladder
@@ -31,11 +33,17 @@ def test_no_recrawl_gets_past_the_tombstones(warehouse, crawled):
     original = listing(4)
     erase_subject(warehouse, Subject.parse("natural_key", P4), "T-2")
     day3 = [
-        listing(4, url="https://SHOP.example.com/p/4?utm_medium=x", crawl_id="c3",
-                scraped_at="2026-12-01T00:00:00Z", proxy_ip="10.1.1.1", price="1.00"),   # URL variant, new content
-        {**original, "url": "https://reseller.example.com/item/77", "crawl_id": "c3"},    # same content, other URL
-        listing(6, crawl_id="c3"),                                                         # someone else
-        listing(200),                                                                      # new
+        listing(
+            4,
+            url="https://SHOP.example.com/p/4?utm_medium=x",
+            crawl_id="c3",
+            scraped_at="2026-12-01T00:00:00Z",
+            proxy_ip="10.1.1.1",
+            price="1.00",
+        ),  # URL variant, new content
+        {**original, "url": "https://reseller.example.com/item/77", "crawl_id": "c3"},  # same content, other URL
+        listing(6, crawl_id="c3"),  # someone else
+        listing(200),  # new
     ]
     write_batch(crawled, "day3", day3, landed=T0 + 2 * DAY)
     report = run_ladder(warehouse, crawled, "day3")
