@@ -20,7 +20,6 @@ the pickling of chunks and rows, so the speed-up depends on free cores.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import resource
 import statistics
@@ -98,7 +97,8 @@ def main() -> None:
         label = "inline (canonical_workers=1)" if n == 1 else f"{n} worker processes"
         print(
             f"  {label:30s} {wall:6.2f} s  {args.records / wall:>9,.0f} rec/s   CPU: this process "
-            f"{statistics.median(v[1] for v in values):5.2f} s, workers {statistics.median(v[2] for v in values):5.2f} s"
+            f"{statistics.median(v[1] for v in values):5.2f} s, "
+            f"workers {statistics.median(v[2] for v in values):5.2f} s"
         )
     ratio = statistics.median(a[0] / b[0] for a, b in zip(runs[1], runs[args.workers]))
     print(f"  inline / workers: {ratio:4.2f}x (median of the per-repeat ratios)")

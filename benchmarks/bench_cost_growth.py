@@ -555,7 +555,8 @@ def print_speedup(copies: Copies, base: str, landing: Path, repeat: int, speed: 
             print(f"  two {speed.batch:,}-record batches, {mode}: {out[-1]:.2f} s")
     s, p = median(serial), median(parallel)
     print(
-        f"\none worker vs two ({os.cpu_count()} cores): serial {s:.2f} s, two processes {p:.2f} s, speedup {s / p:.2f}x\n"
+        f"\none worker vs two ({os.cpu_count()} cores): serial {s:.2f} s, two processes {p:.2f} s, "
+        f"speedup {s / p:.2f}x\n"
     )
 
 

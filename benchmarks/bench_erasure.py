@@ -38,11 +38,11 @@ from dedup_pipeline.environment import TOMBSTONE_KEY_ENV  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
 from dedup_pipeline.ladder.erasure import erase_subject  # noqa: E402
 from dedup_pipeline.ladder.exact import deduplicate_batch  # noqa: E402
-from dedup_pipeline.store.exact import iter_canonical_chunks  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.ladder.settings import LadderSettings  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store import tombstones as store  # noqa: E402
+from dedup_pipeline.store.exact import iter_canonical_chunks  # noqa: E402
 from dedup_pipeline.store.schema import (  # noqa: E402
     dedup_decisions,
     erasure_scopes,

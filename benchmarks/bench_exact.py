@@ -32,7 +32,7 @@ import sys
 import tempfile
 import unicodedata
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -43,15 +43,14 @@ import redis  # noqa: E402
 from benchmarks.common import REDIS_URL, crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
 from dedup_pipeline.core.fields import canonical_fields  # noqa: E402
 from dedup_pipeline.core.hashing import HASH_RULES  # noqa: E402
-from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
 from dedup_pipeline.core.records import canonicalise_records, parse_line  # noqa: E402
+from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
 from dedup_pipeline.ladder.exact import deduplicate_batch, deduplicate_records  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.ladder.settings import LadderSettings  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store.seen_set import RedisSeenSet  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
-
 
 SETTINGS = LadderSettings(chunk_size=5000)
 VERSIONS = tuple(HASH_RULES)
@@ -86,7 +85,7 @@ def run_ours(records: list[dict], canonicalised_before: bool = False) -> float:
             chunks,
             SETTINGS,
             seen,
-            datetime(2026, 11, 30, tzinfo=timezone.utc),
+            datetime(2026, 11, 30, tzinfo=UTC),
         )
         assert report.decisions["new"] + report.decisions["exact_duplicate"] == len(records), report.decisions
         warehouse.dispose()
@@ -141,7 +140,8 @@ def seed_store_if_new(conn, client, record: dict, prefix: str) -> bool:
         return False
     with conn.cursor() as cur:
         cur.execute(
-            "INSERT INTO record (content_hash, payload) VALUES (%s, %s) ON CONFLICT (content_hash) DO NOTHING RETURNING id",
+            "INSERT INTO record (content_hash, payload) VALUES (%s, %s) "
+            "ON CONFLICT (content_hash) DO NOTHING RETURNING id",
             (digest, json.dumps(record)),
         )
         inserted = cur.fetchone() is not None
@@ -191,7 +191,8 @@ def run_raw_copy(records: list[dict]) -> float:
         def load():
             with conn.cursor() as cur:
                 cur.execute(
-                    "CREATE TEMP TABLE stage (natural_key text, hash_version text, content_hash bytea, payload jsonb) ON COMMIT DROP"
+                    "CREATE TEMP TABLE stage (natural_key text, hash_version text, content_hash bytea, payload jsonb) "
+                    "ON COMMIT DROP"
                 )
                 with cur.copy("COPY stage FROM STDIN") as copy:
                     for row in prepared:
@@ -235,7 +236,8 @@ def main() -> None:
         if args.with_ladder:
             rates["ladder"].append(run_ladder(folder, args.records))
     print(
-        f"exact rung on PostgreSQL + Redis, {args.records:,} records, 50% exact duplicates, {args.repeat} repeats (median records/s)"
+        f"exact rung on PostgreSQL + Redis, {args.records:,} records, 50% exact duplicates, {args.repeat} repeats "
+        "(median records/s)"
     )
     for name, values in rates.items():
         if not values:

@@ -198,13 +198,15 @@ def main() -> int:
             )
         print()
         print(
-            f"{'method':<16}{'median rows/s':>15}{'client CPU s/100k':>19}{'server CPU s/100k':>19}{'rows per CPU s':>16}"
+            f"{'method':<16}{'median rows/s':>15}{'client CPU s/100k':>19}{'server CPU s/100k':>19}"
+            f"{'rows per CPU s':>16}"
         )
         for label, rates, cpu in (("rehash backfill", ours, cpu_ours), ("row-at-a-time", theirs, cpu_theirs)):
             client = statistics.median(c for c, _ in cpu)
             server = statistics.median(s for _, s in cpu)
             print(
-                f"{label:<16}{statistics.median(rates):>15,.0f}{client:>19.2f}{server:>19.2f}{1e5 / (client + server):>16,.0f}"
+                f"{label:<16}{statistics.median(rates):>15,.0f}{client:>19.2f}{server:>19.2f}"
+                f"{1e5 / (client + server):>16,.0f}"
             )
         print(f"median ratio (wall rows/s): {statistics.median(ratios):.1f}x")
     finally:

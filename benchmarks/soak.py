@@ -396,8 +396,8 @@ def main() -> int:
     expected = crawl.expected_totals()
     total_lines = crawl.lines_total
     print(
-        f"\nwhole run: {total_lines:,} lines in {elapsed / 60:.1f} min wall ({total_lines / elapsed:,.0f} lines/s end to end, "
-        f"generation included)"
+        f"\nwhole run: {total_lines:,} lines in {elapsed / 60:.1f} min wall "
+        f"({total_lines / elapsed:,.0f} lines/s end to end, generation included)"
     )
     window = max(1, min(3, len(rows) // 3))
     first, last = rows[:window], rows[-window:]
@@ -413,9 +413,8 @@ def main() -> int:
         a, z = median(r["peak"][rung] for r in first), median(r["peak"][rung] for r in last)
         print(f"{'  ' + rung + ' MiB':>14} {a:>10.0f} {z:>10.0f} {z / a:>7.2f}")
     resettable = all(r["resettable"] for r in rows)
-    print(
-        f"(peak RSS per rung: {'VmHWM reset before each rung' if resettable else 'VmHWM could not be reset: cumulative within a batch'})"
-    )
+    how = "VmHWM reset before each rung" if resettable else "VmHWM could not be reset: cumulative within a batch"
+    print(f"(peak RSS per rung: {how})")
     flat = peak_last / peak_first <= 1.25
     print(f"memory flat (last/first peak <= 1.25): {'yes' if flat else 'NO'}")
 
@@ -444,7 +443,8 @@ def main() -> int:
     ok = exact_ok and not failures and flat
     print(
         f"\nsoak {'PASSED' if ok else 'FAILED'}: decisions per batch and warehouse counts "
-        f"{'match' if exact_ok and not failures else 'do NOT match'} the ground truth; memory {'flat' if flat else 'NOT flat'}"
+        f"{'match' if exact_ok and not failures else 'do NOT match'} the ground truth; "
+        f"memory {'flat' if flat else 'NOT flat'}"
     )
     return 0 if ok else 1
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Iterable
 
 from dedup_pipeline import environment
 from dedup_pipeline.core.url import URL_VERSION, canonical_url
@@ -188,7 +188,7 @@ class RedisUrlDupeFilter:
         self._logged_once = False
 
     @classmethod
-    def from_crawler(cls, crawler) -> "RedisUrlDupeFilter":
+    def from_crawler(cls, crawler) -> RedisUrlDupeFilter:
         settings = crawler.settings
         seen = UrlSeenSet(
             settings.get("DEDUP_REDIS_URL"), settings.get("DEDUP_SEEN_TTL_SECONDS"), settings.get("DEDUP_URL_PREFIX")

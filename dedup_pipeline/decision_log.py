@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Iterator
 from datetime import datetime
-from typing import Iterable, Iterator
 
 from sqlalchemy import Connection, select
 

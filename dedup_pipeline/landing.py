@@ -8,9 +8,9 @@ import io
 import re
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from dedup_pipeline import environment
 

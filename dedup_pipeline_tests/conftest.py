@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from dedup_pipeline.store.schema import metadata
 from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
+from dedup_pipeline.store.schema import metadata
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import PG_ADMIN_URL, database_url, fresh_database
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import uuid
 import os
 import random
+import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from sqlalchemy import create_engine, select, text
 

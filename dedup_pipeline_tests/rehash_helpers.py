@@ -11,7 +11,7 @@ computed from the core hash functions, never written down by hand.
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import func, select, text
@@ -30,7 +30,9 @@ from dedup_pipeline.store.schema import record_hashes, records
 from dedup_pipeline_tests.helpers import new_run_id
 
 _WORDS = "steel kettle copper enamel whistle travel quiet compact classic modern glass induction".split()
-LEGACY_TIME = datetime(2026, 1, 1, tzinfo=timezone.utc)
+LEGACY_TIME = datetime(2026, 1, 1, tzinfo=UTC)
+#: The rungs' settings of `run_ladder` unless a test gives its own.
+SETTINGS = LadderSettings(chunk_size=500)
 
 
 def migration_listing(n: int) -> dict:
@@ -158,16 +160,15 @@ def load_legacy_rows(
         if conn.dialect.name == "postgresql":
             conn.execute(
                 text(
-                    "SELECT setval(pg_get_serial_sequence('records', 'record_id'), (SELECT max(record_id) FROM records))"
+                    "SELECT setval(pg_get_serial_sequence('records', 'record_id'), "
+                    "(SELECT max(record_id) FROM records))"
                 )
             )
             conn.execute(text("ANALYZE records, record_hashes"))
     return tally.figures()
 
 
-def run_ladder(
-    warehouse, folder: Path, key: str, settings: LadderSettings = LadderSettings(chunk_size=500), near: bool = True
-):
+def run_ladder(warehouse, folder: Path, key: str, settings: LadderSettings = SETTINGS, near: bool = True):
     """One batch file down the real ladder; returns the exact rung's report."""
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, settings)

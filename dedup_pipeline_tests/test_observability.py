@@ -18,24 +18,23 @@ from pathlib import Path
 import promql_parser
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, func, select
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from dedup_pipeline.cli import _listen_address
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.decision_log import iter_events
-from dedup_pipeline.ladder.erasure import erase_subject
-from dedup_pipeline.ladder.near import cluster_batch
-from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.cli import _listen_address
 from dedup_pipeline.metrics import prometheus_text, seed_figures, serve
-from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import dedup_decisions, near_duplicate_links, quarantine
 from dedup_pipeline.store.seen_set import BloomSeenSet
 from dedup_pipeline.store.warehouse import utcnow

@@ -19,9 +19,9 @@ from pathlib import Path
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
+from dedup_pipeline.cli.runner import LadderSummary, ensure_dagster_home
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, BatchFileError
-from dedup_pipeline.cli.runner import LadderSummary, ensure_dagster_home
 
 _INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
 #: What SQLite says of a file that is not one of its databases, or is a damaged one.
@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_SETTLE_SECONDS,
         metavar="S",
-        help=f"leave alone files modified in the last S seconds, still being written (default {DEFAULT_SETTLE_SECONDS:g})",
+        help="leave alone files modified in the last S seconds, still being written "
+        f"(default {DEFAULT_SETTLE_SECONDS:g})",
     )
     run.set_defaults(func=cmd_run)
     demo = commands.add_parser("demo", help="write a realistic sample crawl to a temporary folder and run it")

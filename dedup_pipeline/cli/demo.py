@@ -13,10 +13,10 @@ empty warehouse:
 from __future__ import annotations
 
 import gzip
-import os
-from datetime import datetime, timezone
 import json
+import os
 import random
+from datetime import UTC, datetime
 from pathlib import Path
 
 _WORDS = (
@@ -128,6 +128,6 @@ def write_demo_crawl(folder: Path, seed: int = 7) -> list[Path]:
         handle.write("\n".join(day2) + "\n")
     paths[2].write_text("\n".join(syndication) + "\n", encoding="utf-8")
     for day, path in zip((1, 2, 2), paths):  # landing time orders batches: the newest crawl wins
-        landed = datetime(2026, 11, day, 23, 0, tzinfo=timezone.utc).timestamp() + paths.index(path)
+        landed = datetime(2026, 11, day, 23, 0, tzinfo=UTC).timestamp() + paths.index(path)
         os.utime(path, (landed, landed))
     return paths

@@ -74,9 +74,9 @@ def cmd_erase(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     import dagster as dg
 
+    from dedup_pipeline.cli.runner import ensure_dagster_home
     from dedup_pipeline.defs.erasure import delete_old_erasure_runs, erasure_run_hours
     from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
-    from dedup_pipeline.cli.runner import ensure_dagster_home
     from dedup_pipeline.store.warehouse import Warehouse
 
     settings = RetentionSettings.from_env(

@@ -23,11 +23,11 @@ from dagster._core.workspace.load import location_origin_from_module_name
 from sqlalchemy import func, select
 
 from dedup_pipeline import environment
+from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.landing import scan_landing
-from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
 
@@ -49,7 +49,8 @@ def ensure_dagster_home() -> Path:
     if home:
         if not Path(home).is_dir():  # as Dagster says it, before the run would fail on a file inside it
             raise ConfigurationError(
-                f"DAGSTER_HOME={home} is not a folder: create it (mkdir -p), or unset DAGSTER_HOME to use ./{LOCAL_DAGSTER_HOME}"
+                f"DAGSTER_HOME={home} is not a folder: create it (mkdir -p), "
+                f"or unset DAGSTER_HOME to use ./{LOCAL_DAGSTER_HOME}"
             )
         return Path(home)
     local = Path.cwd() / LOCAL_DAGSTER_HOME

@@ -38,10 +38,11 @@ import json
 import math
 import re
 import unicodedata
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from operator import itemgetter
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dedup_pipeline.core.errors import NESTING_TOO_DEEP, RecordError
 from dedup_pipeline.core.fields import (
@@ -206,7 +207,7 @@ class _Run:
             self.group(rows, keys, values)
 
     def group(self, rows: list[int], keys: list, values: list[list]) -> None:
-        """Records `rows`, whose non-volatile fields are `keys` with `values` (a list per key): columns, then digests."""
+        """Records `rows`, whose non-volatile fields are `keys` with `values` (a list per key): columns, digests."""
         if not all(type(k) is str for k in keys):
             self.slow.extend(rows)
             return
@@ -303,7 +304,7 @@ class _Run:
         return self.value_by_value(key, values, rows)
 
     def value_by_value(self, key: str, values: list, rows: list[int]) -> _Column:
-        """The per-record functions, one value at a time; a value they refuse sends its record to the per-record path."""
+        """The per-record functions, one value at a time; a value they refuse sends its record the per-record way."""
         canonical, v1, bad = [], [], set()
         for j, value in enumerate(values):
             try:
@@ -323,7 +324,7 @@ class _Run:
 
 
 class _Column:
-    """One field over a group: canonical values, and the `content/1` JSON of each (`v1_quoted`: text to put in quotes)."""
+    """One field over a group: canonical values, and the `content/1` JSON of each (`v1_quoted`: text to quote)."""
 
     __slots__ = ("canonical", "v1_quoted", "v1", "bad")
 

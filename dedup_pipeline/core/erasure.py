@@ -28,14 +28,15 @@ import hashlib
 import hmac
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any
 
+from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.fields import canonical_fields, normalise_text
 from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes
-from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.numbers import plain_decimal
 from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url
 
@@ -90,7 +91,7 @@ class Subject:
     scope: str = ""  # field path, hash version or URL version, per kind
 
     @classmethod
-    def parse(cls, kind: str, value: str, field: str | None = None, version: str | None = None) -> "Subject":
+    def parse(cls, kind: str, value: str, field: str | None = None, version: str | None = None) -> Subject:
         """Validate and normalise what an operator typed (UI run config or command line)."""
         try:
             kind = SubjectKind(kind)
@@ -240,7 +241,7 @@ class Catalogue:
     natural_keys: bool = False
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[str, str, str]], generation: object = None) -> "Catalogue":
+    def from_rows(cls, rows: Iterable[tuple[str, str, str]], generation: object = None) -> Catalogue:
         fields, versions, key_ids, url_versions, natural_keys = set(), set(), set(), set(), False
         for kind, scope, kid in rows:
             key_ids.add(kid)
@@ -410,7 +411,8 @@ class RawLineMatcher:
     is searched as text: URLs by host and path (case-insensitive, ending at a
     URL boundary, so ``/p/1`` does not match ``/p/10``), natural keys and field
     values as complete JSON strings, and field values that are numbers as the
-    number given to a member named as the field path ends (``"seller_id": 4711001``). What cannot be matched: an identifier cut
+    number given to a member named as the field path ends
+    (``"seller_id": 4711001``). What cannot be matched: an identifier cut
     by the truncation, escaped in an unusual way (``\\u`` escapes inside a URL,
     other percent-encodings), or a content digest in a line that does not parse.
     """

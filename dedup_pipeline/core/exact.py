@@ -9,9 +9,9 @@ occurrence wins and every earlier version goes to history.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Collection, Iterable, Mapping
 
 from dedup_pipeline.core.records import CanonicalRecord
 

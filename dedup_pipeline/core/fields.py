@@ -15,8 +15,9 @@ column-wise; this module is its specification (its tests compare the two).
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, Mapping
+from typing import Any
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.numbers import parse_decimal, plain_decimal

@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.fields import NUMERIC_FIELDS, canonical_fields, is_blank, normalise_text
@@ -97,7 +98,8 @@ def content_v1_bytes(fields: Mapping[str, Any]) -> bytes:
 
 # ---------------------------------------------------------------- content/2
 
-#: The text identity fields a record must have (and a price, `price` or `price_minor`): absent or blank, it cannot be hashed.
+#: The text identity fields a record must have (and a price, `price` or `price_minor`): absent or blank, it cannot
+#: be hashed.
 V2_REQUIRED = ("title", "currency", "seller_id")
 
 

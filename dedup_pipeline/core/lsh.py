@@ -17,7 +17,6 @@ different keys, so an index on ``key`` alone cannot mix bands either.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 #: Name of the band-key rule above, for index identities.

@@ -27,8 +27,9 @@ sharing nothing, so they are never linked to anything.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from xxhash import xxh32_intdigest
@@ -141,7 +142,7 @@ def minhash_signatures(
 
 def minhash_signatures_from_texts(
     texts: Sequence[str],
-    normaliser: "TextNormaliser",
+    normaliser: TextNormaliser,
     num_perm: int = DEFAULT_NUM_PERM,
     seed: int = DEFAULT_SEED,
     texts_per_chunk: int = 256,
@@ -228,7 +229,7 @@ def estimated_jaccard_pairs(
     return out
 
 
-def to_lean_minhash(signature: np.ndarray, seed: int = 1) -> "LeanMinHash":
+def to_lean_minhash(signature: np.ndarray, seed: int = 1) -> LeanMinHash:
     """Wrap one signature as a ``datasketch.LeanMinHash`` (scheme affine32)."""
     from datasketch import LeanMinHash  # lazy: datasketch imports scipy
 

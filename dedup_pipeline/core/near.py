@@ -170,8 +170,8 @@ def verify_pairs(
             t = params.threshold
             unsure = np.flatnonzero(np.abs(sims - t) < UNSURE_STANDARD_ERRORS * np.sqrt(t * (1 - t) / params.num_perm))
             if unsure.size:
-                l, r = left[unsure], right[unsure]
-                sims[unsure] = _exact_jaccard(l, r, _shingles_of(shingles, l, r))
+                lhs, rhs = left[unsure], right[unsure]
+                sims[unsure] = _exact_jaccard(lhs, rhs, _shingles_of(shingles, lhs, rhs))
     keep = sims >= params.threshold
     return list(zip(left[keep].tolist(), right[keep].tolist(), sims[keep].tolist()))
 

@@ -7,9 +7,10 @@ reason that names the rule and the field, never the value.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from dedup_pipeline.core.canonical import hash_records
 from dedup_pipeline.core.errors import MAX_NESTING, NESTING_TOO_DEEP, RecordError
@@ -104,8 +105,8 @@ def parse_timestamp(value: Any) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         if parsed.tzinfo is None:
-            return parsed.replace(tzinfo=timezone.utc)
-        return parsed.astimezone(timezone.utc)
+            return parsed.replace(tzinfo=UTC)
+        return parsed.astimezone(UTC)
     except (
         ValueError,
         OverflowError,

@@ -15,7 +15,7 @@ The default cut, distance <= 3, is the usual one for prose (Manku et al.).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from xxhash import xxh64_intdigest

@@ -8,7 +8,7 @@ the rungs) and the instance's run retries have been used up.
 """
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 import dagster as dg
 

@@ -1,7 +1,7 @@
 """The four assets of the dedup ladder, cheapest rung first. Each is a few lines over `dedup_pipeline.ladder`."""
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import dagster as dg
 from sqlalchemy.exc import InterfaceError, OperationalError

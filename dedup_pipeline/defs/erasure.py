@@ -10,9 +10,11 @@ from dedup_pipeline import environment
 from dedup_pipeline.core.erasure import Subject, SubjectError, SubjectKind
 from dedup_pipeline.defs.resources import NearDupResource, SeenSetResource, WarehouseResource
 from dedup_pipeline.defs.sensors import automation_status
-from dedup_pipeline.ladder.erasure import erase_subject as run_erasure, url_seen_set_from_env
 from dedup_pipeline.environment import DEFAULT_ERASURE_RUN_HOURS, ERASURE_RUN_RETENTION_ENV, RETENTION_DAYS_ENV
-from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention as run_retention
+from dedup_pipeline.ladder.erasure import erase_subject as run_erasure
+from dedup_pipeline.ladder.erasure import url_seen_set_from_env
+from dedup_pipeline.ladder.retention import RetentionSettings
+from dedup_pipeline.ladder.retention import prune_retention as run_retention
 from dedup_pipeline.store.warehouse import utcnow
 
 ERASE_JOB = "erase_subject"
@@ -69,7 +71,8 @@ def erase_data_subject(
 @dg.job(
     name=ERASE_JOB,
     tags={"dedup/kind": "erasure"},
-    description="Erase a data subject (run config: kind, value, field, version, request_id). Launch from the launchpad.",
+    description="Erase a data subject (run config: kind, value, field, version, request_id). "
+    "Launch from the launchpad.",
 )
 def erase_subject_job():
     erase_data_subject()

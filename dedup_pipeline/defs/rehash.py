@@ -46,7 +46,8 @@ class RehashResource(dg.ConfigurableResource):
     )
     max_collapse_change: float = Field(
         default=0.05,
-        description="The comparison check fails above this: a 'small' rule change that merges many records is a red flag.",
+        description="The comparison check fails above this: "
+        "a 'small' rule change that merges many records is a red flag.",
     )
     examples: int = Field(
         default=10,
@@ -223,7 +224,8 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         job=compare_job,
         minimum_interval_seconds=15,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and complete and no "
+        description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and complete "
+        "and no "
         "migration run is queued or running.",
     )
     def sensor(context: dg.SensorEvaluationContext):
@@ -302,7 +304,8 @@ def _refused(context: dg.OpExecutionContext, exc: MigrationRefused | ValueError)
 
 
 @dg.op(
-    description="Make the target hash version active (refused while rows lack it or the comparison failed, unless forced)."
+    description="Make the target hash version active "
+    "(refused while rows lack it or the comparison failed, unless forced)."
 )
 def switch_active_hash_version(
     context: dg.OpExecutionContext, config: SwitchConfig, warehouse: WarehouseResource
@@ -320,10 +323,12 @@ def switch_active_hash_version(
         raise _refused(context, exc) from None
     if report.forced:
         context.log.warning(
-            f"FORCED switch {report.from_version} -> {report.to_version}: {report.reason} ({'; '.join(report.problems)})"
+            f"FORCED switch {report.from_version} -> {report.to_version}: {report.reason} "
+            f"({'; '.join(report.problems)})"
         )
     context.log.info(
-        f"active hash version is now {report.to_version}: {report.promoted} rows rewritten, {report.kept_merged} merged "
+        f"active hash version is now {report.to_version}: {report.promoted} rows rewritten, "
+        f"{report.kept_merged} merged "
         f"and {report.kept_unhashable} unhashable rows keep {report.from_version} until it is retired "
         f"(not before {report.overlap_until.isoformat()})"
     )

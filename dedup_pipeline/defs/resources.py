@@ -16,8 +16,8 @@ from pydantic import Field
 from dedup_pipeline import environment
 from dedup_pipeline.core.exact import DuplicatePolicy
 from dedup_pipeline.core.near import NearDupParams, make_params
-from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
+from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
 from dedup_pipeline.quality.collapse import CollapseRules
 from dedup_pipeline.store.seen_set import SeenSet, seen_set_from_env
 from dedup_pipeline.store.warehouse import Warehouse, default_database_url
@@ -77,7 +77,8 @@ class LadderResource(dg.ConfigurableResource):
     )
     canonical_workers: int = Field(
         default=LadderSettings.canonical_workers,
-        description="Processes that canonicalise a batch of 20,000 lines or more: 0 is one per CPU, 1 keeps it in the step's process.",
+        description="Processes that canonicalise a batch of 20,000 lines or more: "
+        "0 is one per CPU, 1 keeps it in the step's process.",
     )
 
     def settings(self) -> LadderSettings:
@@ -160,7 +161,8 @@ class SeenSetResource(dg.ConfigurableResource):
     )
     ttl_seconds: Optional[int] = Field(
         default=None,
-        description=f"Redis key TTL; empty means ${environment.SEEN_TTL_ENV} or {environment.DEFAULT_TTL_SECONDS // 86400} days.",
+        description=f"Redis key TTL; empty means ${environment.SEEN_TTL_ENV} "
+        f"or {environment.DEFAULT_TTL_SECONDS // 86400} days.",
     )
     bloom_capacity: Optional[int] = Field(
         default=None,

@@ -1,6 +1,6 @@
 """The landing sensor: every new batch file becomes a partition and a run of the ladder."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -40,7 +40,7 @@ def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource
     new_keys = [batch.key for batch in scan.batches if batch.key not in known]
     if not new_keys:
         return dg.SensorResult(skip_reason="no new batch files")
-    registered = datetime.now(timezone.utc).isoformat()
+    registered = datetime.now(UTC).isoformat()
     return dg.SensorResult(
         dynamic_partitions_requests=[crawl_batches_partitions.build_add_request(new_keys)],
         run_requests=[

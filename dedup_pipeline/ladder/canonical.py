@@ -3,27 +3,26 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from sqlalchemy import delete, select
 
 from dedup_pipeline.core.erasure import WITHHELD
-from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
-
 from dedup_pipeline.core.parallel import available_cpus, can_start_processes, ordered_map
-from dedup_pipeline.landing import BatchFileError, FileDigest, TruncatedBatch, file_sha256, iter_lines
+from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
 from dedup_pipeline.ladder.canonical_lines import COLUMNS, CanonicalLines, canonicalise_lines
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.landing import BatchFileError, FileDigest, TruncatedBatch, file_sha256, iter_lines
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import copy_rows
-from dedup_pipeline.store.tombstones import erased_positions
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import canonical_records, crawl_batches
+from dedup_pipeline.store.tombstones import erased_positions
 from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, analyze_new_batch, lock_batch
 
 RUNG = "canonical"

@@ -7,8 +7,8 @@ process imports only the core rules and the JSON codec, not the database layer.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import URL_VERSION, canonicalise_records, parse_line

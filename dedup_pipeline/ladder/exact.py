@@ -6,9 +6,9 @@ import logging
 import random
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable
 
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -18,7 +18,6 @@ from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import seed_figures
-from dedup_pipeline.store.tombstones import erased_positions
 from dedup_pipeline.store.exact import (
     ChunkConflict,
     apply_plan,
@@ -37,6 +36,7 @@ from dedup_pipeline.store.schema import (
     records,
 )
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable, fallback_warning
+from dedup_pipeline.store.tombstones import erased_positions
 from dedup_pipeline.store.warehouse import (
     Warehouse,
     active_hash_version,

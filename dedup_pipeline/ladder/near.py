@@ -13,23 +13,23 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
+from dedup_pipeline.core.lsh import band_keys
 from dedup_pipeline.core.minhash import (
     empty_mask,
     minhash_signatures_from_texts,
     signature_from_bytes,
     signature_to_bytes,
 )
-from dedup_pipeline.core.lsh import band_keys
 from dedup_pipeline.core.near import NearDupParams, verify_pairs
 from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.core.simhash import block_bounds, hamming_distance, simhash_fingerprints
-from dedup_pipeline.store import near as index
 from dedup_pipeline.ladder.settings import NearSettings
+from dedup_pipeline.store import near as index
 from dedup_pipeline.store.schema import near_rung_runs
 from dedup_pipeline.store.warehouse import Warehouse, analyze_grown, record_rung_run
 
@@ -47,7 +47,7 @@ class Sketches:
     buckets: np.ndarray
     indexable: np.ndarray
 
-    def subset(self, positions: Sequence[int]) -> "Sketches":
+    def subset(self, positions: Sequence[int]) -> Sketches:
         """The sketches of the records at `positions`, in that order."""
         return Sketches([self.blobs[i] for i in positions], self.buckets[positions], self.indexable[positions])
 

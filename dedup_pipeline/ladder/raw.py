@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import Connection, delete, select
 
@@ -12,8 +12,8 @@ from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
 from dedup_pipeline.landing import BatchFile, FileDigest, TruncatedBatch, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
-from dedup_pipeline.store.tombstones import erased_raw_lines
 from dedup_pipeline.store.schema import crawl_batches, quarantine
+from dedup_pipeline.store.tombstones import erased_raw_lines
 from dedup_pipeline.store.warehouse import Warehouse, as_utc, lock_batch, upsert_ignore, utcnow
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def _first_landed_at(conn: Connection, batch: BatchFile, sha256: str) -> datetim
         select(crawl_batches.c.landed_at, crawl_batches.c.file_sha256).where(crawl_batches.c.batch_id == batch.key)
     ).first()
     if registered is None:
-        return datetime.fromtimestamp(batch.mtime, timezone.utc)
+        return datetime.fromtimestamp(batch.mtime, UTC)
     if registered.file_sha256 != sha256:
         log.warning(
             "batch %s: its file changed since it was registered; its lines are read again, its landing "

@@ -20,9 +20,10 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from queue import Empty, Queue
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.hashing import HASH_RULES, hash_rule

@@ -229,7 +229,8 @@ def retire_hash_version(
                 problems.append(f"no recorded switch away from {version}, so no overlap window has run")
         elif switched.overlap_until is not None and now < as_utc(switched.overlap_until):
             problems.append(
-                f"the overlap window after the switch to {switched.to_version} runs until {as_utc(switched.overlap_until).isoformat()}"
+                f"the overlap window after the switch to {switched.to_version} runs until "
+                f"{as_utc(switched.overlap_until).isoformat()}"
             )
         if problems and not force:
             raise MigrationRefused("retire", problems)

@@ -45,7 +45,7 @@ class RetentionSettings:
             raise ValueError("batch_size must be at least 1")
 
     @classmethod
-    def from_env(cls, **overrides) -> "RetentionSettings":
+    def from_env(cls, **overrides) -> RetentionSettings:
         values = {}
         for name in RETENTION_DAYS_ENV:
             days = environment.retention_days(name)

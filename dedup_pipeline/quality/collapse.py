@@ -21,9 +21,9 @@ the history, as are batches whose rate is unknown.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Sequence
 
 #: Scale factor that makes the median absolute deviation comparable to a standard deviation.
 MAD_TO_SIGMA = 1.4826

@@ -20,8 +20,9 @@ What the suites expect of the key columns:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -69,7 +70,10 @@ def canonical_suite(expected_rows: int | None = None) -> list[Expect]:
 
 
 def deduplicated_suite() -> list[Expect]:
-    """Expectations on the warehouse rows dated to a batch: stored or re-crawled unchanged by it (see `frames.records_frame`)."""
+    """Expectations on the warehouse rows dated to a batch: stored or re-crawled unchanged by it.
+
+    See `frames.records_frame`.
+    """
     suite = [
         Expect("ExpectColumnValuesToNotBeNull", {"column": c})
         for c in ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash")

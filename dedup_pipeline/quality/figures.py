@@ -8,7 +8,7 @@ counts and similarities only.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from sqlalchemy import Connection, case, func, select
 

@@ -15,7 +15,7 @@ Set-based: one query for the trailing batches, one aggregate over their decision
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import Connection, and_, func, or_, select
 

@@ -1,4 +1,4 @@
-"""Warehouse integrity for the rows dated to a batch (stored or re-crawled unchanged by it), against the whole warehouse.
+"""Warehouse integrity for the rows dated to a batch (stored or re-crawled unchanged by it), against the warehouse.
 
 The invariants (rule 2 of the design: the database is the authority):
 - one row per content: `(hash_version, content_hash)` is unique in `records`;
@@ -17,8 +17,8 @@ cost follows the batch size, not the warehouse size.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
 
 from sqlalchemy import Connection, and_, func, or_, select
 

@@ -8,7 +8,8 @@ handful of statements whatever its size.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from sqlalchemy import JSON, BigInteger, Column, Connection, Integer, MetaData, SmallInteger, Table

@@ -18,8 +18,8 @@ which also holds the key and the lock that serialises erasure against ingestion.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from sqlalchemy import (
     JSON,
@@ -240,7 +240,7 @@ def _find(conn: Connection, subject: Subject) -> _Found:
             break
         fresh: dict[str, set[bytes]] = defaultdict(set)
 
-        def absorb(version: str, digest) -> None:
+        def absorb(version: str, digest, fresh=fresh) -> None:  # this round's `fresh`
             if found.add_digest(version, digest):
                 fresh[version].add(bytes.fromhex(digest) if isinstance(digest, str) else bytes(digest))
 

@@ -9,9 +9,9 @@ race (another worker inserted the same key or digest first) raises
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Iterator, Sequence
 
 from sqlalchemy import (
     Column,
@@ -167,7 +167,8 @@ def other_versions_held(conn: Connection, version: str) -> bool:
 
 #: What a re-crawl of the stored content changes: when, and by which batch and line, the row was last crawled.
 _DATED_COLUMNS = ("last_crawled_at", "last_batch_id", "last_landed_at", "last_line_no")
-#: What an older batch, run after the one a row was first stored from, changes: when and by which batch it was first seen.
+#: What an older batch, run after the one a row was first stored from, changes: when and by which batch it was
+#: first seen.
 _FIRST_COLUMNS = ("first_seen_at", "first_batch_id")
 _ROW_COLUMNS = (
     "natural_key",

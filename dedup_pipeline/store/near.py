@@ -10,14 +10,14 @@ refused rather than silently mixed.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, true, union
 
 from dedup_pipeline.core.clustering import cluster_records
-from dedup_pipeline.store.bulk import chunked, copy_int_columns, copy_rows, delete_in, in_values
 from dedup_pipeline.core.exact import Decision
+from dedup_pipeline.store.bulk import chunked, copy_int_columns, copy_rows, delete_in, in_values
 from dedup_pipeline.store.schema import (
     dedup_decisions,
     lsh_buckets,
@@ -50,7 +50,7 @@ def claim_index(conn: Connection, identity: str) -> None:
 
 
 def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int) -> list:
-    """Records dated to this batch (stored or re-crawled by it) whose sketch is missing or was made from other content."""
+    """Records dated to this batch (stored or re-crawled by it) whose sketch is missing or made from other content."""
     s = minhash_signatures
     query = (
         select(records.c.record_id, records.c.content_hash, records.c.payload)
@@ -204,7 +204,8 @@ def candidate_queries(conn: Connection, ids: Sequence[int], max_bucket_size: int
         )
         .distinct()
     )
-    # Capped when a member was left out: the first one past the cap, unless that is the record itself (it met every other).
+    # Capped when a member was left out: the first one past the cap, unless that is the record itself (it met every
+    # other).
     capped = (
         select(limits.c.band, limits.c.bucket)
         .where(limits.c.upto.is_not(None), limits.c.upto != limits.c.record_id)

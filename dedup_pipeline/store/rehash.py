@@ -16,8 +16,8 @@ the comparison queries in `rehash_compare`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from sqlalchemy import (
     BigInteger,

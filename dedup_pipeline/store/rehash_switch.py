@@ -9,8 +9,8 @@ of two different versions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Sequence
 
 from sqlalchemy import Connection, and_, delete, exists, func, insert, select, update
 

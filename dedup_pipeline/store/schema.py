@@ -251,7 +251,7 @@ rehash_merged_records = Table(
     Column("reason", Text, nullable=False),
 )
 
-# ---------------------------------------------------------------- erasure (dedup_pipeline/store/erasure.py, tombstones.py)
+# ---------------------------------------------------------------- erasure (store/erasure.py, store/tombstones.py)
 
 # One row per erasure request: who asked (an operator's reference, never the subject) and what was removed (counts).
 erasure_requests = Table(

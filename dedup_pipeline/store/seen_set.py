@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from dedup_pipeline import environment
 from dedup_pipeline.environment import DEFAULT_BLOOM_CAPACITY, DEFAULT_BLOOM_ERROR_RATE, DEFAULT_REDIS_PREFIX

@@ -24,8 +24,8 @@ import secrets
 import threading
 import weakref
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from sqlalchemy import Connection, Engine, any_, bindparam, delete, func, select, text
@@ -37,9 +37,9 @@ from dedup_pipeline.core import erasure as core
 from dedup_pipeline.core.erasure import Catalogue
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.records import CanonicalRecord
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import chunked
-from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import canonical_records, erasure_scopes, erasure_tombstones
 
 #: Names the advisory lock that serialises erasure against ingestion (any constant works).
@@ -190,7 +190,7 @@ def existing_fingerprints(conn: Connection, fingerprints: Sequence[bytes]) -> se
 
 
 # Per engine: (what identifies the tombstone set, sorted 64-bit prefixes of every tombstone). 8 bytes each.
-_prefix_cache: "weakref.WeakKeyDictionary[Engine, tuple[object, np.ndarray]]" = weakref.WeakKeyDictionary()
+_prefix_cache: weakref.WeakKeyDictionary[Engine, tuple[object, np.ndarray]] = weakref.WeakKeyDictionary()
 _prefix_lock = threading.Lock()
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, select, text
 from sqlalchemy.engine import URL, make_url
@@ -34,12 +35,12 @@ def default_database_url() -> str:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def as_utc(moment: datetime) -> datetime:
     """SQLite hands back naive datetimes; everything here is UTC."""
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -137,7 +138,7 @@ class Warehouse:
         self.engine = engine or make_engine(self.url)
 
     @classmethod
-    def existing(cls, url: str | None = None) -> "Warehouse":
+    def existing(cls, url: str | None = None) -> Warehouse:
         """The warehouse at `url` (default: the configured one), for a command that must not create one.
 
         Nothing is created there, not even a SQLite file: where there is no
@@ -171,7 +172,7 @@ class Warehouse:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
-    def create_schema(self) -> "Warehouse":
+    def create_schema(self) -> Warehouse:
         """Create missing tables and initial settings; safe to call on every run, from many processes at once."""
         with self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":  # two processes creating a new warehouse's tables would collide

@@ -12,8 +12,8 @@ import pytest
 from dagster._core.instance.ref import InstanceRef
 from sqlalchemy import func, select
 
-from dedup_pipeline.environment import LANDING_DIR_ENV
 from dedup_pipeline.cli.runner import run_landing_folder
+from dedup_pipeline.environment import LANDING_DIR_ENV
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import listing, write_batch

@@ -1,14 +1,14 @@
 """The duplicate-class policy, replayed in file order."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from dedup_pipeline.core.exact import DuplicatePolicy, StoredRow, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 
-T1 = datetime(2026, 11, 1, tzinfo=timezone.utc)
-T2 = datetime(2026, 11, 2, tzinfo=timezone.utc)
+T1 = datetime(2026, 11, 1, tzinfo=UTC)
+T2 = datetime(2026, 11, 2, tzinfo=UTC)
 
 
 def rec(line, key, digest):

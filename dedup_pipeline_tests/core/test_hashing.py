@@ -57,7 +57,7 @@ def test_content1_matches_the_seed_rule_byte_for_byte():
 
 
 def ours_and_the_seeds(line: str) -> tuple[str, str]:
-    """The `content/1` digest of a line as the ladder reads it (`parse_line`), and the seeds' as they read it (`json.loads`)."""
+    """The `content/1` digest of a line as the ladder reads it (`parse_line`), and the seeds' (they `json.loads` it)."""
     return content_hash(parse_line(line.encode()), "content/1")[0], seed_content_hash(json.loads(line))
 
 
@@ -72,7 +72,8 @@ BASE = '"url":"https://shop.example.com/p/1","title":"Kettle","currency":"EUR","
         '{%s,"price":99999999999.9999}' % BASE,  # four decimals, below 10**11: the float's .4f is the number's
         '{%s,"price":-12.5,"rating":4.1234}' % BASE,  # a decimal whose exact text has four decimals
         '{%s,"price":"call for price"}' % BASE,  # price text that is no number: normalised text on both sides
-        '{"url":"https://shop.example.com/p/1","title":"  Cafe\\u0301 \\t au lait ","price":9.9,"scraped_at":"x","etag":"e"}',
+        '{"url":"https://shop.example.com/p/1","title":"  Cafe\\u0301 \\t au lait ","price":9.9,'
+        '"scraped_at":"x","etag":"e"}',
         '{%s,"price":1,"tags":["a","b"],"specs":{"w":3,"sizes":[1,2],"ok":false}}' % BASE,  # nested: nothing to change
         '{"title":"no url","price":9.9}',
     ],
@@ -82,7 +83,7 @@ def test_content1_is_the_seeds_digest_for_records_without_the_documented_differe
     assert ours == seeds
 
 
-# Each documented difference (README, "Hashes"): our digest of the line is the seeds' digest of what we make of it.
+# Each documented difference (docs/canonical.md): our digest of the line is the seeds' digest of what we make of it.
 DIFFERENCES = {
     "numeric price text": ('{%s,"price":" 9.90 "}' % BASE, {"price": 9.9}),
     "numeric price_minor text": ('{%s,"price_minor":"990"}' % BASE, {"price_minor": 990.0}),
@@ -251,7 +252,7 @@ def test_content2_canonical_bytes_are_the_documented_json():
     expected = (
         '{"currency":"EUR","description":"Burr grinder, 40 mm","price_minor":990,'
         '"seller_id":"s-1","title":"Café crème grinder"}'
-    ).encode("utf-8")
+    ).encode()
     assert HASH_RULES["content/2"].canonical_bytes(canonical_fields(LISTING)) == expected
     assert hashlib.sha256(expected).hexdigest() == PINNED["content/2"]
 

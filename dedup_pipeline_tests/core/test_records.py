@@ -43,7 +43,7 @@ def test_surrogate_pairs_are_fine():
 
 def test_reasons_never_contain_the_values():
     with pytest.raises(RecordError) as info:
-        parse_line('{"email": "secret-marker@example.com\\u0000"}'.encode())
+        parse_line(b'{"email": "secret-marker@example.com\\u0000"}')
     assert "secret-marker" not in str(info.value)
 
 

@@ -1,4 +1,4 @@
-"""The fast signature path (shingles as slices of one buffer, compiled XXH32 and minima) against the per-shingle reference path."""
+"""The fast signature path (shingles as slices of one buffer, compiled XXH32, minima) against the per-shingle one."""
 
 from __future__ import annotations
 

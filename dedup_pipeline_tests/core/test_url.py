@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dedup_pipeline.core import url as url_module
-from dedup_pipeline.quality.expectations import CANONICAL_URL
 from dedup_pipeline.core.url import (
     TRACKING_PARAMS,
     TRACKING_PREFIXES,
@@ -27,6 +26,7 @@ from dedup_pipeline.core.url import (
     UrlError,
     canonical_url,
 )
+from dedup_pipeline.quality.expectations import CANONICAL_URL
 
 FIXTURES = Path(__file__).parent / "fixtures"
 URL_VECTORS = FIXTURES / "url_canon"

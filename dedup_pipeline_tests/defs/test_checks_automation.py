@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -16,7 +16,7 @@ from dedup_pipeline.defs.resources import LandingResource
 from dedup_pipeline.defs.schedules import ladder_catch_up
 from dedup_pipeline_tests.helpers import listing, write_batch
 
-TICK = datetime(2026, 11, 3, 10, 17, tzinfo=timezone.utc)
+TICK = datetime(2026, 11, 3, 10, 17, tzinfo=UTC)
 
 
 def schedule_context(instance, folder):

@@ -8,6 +8,7 @@ import dagster as dg
 import pytest
 from sqlalchemy import func, insert, select
 
+from dedup_pipeline.cli.demo import write_demo_crawl
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.alerts import ladder_failure_alert
 from dedup_pipeline.defs.assets import (
@@ -17,7 +18,6 @@ from dedup_pipeline.defs.assets import (
     ladder_assets,
     raw_crawl_batches,
 )
-from dedup_pipeline.defs.resources import ChecksResource
 from dedup_pipeline.defs.checks import (
     GE_CHECK,
     INTEGRITY_CHECK,
@@ -29,29 +29,14 @@ from dedup_pipeline.defs.checks import (
 )
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import (
-    LadderResource,
-    LandingResource,
-    NearDupResource,
     SeenSetResource,
-    WarehouseResource,
 )
-from dedup_pipeline.cli.demo import write_demo_crawl
 from dedup_pipeline.landing import list_batches
 from dedup_pipeline.store.schema import dedup_decisions, records
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
-from dedup_pipeline_tests.quality.common import sliding_batches
+from dedup_pipeline_tests.defs.common import ladder_resources
 from dedup_pipeline_tests.helpers import listing, write_batch
-
-
-def resources(url, folder, seen_set=None, **ladder):
-    return {
-        "warehouse": WarehouseResource(database_url=url),
-        "landing": LandingResource(folder=str(folder), settle_seconds=0),
-        "ladder": LadderResource(**ladder),
-        "near_dup": NearDupResource(),
-        "seen_set": seen_set or SeenSetResource(kind="none"),
-        "checks": ChecksResource(),
-    }
+from dedup_pipeline_tests.quality.common import sliding_batches
 
 
 def run(instance, url, folder, key, selection=None, seen_set=None, **ladder):
@@ -60,7 +45,7 @@ def run(instance, url, folder, key, selection=None, seen_set=None, **ladder):
         partition_key=key,
         instance=instance,
         selection=selection,
-        resources=resources(url, folder, seen_set, **ladder),
+        resources=ladder_resources(url, folder, seen_set, **ladder),
         raise_on_error=False,
     )
 

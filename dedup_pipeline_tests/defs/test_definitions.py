@@ -8,20 +8,16 @@ from sqlalchemy import func, select
 
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, ladder_assets
-from dedup_pipeline.defs.resources import ChecksResource
 from dedup_pipeline.defs.checks import ladder_checks
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import (
-    LadderResource,
     LandingResource,
-    NearDupResource,
-    SeenSetResource,
-    WarehouseResource,
 )
 from dedup_pipeline.defs.sensors import landing_sensor
 from dedup_pipeline.landing import SOURCE_TAG, batch_source
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline_tests.defs.common import ladder_resources
 from dedup_pipeline_tests.helpers import listing, write_batch
 
 
@@ -51,23 +47,12 @@ def test_everything_the_ui_lists_says_what_it_does():
     assert not [name for name, text in described.items() if not (text or "").strip()]
 
 
-def resources(url, folder, checks=None, **ladder):
-    return {
-        "warehouse": WarehouseResource(database_url=url),
-        "landing": LandingResource(folder=str(folder), settle_seconds=0),
-        "ladder": LadderResource(**ladder),
-        "near_dup": NearDupResource(),
-        "checks": ChecksResource(**(checks or {})),
-        "seen_set": SeenSetResource(kind="none"),
-    }
-
-
 def materialize(instance, url, folder, key, checks=None, **ladder):
     return dg.materialize(
         [*ladder_assets, *ladder_checks],
         partition_key=key,
         instance=instance,
-        resources=resources(url, folder, checks, **ladder),
+        resources=ladder_resources(url, folder, checks=checks, **ladder),
     )
 
 

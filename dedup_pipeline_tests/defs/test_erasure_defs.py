@@ -20,7 +20,6 @@ from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import erasure_requests, erasure_tombstones
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
 
-
 SECRET = "QQV-secret-seller"
 
 

@@ -19,9 +19,9 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import dagster as dg
 
@@ -162,7 +162,10 @@ class Deployment:
     def wait_for_workers(self, names: list[str], timeout: float = 120) -> None:
         for name in names:
             wait_until(
-                lambda: self._check_alive(name) or " ready." in self.log(name), timeout, f"celery worker {name}", 0.5
+                lambda name=name: self._check_alive(name) or " ready." in self.log(name),
+                timeout,
+                f"celery worker {name}",
+                0.5,
             )
 
     def _check_alive(self, name: str) -> bool:

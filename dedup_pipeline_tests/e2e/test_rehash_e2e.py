@@ -36,7 +36,8 @@ def backfill_status(server: Server, backfill_id: str) -> str:
 
 def latest_check(server: Server):
     data = server.graphql(
-        """query($key: AssetKeyInput!) { assetCheckExecutions(assetKey: $key, checkName: "collapse_change_in_band", limit: 1) {
+        """query($key: AssetKeyInput!) {
+           assetCheckExecutions(assetKey: $key, checkName: "collapse_change_in_band", limit: 1) {
              status evaluation { success metadataEntries { label ... on FloatMetadataEntry { floatValue }
                                                          ... on IntMetadataEntry { intValue } } } } }""",
         {"key": {"path": COMPARISON}},
@@ -61,7 +62,8 @@ def test_backfill_launched_over_graphql_runs_every_shard_then_the_comparison(war
     server = start_server(env, tmp_path / "dagster-dev.log")
     try:
         sets = server.graphql(
-            """query($r: RepositorySelector!, $job: String!) { partitionSetsOrError(repositorySelector: $r, pipelineName: $job) {
+            """query($r: RepositorySelector!, $job: String!) {
+               partitionSetsOrError(repositorySelector: $r, pipelineName: $job) {
                  ... on PartitionSets { results { name } } } }""",
             {"r": LOCATION, "job": JOB},
         )["partitionSetsOrError"]["results"]

@@ -64,7 +64,8 @@ def launch_partition(server: Server, key: str) -> str:
         {
             "e": {
                 "selector": {**LOCATION, "jobName": "dedup_ladder"},
-                # One process for the whole run keeps the test fast; the UI's default (a process per step) runs the same code.
+                # One process for the whole run keeps the test fast; the UI's default (a process per step) runs the
+                # same code.
                 "runConfigData": {"execution": {"config": {"in_process": {}}}},
                 "executionMetadata": {"tags": [{"key": "dagster/partition", "value": key}]},
             }

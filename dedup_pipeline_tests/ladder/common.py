@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from sqlalchemy import func, select
 
 from dedup_pipeline.core.near import NearDupParams
@@ -15,9 +14,11 @@ from dedup_pipeline.landing import find_batch
 from dedup_pipeline_tests.helpers import new_run_id
 
 DAY = 86400.0
+#: The rungs' settings unless a test says otherwise: small chunks, so a batch of a few dozen lines spans several.
+SETTINGS = LadderSettings(chunk_size=7)
 
 
-def run_batch(warehouse, folder, key, settings=LadderSettings(chunk_size=7)):
+def run_batch(warehouse, folder, key, settings=SETTINGS):
     raw = ingest_raw_batch(warehouse, find_batch(folder, key))
     canonical = canonicalise_batch(warehouse, key, settings)
     exact = deduplicate_batch(warehouse, key, new_run_id(key), settings)

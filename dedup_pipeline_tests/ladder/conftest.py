@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from dedup_pipeline_tests.helpers import listing, write_batch

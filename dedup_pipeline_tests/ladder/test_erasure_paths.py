@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.core.near import NearDupParams
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.exact import deduplicate_batch
@@ -24,7 +25,6 @@ from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.rehash import backfill, compare_versions, switch_hash_version
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import (
     canonical_records,
     dedup_decisions,
@@ -33,8 +33,7 @@ from dedup_pipeline.store.schema import (
     records,
     rehash_comparisons,
 )
-from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
-from dedup_pipeline_tests.helpers import new_run_id
+from dedup_pipeline_tests.helpers import listing, new_run_id, snapshot, write_batch
 
 #: The paths are tested on the real PostgreSQL; the race runs on SQLite too.
 on_postgresql = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)

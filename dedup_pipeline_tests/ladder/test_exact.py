@@ -1,19 +1,20 @@
-"""The exact rung (dedup_pipeline.ladder.exact) on SQLite and on the real PostgreSQL: decisions, ordering, replays, resumed runs."""
+"""The exact rung (dedup_pipeline.ladder.exact) on SQLite and PostgreSQL: decisions, ordering, replays, resumed runs."""
 
 from __future__ import annotations
 
 import threading
+from datetime import UTC
 
 import pytest
 from sqlalchemy import select, text
 
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
-from dedup_pipeline.store.exact import canonical_chunk_query, iter_canonical_chunks
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store import json_text
+from dedup_pipeline.store.exact import canonical_chunk_query, iter_canonical_chunks
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import canonical_records, dedup_decisions, record_history, records
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR
@@ -193,7 +194,7 @@ def test_a_rows_first_batch_is_its_earliest_in_landing_order_whatever_the_run_or
     run first kept it): product 1 is re-crawled unchanged by p3 after p2 changed it, product 2 changed by p3 (p1
     is stale against it), product 3 first crawled by p2, product 4 only by p3.
     """
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from dedup_pipeline.store.warehouse import as_utc
 
@@ -224,7 +225,7 @@ def test_a_rows_first_batch_is_its_earliest_in_landing_order_whatever_the_run_or
         ).all()
     firsts = {key.rsplit("/", 1)[1]: (batch, as_utc(seen), price) for key, batch, seen, price in rows}
     assert firsts == {
-        str(n): (batch, datetime(2026, 11, 1, hours[batch], n, tzinfo=timezone.utc), price)
+        str(n): (batch, datetime(2026, 11, 1, hours[batch], n, tzinfo=UTC), price)
         for n, batch, price in ((1, "p1", "1"), (2, "p1", "6"), (3, "p2", "7"), (4, "p3", "8"))
     }
 
@@ -238,7 +239,7 @@ def test_a_key_new_in_a_batch_is_first_seen_at_its_first_occurrence_whatever_the
     Must hold: its row was first seen at the first occurrence's crawl time and last crawled at the last's, whether
     both lines fall in one chunk or two (once, one chunk gave the last occurrence's time to both).
     """
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from dedup_pipeline.store.warehouse import as_utc
 
@@ -259,8 +260,8 @@ def test_a_key_new_in_a_batch_is_first_seen_at_its_first_occurrence_whatever_the
             select(records.c.first_seen_at, records.c.last_crawled_at).where(records.c.natural_key == listing(1)["url"])
         ).one()
     assert (as_utc(first), as_utc(last)) == (
-        datetime(2026, 11, 1, 10, 0, tzinfo=timezone.utc),
-        datetime(2026, 11, 1, 10, 30, tzinfo=timezone.utc),
+        datetime(2026, 11, 1, 10, 0, tzinfo=UTC),
+        datetime(2026, 11, 1, 10, 30, tzinfo=UTC),
     )
 
 

@@ -15,8 +15,7 @@ from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, records
-from dedup_pipeline_tests.helpers import description, listing, write_batch
-from dedup_pipeline_tests.helpers import new_run_id
+from dedup_pipeline_tests.helpers import description, listing, new_run_id, write_batch
 
 BOILERPLATE = (
     "Free shipping on all orders over fifty euros. Returns accepted within thirty days of delivery. "

@@ -19,7 +19,6 @@ from dedup_pipeline.ladder.rehash import (
 )
 from dedup_pipeline.store import rehash as store
 from dedup_pipeline.store.near import lock_clusters
-from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline.store.schema import (
     hash_version_events,
     lsh_buckets,
@@ -30,6 +29,7 @@ from dedup_pipeline.store.schema import (
     records,
     rehash_merged_records,
 )
+from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline_tests.helpers import write_batch
 from dedup_pipeline_tests.rehash_helpers import (
     assert_unique_per_version,

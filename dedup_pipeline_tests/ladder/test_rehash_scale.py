@@ -79,7 +79,8 @@ def kill_a_shard_between_pages(warehouse_url, warehouse, shard):
     code = (
         "from dedup_pipeline.ladder.rehash import backfill_shard;"
         "from dedup_pipeline.store.warehouse import Warehouse;"
-        f"backfill_shard(Warehouse({warehouse_url + '?application_name=' + KILLED!r}), {TARGET!r}, {shard!r}, chunk_size=300)"
+        f"backfill_shard(Warehouse({warehouse_url + '?application_name=' + KILLED!r}), {TARGET!r}, {shard!r}, "
+        "chunk_size=300)"
     )
     process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     admin = create_engine(warehouse_url, isolation_level="AUTOCOMMIT")

@@ -15,8 +15,8 @@ from dedup_pipeline.store.schema import (
     records,
 )
 from dedup_pipeline.store.warehouse import utcnow
-from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.erasure_helpers import T0, count, crawl_two_days, run_ladder
+from dedup_pipeline_tests.helpers import listing, write_batch
 
 
 @pytest.fixture

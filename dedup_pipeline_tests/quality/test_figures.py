@@ -1,7 +1,6 @@
-"""The figures the UI plots (dedup_pipeline.quality.figures) and the quarantine report, against the rungs' own reports."""
+"""The figures the UI plots (dedup_pipeline.quality.figures) and the quarantine report, against the rungs' reports."""
 
 from __future__ import annotations
-
 
 from dedup_pipeline.cli.demo import write_demo_crawl
 from dedup_pipeline.landing import list_batches

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import inspect, insert, select, text, update
+from sqlalchemy import insert, inspect, select, text, update
 
 from dedup_pipeline.quality.integrity import check_batch_integrity
 from dedup_pipeline.store.schema import dedup_decisions, record_hashes, records
@@ -50,8 +50,9 @@ def test_integrity_passes_on_a_clean_warehouse_and_counts_each_violation(warehou
 
 @pytest.mark.postgres
 def test_integrity_finds_duplicates_once_the_constraints_are_gone(pg_database_url, tmp_path):
-    from dedup_pipeline.store.warehouse import Warehouse
     from sqlalchemy import create_engine
+
+    from dedup_pipeline.store.warehouse import Warehouse
 
     engine = create_engine(pg_database_url)
     with engine.begin() as conn:

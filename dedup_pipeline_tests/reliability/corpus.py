@@ -10,11 +10,13 @@ every bad line has good neighbours.
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 SHOP = "https://shop.example.com/nasty"
+#: Emoji, a ZWJ family sequence, a flag and a skin tone: kept as they are.
+EMOJI = "\U0001f469\u200d\U0001f469\u200d\U0001f467 \U0001f1eb\U0001f1f7 \U0001f44d\U0001f3fd \u2615\ufe0f"
 VOLATILE = {
     "scraped_at": "2026-11-01T10:00:00Z",
     "crawl_id": "crawl-n",
@@ -163,12 +165,8 @@ def good_cases() -> list[Case]:
         _good(
             "emoji, ZWJ sequences, flags and skin tones are kept",
             6,
-            raw={
-                "title": "\U0001f469\u200d\U0001f469\u200d\U0001f467 \U0001f1eb\U0001f1f7 \U0001f44d\U0001f3fd \u2615\ufe0f"
-            },
-            stored={
-                "title": "\U0001f469\u200d\U0001f469\u200d\U0001f467 \U0001f1eb\U0001f1f7 \U0001f44d\U0001f3fd \u2615\ufe0f"
-            },
+            raw={"title": EMOJI},
+            stored={"title": EMOJI},
         ),
         _good(
             "whitespace runs of every kind collapse to one space",
@@ -276,7 +274,8 @@ def good_cases() -> list[Case]:
             "escaped characters decode to the same text",
             b'{"url": "'
             + f"{SHOP}/23".encode()
-            + b'", "title": "caf\\u00e9 \\ud83d\\ude00 \\"q\\" \\\\", "price": "1.50", "currency": "eur", "seller_id": "s-nasty", "sku": "N-23"}',
+            + b'", "title": "caf\\u00e9 \\ud83d\\ude00 \\"q\\" \\\\", "price": "1.50", "currency": "eur", '
+            b'"seller_id": "s-nasty", "sku": "N-23"}',
             Stored(stored_payload(23, title='caf\u00e9 \U0001f600 "q" \\')),
         ),
         Case("CRLF line ending", _dump(raw_listing(24)) + b"\r", Stored(stored_payload(24))),

@@ -35,7 +35,7 @@ class PrivateRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "PrivateRedis":
+    def start(self) -> PrivateRedis:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             [
@@ -62,7 +62,7 @@ class PrivateRedis:
                 return self
             except redis.exceptions.ConnectionError:
                 if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError(f"private redis-server on port {self.port} did not start")
+                    raise RuntimeError(f"private redis-server on port {self.port} did not start") from None
                 time.sleep(0.02)
             finally:
                 client.close()

@@ -22,7 +22,8 @@ from dedup_pipeline.core.records import canonicalise_record
 from dedup_pipeline.ladder.exact import deduplicate_records
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.quality import expectations, frames
-from dedup_pipeline.store.schema import crawl_batches, settings as settings_table
+from dedup_pipeline.store.schema import crawl_batches
+from dedup_pipeline.store.schema import settings as settings_table
 from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, active_hash_version, utcnow
 from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.reliability import corpus

@@ -1,4 +1,4 @@
-"""The landing folder and the local disk misbehaving: read-only, unreadable files, a full disk, files still being written.
+"""The landing folder and the local disk misbehaving: read-only, unreadable files, a full disk, files being written.
 
 A full disk is a real one where the kernel lets us mount a tmpfs of a few
 hundred kilobytes (as root in CI); elsewhere SQLite's `max_page_count` gives
@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -352,7 +352,7 @@ def test_two_files_of_one_batch_key_set_aside_only_that_key(tmp_path, capfd):
         assert [r.partition_key for r in result.run_requests] == ["ok"]
         assert [list(r.partition_keys) for r in result.dynamic_partitions_requests] == [["ok"]]
         assert "landing batch x set aside: 3 files map to it (x.jsonl, x.jsonl.gz, x.ndjson)" in capfd.readouterr().err
-        tick = datetime.now(timezone.utc)
+        tick = datetime.now(UTC)
         with dg.build_schedule_context(
             instance=instance, resources=resources, scheduled_execution_time=tick
         ) as context:

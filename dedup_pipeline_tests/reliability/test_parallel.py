@@ -27,8 +27,8 @@ def _ladder_worker(url: str, folder, key: str, run_id: str, barrier) -> dict:
     from dedup_pipeline.ladder.canonical import canonicalise_batch
     from dedup_pipeline.ladder.exact import deduplicate_batch
     from dedup_pipeline.ladder.near import cluster_batch
-    from dedup_pipeline.ladder.settings import NearSettings
     from dedup_pipeline.ladder.raw import ingest_raw_batch
+    from dedup_pipeline.ladder.settings import NearSettings
     from dedup_pipeline.landing import find_batch
 
     warehouse = Warehouse(url)

@@ -29,8 +29,8 @@ from dedup_pipeline.defs.resources import (
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
-from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.quality.history import first_decision_counts
 from dedup_pipeline.store.schema import canonical_records, crawl_batches, dedup_decisions, quarantine, records
@@ -57,7 +57,8 @@ def terminate_other_backends(url: str) -> list[int]:
             pids = (
                 conn.execute(
                     text(
-                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                        "SELECT pid FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                     )
                 )
                 .scalars()
@@ -278,7 +279,7 @@ def test_staging_rung_connection_dropped_mid_transaction(warehouse, warehouse_ur
 
 
 class DroppingSeenSetResource(SeenSetResource):
-    """The seen-set resource, except that the first chunk commit of the process terminates the warehouse's connections."""
+    """The seen-set resource, except that the process's first chunk commit terminates the warehouse's connections."""
 
     def get(self):
         return _DROP_ONCE

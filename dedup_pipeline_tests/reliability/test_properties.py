@@ -1,4 +1,4 @@
-"""Properties of the canonicalisers and of the ladder, with Hypothesis (modest example counts: the file runs in seconds).
+"""Properties of the canonicalisers and of the ladder, with Hypothesis (few examples: the file runs in seconds).
 
 The canonicalisers are checked through both paths the pipeline uses: the
 per-record `canonicalise_record` (library callers, the rehash job) and the
@@ -14,7 +14,8 @@ import unicodedata
 from decimal import Decimal, localcontext
 from pathlib import Path
 
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 
 from dedup_pipeline import canonical_url
@@ -29,8 +30,8 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import record_hashes, record_history
 from dedup_pipeline.store.warehouse import Warehouse
-from dedup_pipeline_tests.reliability.ladder_run import canonical_lines, decisions_by_line, quarantined_lines
 from dedup_pipeline_tests.helpers import new_run_id
+from dedup_pipeline_tests.reliability.ladder_run import canonical_lines, decisions_by_line, quarantined_lines
 
 VERSIONS = ("content/1", "content/2")
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -213,7 +214,7 @@ HOSTS = st.sampled_from(
     )
 )
 def test_canonical_url_never_raises_and_is_idempotent(text):
-    """Any string at all (lone surrogates, controls, any script) gives a string, and canonicalising it again changes nothing."""
+    """Any string at all (lone surrogates, controls, any script) gives a string, which canonicalising leaves as is."""
     once = canonical_url(text)
     assert isinstance(once, str)
     assert canonical_url(once) == once

@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import func, select
 
 from dedup_pipeline.core.erasure import Subject
-from dedup_pipeline.crawler import UrlSeenSet
 from dedup_pipeline.core.hashing import content_hash
+from dedup_pipeline.crawler import UrlSeenSet
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.raw import ingest_raw_batch
@@ -26,8 +26,8 @@ from dedup_pipeline.store.schema import (
     records,
 )
 from dedup_pipeline.store.seen_set import RedisSeenSet
-from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
 from dedup_pipeline_tests.erasure_helpers import DAY, P4, SETTINGS, T0, count, crawl_two_days, record_id, run_ladder
+from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 pytestmark = pytest.mark.usefixtures("tombstone_key")

@@ -48,7 +48,7 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _redis_server(folder, port: int, *options: str, sentinel_config=None) -> subprocess.Popen:
-    """A throw-away redis-server (or, given its config file, a Sentinel) on 127.0.0.1:`port`, a child of this process."""
+    """A throw-away redis-server (or, given its config file, a Sentinel) on 127.0.0.1:`port`, a child process."""
     command = (
         ["redis-server", str(sentinel_config), "--sentinel"] if sentinel_config else ["redis-server", "--save", ""]
     )
@@ -85,7 +85,7 @@ def cluster_url(tmp_path_factory):
     ]
     try:
         for port in ports:
-            _wait(lambda: redis.Redis(port=port).ping())
+            _wait(lambda port=port: redis.Redis(port=port).ping())
         subprocess.run(
             [
                 "redis-cli",
@@ -172,7 +172,7 @@ SERVICE = "seen-set-master"
 
 @pytest.fixture(scope="module")
 def sentinel(tmp_path_factory):
-    """A master, its replica and one Sentinel watching them: (seen-set URL, processes, master, replica and Sentinel ports)."""
+    """A master, its replica and a Sentinel watching them: (seen-set URL, processes, master/replica/Sentinel ports)."""
     folder = tmp_path_factory.mktemp("redis-sentinel")
     master, replica, watcher = _free_ports(3)
     config = folder / "sentinel.conf"  # Sentinel rewrites its own config file

@@ -17,15 +17,15 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ProgrammingError
 
 from dedup_pipeline.core.erasure import Subject
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
-from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.metrics import prometheus_text
 from dedup_pipeline.store.roles import RoleNames, grant_roles, roles_sql
 from dedup_pipeline.store.schema import lsh_buckets
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR, Warehouse, analyze, analyze_grown
-from dedup_pipeline_tests.helpers import PG_ADMIN_URL, fresh_database, listing, write_batch
 from dedup_pipeline_tests.erasure_helpers import T0, run_ladder
+from dedup_pipeline_tests.helpers import PG_ADMIN_URL, fresh_database, listing, write_batch
 from dedup_pipeline_tests.store.test_statistics import (
     add_buckets,
     counted_and_live,

@@ -15,8 +15,7 @@ from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.seen_set import BloomSeenSet, NoSeenSet, RedisSeenSet, SeenSetUnavailable
-from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
-from dedup_pipeline_tests.helpers import new_run_id
+from dedup_pipeline_tests.helpers import listing, new_run_id, snapshot, write_batch
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 DEAD_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there: a stopped Redis

@@ -9,17 +9,17 @@ import stat
 import pytest
 
 from dedup_pipeline.core.erasure import Subject
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
-from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
-from dedup_pipeline.store.tombstones import TombstoneKeyError, key_file_path
 from dedup_pipeline.store.schema import (
     canonical_records,
     dedup_decisions,
     metadata,
 )
-from dedup_pipeline_tests.helpers import listing, write_batch
+from dedup_pipeline.store.tombstones import TombstoneKeyError, key_file_path
 from dedup_pipeline_tests.erasure_helpers import DAY, P4, T0, count, crawl_two_days, record_id, run_ladder
+from dedup_pipeline_tests.helpers import listing, write_batch
 
 pytestmark = pytest.mark.usefixtures("tombstone_key")
 
