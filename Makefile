@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # A git-ignored local Dagster instance (SQLite), never the production instance in deploy/.
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo test dev check bench clean
+.PHONY: install demo test test-fast dev check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,15 +23,29 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dedup-pipeline demo
 
-## Install, then run the whole test suite (needs PostgreSQL and Redis on 127.0.0.1, see scripts/ensure-services.sh).
+PYTEST := $(BIN)/pytest -n 2 --dist loadfile -q -p no:cacheprovider
+
+## The full gate CI runs (.ci/run): lint and format check, then the whole test suite
+## (needs PostgreSQL and Redis on 127.0.0.1, see scripts/ensure-services.sh).
 test: install
-	$(BIN)/pytest -n 2 --dist loadfile -q -p no:cacheprovider
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+# The docs build (docs/*.md) goes here, between the checks and the tests.
+	$(PYTEST)
+
+## The edit loop: every test but the slow end-to-end ones (dagster dev, the daemon, a code server, a browser,
+## the 100,000-row rehash). `make test` before you push.
+test-fast: install
+	$(PYTEST) -m "not slow"
 
 ## The Dagster UI on http://127.0.0.1:3000 over the same local instance and warehouse.
 dev: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dg dev -h 127.0.0.1 -p 3000
 
+## Lint, format check and the code location loading (no database, no tests).
 check: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/dg check defs
 
 clean:

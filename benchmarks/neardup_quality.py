@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dedup_pipeline.core.clustering import cluster_labels  # noqa: E402
 from dedup_pipeline.core.minhash import minhash_signatures  # noqa: E402
-from dedup_pipeline.core.neardup import (  # noqa: E402
+from dedup_pipeline.core.near import (  # noqa: E402
     NearDupParams,
     cluster_near_duplicates,
     minhash_links,
@@ -271,9 +271,7 @@ def simhash_package(texts):
     # simhash 2.1.2 multiplies a uint8 bit array by the feature weight; under
     # numpy 2 a weight above 255 raises OverflowError (numpy 1 upcast it).
     # Restore the numpy 1 arithmetic; fingerprints are otherwise unchanged.
-    Simhash._bitarray_from_bytes = staticmethod(
-        lambda b: np.unpackbits(np.frombuffer(b, dtype=">B")).astype(np.int64)
-    )
+    Simhash._bitarray_from_bytes = staticmethod(lambda b: np.unpackbits(np.frombuffer(b, dtype=">B")).astype(np.int64))
     hashes = [Simhash(text) for text in texts]
     index = SimhashIndex([(str(i), h) for i, h in enumerate(hashes)])  # k=2
     links = [(i, int(j)) for i, h in enumerate(hashes) for j in index.get_near_dups(h) if int(j) != i]
@@ -310,8 +308,7 @@ def report(root: Path) -> None:
     print(f"ours-simhash: {NearDupParams(method='simhash').identity()}")
     print(f"  simhash_max_distance={params.simhash_max_distance}")
     header = (
-        f"{'set':13} {'docs':>5} {'true pairs':>10} {'method':26} "
-        f"{'P':>6} {'R':>6} {'F1':>6} {'ARI':>6} {'sec':>6}"
+        f"{'set':13} {'docs':>5} {'true pairs':>10} {'method':26} {'P':>6} {'R':>6} {'F1':>6} {'ARI':>6} {'sec':>6}"
     )
     print(header)
     print("-" * len(header))

@@ -2,7 +2,7 @@
 
 The library API, for crawlers and notebooks (no Dagster needed):
 
-- ``canonical_url(url) -> str``: the `url/1` canonical form of a URL;
+- ``canonical_url(url, strict=False) -> str``: the `url/1` canonical form of a URL (strict: UrlError if none);
 - ``content_hash(record, version="content/2") -> (hex digest, version)``;
 - ``cluster_near_duplicates(texts, threshold=..., method="minhash") -> list[int]``;
 - ``first_time_seen(url) -> bool``: fetch-time URL dedup for crawlers (Redis, `url/1`, TTL).
@@ -17,7 +17,7 @@ __all__ = ["canonical_url", "content_hash", "cluster_near_duplicates", "first_ti
 def __getattr__(name: str):
     # Near-duplicate clustering pulls in numpy; load it only when asked for.
     if name == "cluster_near_duplicates":
-        from dedup_pipeline.core.neardup import cluster_near_duplicates
+        from dedup_pipeline.core.near import cluster_near_duplicates
 
         return cluster_near_duplicates
     if name == "first_time_seen":

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 RULES = ("oldest", "longest")
+#: The rule a cluster's representative is chosen by unless told otherwise.
+DEFAULT_RULE = "oldest"
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def _representatives(roots: np.ndarray, rule: str, lengths: np.ndarray | None) -
 def cluster_labels(
     n: int,
     links: Iterable[Sequence],
-    rule: str = "oldest",
+    rule: str = DEFAULT_RULE,
     lengths: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """Label of each position ``0..n-1``: the position of its cluster's representative.
@@ -90,7 +92,7 @@ def cluster_labels(
 def cluster_records(
     ids: Sequence[int],
     links: Iterable[Sequence],
-    rule: str = "oldest",
+    rule: str = DEFAULT_RULE,
     lengths: Mapping[int, int] | Sequence[int] | None = None,
 ) -> list[Cluster]:
     """Clusters of record ``ids`` (singletons included), sorted by cluster id.

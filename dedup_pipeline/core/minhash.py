@@ -27,8 +27,9 @@ sharing nothing, so they are never linked to anything.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from xxhash import xxh32_intdigest
@@ -45,12 +46,15 @@ EMPTY_VALUE = np.uint32(0xFFFFFFFF)
 # Shingles per chunk of `minhash_signatures`: bounds the joined buffer (a few MB)
 # while the Python work per chunk stays small.
 DEFAULT_CHUNK = 1 << 16
+#: Permutations per signature, and the seed they are drawn with, unless told otherwise.
+DEFAULT_NUM_PERM = 128
+DEFAULT_SEED = 1
 
 Shingle = str | bytes
 
 
 @lru_cache(maxsize=16)
-def permutations(num_perm: int = 128, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def permutations(num_perm: int = DEFAULT_NUM_PERM, seed: int = DEFAULT_SEED) -> tuple[np.ndarray, np.ndarray]:
     """The ``(a, b)`` parameters datasketch draws for ``affine32``.
 
     Mirrors ``datasketch.MinHash._init_permutations``: ``a`` is
@@ -117,8 +121,8 @@ def document_chunks(shingle_lists: Sequence[Sequence[Shingle]], chunk_size: int)
 
 def minhash_signatures(
     shingle_lists: Sequence[Sequence[Shingle]],
-    num_perm: int = 128,
-    seed: int = 1,
+    num_perm: int = DEFAULT_NUM_PERM,
+    seed: int = DEFAULT_SEED,
     chunk_size: int = DEFAULT_CHUNK,
 ) -> np.ndarray:
     """MinHash signatures of many documents, shape ``(n, num_perm)``, uint32.
@@ -137,7 +141,11 @@ def minhash_signatures(
 
 
 def minhash_signatures_from_texts(
-    texts: Sequence[str], normaliser: "TextNormaliser", num_perm: int = 128, seed: int = 1, texts_per_chunk: int = 256,
+    texts: Sequence[str],
+    normaliser: TextNormaliser,
+    num_perm: int = DEFAULT_NUM_PERM,
+    seed: int = DEFAULT_SEED,
+    texts_per_chunk: int = 256,
 ) -> np.ndarray:
     """``minhash_signatures([normaliser.shingle_bytes(t) for t in texts], num_perm, seed)``, without per-shingle Python.
 
@@ -221,7 +229,7 @@ def estimated_jaccard_pairs(
     return out
 
 
-def to_lean_minhash(signature: np.ndarray, seed: int = 1) -> "LeanMinHash":
+def to_lean_minhash(signature: np.ndarray, seed: int = 1) -> LeanMinHash:
     """Wrap one signature as a ``datasketch.LeanMinHash`` (scheme affine32)."""
     from datasketch import LeanMinHash  # lazy: datasketch imports scipy
 

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import ClassVar, Sequence
+from functools import cache
+from typing import ClassVar
 
 import numpy as np
 
@@ -51,7 +52,7 @@ _DIGIT = re.compile(r"\d")
 _ASCII_NOT_ALNUM = str.maketrans({c: " " for c in range(128) if not chr(c).isalnum()})
 
 
-@lru_cache(maxsize=None)
+@cache
 def _ascii_byte_table(casefold: bool, digits: str, strip_punctuation: bool) -> bytes:
     """Rules 2-4 for ASCII text as one ``bytes.translate`` table (rule 1 never changes ASCII).
 
@@ -70,7 +71,7 @@ def _ascii_byte_table(casefold: bool, digits: str, strip_punctuation: bool) -> b
     return bytes(table)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _ascii_spacing_table(casefold: bool, digits: str, strip_punctuation: bool) -> bytes:
     """:func:`_ascii_byte_table`, and ASCII whitespace (what ``bytes.split`` splits on) becomes a space."""
     table = bytearray(_ascii_byte_table(casefold, digits, strip_punctuation))

@@ -13,17 +13,23 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
-from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, signature_from_bytes, signature_to_bytes
 from dedup_pipeline.core.lsh import band_keys
-from dedup_pipeline.core.neardup import NearDupParams, verify_pairs
+from dedup_pipeline.core.minhash import (
+    empty_mask,
+    minhash_signatures_from_texts,
+    signature_from_bytes,
+    signature_to_bytes,
+)
+from dedup_pipeline.core.near import NearDupParams, verify_pairs
 from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.core.simhash import block_bounds, hamming_distance, simhash_fingerprints
-from dedup_pipeline.store import neardup as index
+from dedup_pipeline.ladder.settings import NearSettings
+from dedup_pipeline.store import near as index
 from dedup_pipeline.store.schema import near_rung_runs
 from dedup_pipeline.store.warehouse import Warehouse, analyze_grown, record_rung_run
 
@@ -41,7 +47,7 @@ class Sketches:
     buckets: np.ndarray
     indexable: np.ndarray
 
-    def subset(self, positions: Sequence[int]) -> "Sketches":
+    def subset(self, positions: Sequence[int]) -> Sketches:
         """The sketches of the records at `positions`, in that order."""
         return Sketches([self.blobs[i] for i in positions], self.buckets[positions], self.indexable[positions])
 
@@ -97,40 +103,38 @@ class NearReport:
         """Figures for the asset (ids and counts only). The largest clusters table comes from `defs.plots`."""
         sizes = Counter(self.clusters.values())
         return {
-            "batch_id": self.batch_id, "method": self.method, "verify": self.verify, "sketched": self.sketched,
-            "candidate_pairs": self.candidate_pairs, "pairs": self.pairs,
-            "near_duplicates": len(self.near_duplicates), "clusters_touched": len(self.clusters),
+            "batch_id": self.batch_id,
+            "method": self.method,
+            "verify": self.verify,
+            "sketched": self.sketched,
+            "candidate_pairs": self.candidate_pairs,
+            "pairs": self.pairs,
+            "near_duplicates": len(self.near_duplicates),
+            "clusters_touched": len(self.clusters),
             "largest_cluster": max(self.clusters.values(), default=0),
             "cluster_sizes": {str(size): count for size, count in sorted(sizes.items())},
             "max_bucket_size": self.max_bucket_size if self.max_bucket_size is not None else "none",
             "capped_buckets": len(self.capped_buckets),
-            "capped_bucket_keys": [f"{band}:{bucket}" for band, bucket in sorted(self.capped_buckets)[:CAPPED_KEYS_SHOWN]],
+            "capped_bucket_keys": [
+                f"{band}:{bucket}" for band, bucket in sorted(self.capped_buckets)[:CAPPED_KEYS_SHOWN]
+            ],
         }
 
 
-#: Default cap on the partners a record meets per LSH bucket (see `store.neardup.candidate_partners`).
-DEFAULT_MAX_BUCKET_SIZE = 200
 #: Capped bucket keys listed in the metadata (the count is always complete).
 CAPPED_KEYS_SHOWN = 20
 
 
-def cluster_batch(
-    warehouse: Warehouse,
-    batch_id: str,
-    params: NearDupParams,
-    chunk_size: int = 2000,
-    max_bucket_size: int | None = DEFAULT_MAX_BUCKET_SIZE,
-    run_id: str | None = None,
-) -> NearReport:
+def cluster_batch(warehouse: Warehouse, batch_id: str, settings: NearSettings, run_id: str | None = None) -> NearReport:
     """Sketch, index, link and cluster the batch's new and changed records.
 
-    ``max_bucket_size`` caps the partners a record meets per LSH bucket (None:
-    no cap); the capped buckets are counted in the report. The run's figures
-    are kept in `near_rung_runs` under ``run_id`` (the Dagster run; a fresh id
-    when not given).
+    ``settings.max_bucket_size`` caps the partners a record meets per LSH
+    bucket (see `store.near.candidate_partners`; None: no cap); the capped
+    buckets are counted in the report. The run's figures are kept in
+    `near_rung_runs` under ``run_id`` (the Dagster run; a fresh id when not
+    given).
     """
-    if max_bucket_size is not None and max_bucket_size < 1:
-        raise ValueError("max_bucket_size must be at least 1 (or None for no cap)")
+    params, max_bucket_size = settings.params, settings.max_bucket_size
     report = NearReport(batch_id, params.method, params.verify, max_bucket_size)
     identity = params.identity()
     with warehouse.engine.begin() as conn:
@@ -138,7 +142,7 @@ def cluster_batch(
     after = 0
     while True:
         with warehouse.engine.connect() as conn:
-            rows = index.records_to_index(conn, batch_id, after, chunk_size)
+            rows = index.records_to_index(conn, batch_id, after, settings.chunk_size)
         if not rows:
             break
         after = rows[-1].record_id
@@ -208,9 +212,6 @@ def _link_and_cluster(
     report.clusters.update({c.cluster_id: len(c.members) for c in clusters if mine & set(c.members)})
 
 
-#: Defaults of the runaway-cluster check (the `near_dup` resource can change them).
-DEFAULT_MAX_CLUSTER_SHARE = 0.2
-DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK = 50
 _CLUSTERS_SHOWN = 10
 
 
@@ -236,12 +237,17 @@ class RunawayVerdict:
     def as_metadata(self) -> dict:
         share = self.largest[0][1] / self.batch_records if self.largest and self.batch_records else 0.0
         rows = "\n".join(
-            ["| cluster id | records of this batch | share of batch | records in all batches |", "|---:|---:|---:|---:|"]
+            [
+                "| cluster id | records of this batch | share of batch | records in all batches |",
+                "|---:|---:|---:|---:|",
+            ]
             + [f"| {cid} | {n} | {n / self.batch_records:.1%} | {size} |" for cid, n, size in self.largest]
         )
         return {
-            "batch_records": self.batch_records, "max_cluster_share": self.max_share,
-            "min_records_for_check": self.min_records, "largest_share": share,
+            "batch_records": self.batch_records,
+            "max_cluster_share": self.max_share,
+            "min_records_for_check": self.min_records,
+            "largest_share": share,
             "offending_clusters": [cid for cid, _, _ in self.offenders],
             "offending_sizes": [n for _, n, _ in self.offenders],
             "largest_clusters": rows if self.largest else "no clusters",
@@ -252,20 +258,17 @@ class RunawayVerdict:
             return f"batch of {self.batch_records} records is under {self.min_records}: too small to judge"
         if self.offenders:
             worst = ", ".join(f"cluster {cid}: {n} records" for cid, n, _ in self.offenders)
-            return (f"{len(self.offenders)} cluster(s) hold more than {self.max_share:.0%} of the batch's "
-                    f"{self.batch_records} records ({worst})")
+            return (
+                f"{len(self.offenders)} cluster(s) hold more than {self.max_share:.0%} of the batch's "
+                f"{self.batch_records} records ({worst})"
+            )
         return f"no cluster holds more than {self.max_share:.0%} of the batch's {self.batch_records} records"
 
 
-def runaway_clusters(
-    warehouse: Warehouse,
-    batch_id: str,
-    max_share: float = DEFAULT_MAX_CLUSTER_SHARE,
-    min_records: int = DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK,
-) -> RunawayVerdict:
-    """Judge the batch's largest clusters against `max_share` of its records (new or changed in the batch)."""
-    if not 0.0 < max_share <= 1.0:
-        raise ValueError("max_share must be in (0, 1]")
+def runaway_clusters(warehouse: Warehouse, batch_id: str, settings: NearSettings) -> RunawayVerdict:
+    """Judge the batch's largest clusters against `settings.max_cluster_share` of its records (new or changed in
+    the batch); batches under `settings.min_records_for_cluster_check` pass."""
+    max_share, min_records = settings.max_cluster_share, settings.min_records_for_cluster_check
     shown = max(_CLUSTERS_SHOWN, int(1 / max_share) + 1)  # every offender fits in the list
     with warehouse.engine.connect() as conn:
         total, largest = index.batch_cluster_shares(conn, batch_id, shown)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dedup_pipeline.core.neardup import DEFAULT_NORMALISERS, NearDupParams
+from dedup_pipeline.core.near import DEFAULT_NORMALISERS, NearDupParams
 from dedup_pipeline.core.text import TextNormaliser
 from dedup_pipeline.defs.checks import RUNAWAY_CHECK
 from dedup_pipeline.defs.resources import NearDupResource
@@ -13,7 +13,11 @@ from dedup_pipeline_tests.helpers import listing, write_batch
 
 
 def test_the_resource_leaves_each_method_its_own_shingles():
-    assert NearDupResource().params().normaliser == DEFAULT_NORMALISERS["minhash"] == TextNormaliser(shingle="word", ngram=3)
+    assert (
+        NearDupResource().params().normaliser
+        == DEFAULT_NORMALISERS["minhash"]
+        == TextNormaliser(shingle="word", ngram=3)
+    )
     simhash = NearDupResource(method="simhash").params()
     assert simhash.normaliser == DEFAULT_NORMALISERS["simhash"] == TextNormaliser(shingle="char", ngram=4)
     # identities are those of the library defaults, so existing indexes are not refused
@@ -21,7 +25,9 @@ def test_the_resource_leaves_each_method_its_own_shingles():
     assert simhash.identity() == NearDupParams(method="simhash").identity()
     # an explicit setting still wins, and changes the identity
     assert NearDupResource(ngram=5).params().normaliser == TextNormaliser(shingle="word", ngram=5)
-    assert NearDupResource(method="simhash", shingle="word").params().normaliser == TextNormaliser(shingle="word", ngram=4)
+    assert NearDupResource(method="simhash", shingle="word").params().normaliser == TextNormaliser(
+        shingle="word", ngram=4
+    )
     assert NearDupResource(ngram=5).params().identity() != NearDupParams().identity()
     assert NearDupResource(verify="exact").params().verify == "exact"
 

@@ -30,10 +30,14 @@ def add_buckets(warehouse, start: int, n: int) -> None:
 def counted_and_live(warehouse) -> tuple[float, int]:
     """(rows the statistics counted, rows PostgreSQL's counter says are live) of lsh_buckets."""
     with warehouse.engine.connect() as conn:
-        return tuple(conn.execute(text(
-            "SELECT c.reltuples, s.n_live_tup FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
-            "WHERE s.relname = 'lsh_buckets'"
-        )).one())
+        return tuple(
+            conn.execute(
+                text(
+                    "SELECT c.reltuples, s.n_live_tup FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
+                    "WHERE s.relname = 'lsh_buckets'"
+                )
+            ).one()
+        )
 
 
 def wait_for_live_rows(warehouse, n: int) -> None:

@@ -10,16 +10,22 @@ refused rather than silently mixed.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, true, union
 
 from dedup_pipeline.core.clustering import cluster_records
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.store.bulk import chunked, copy_int_columns, copy_rows, delete_in, in_values
-from dedup_pipeline.core.policy import Decision
 from dedup_pipeline.store.schema import (
-    dedup_decisions, lsh_buckets, minhash_signatures, near_duplicate_clusters, near_duplicate_links, records, settings,
+    dedup_decisions,
+    lsh_buckets,
+    minhash_signatures,
+    near_duplicate_clusters,
+    near_duplicate_links,
+    records,
+    settings,
 )
 from dedup_pipeline.store.warehouse import read_setting, upsert_ignore, utcnow
 
@@ -44,7 +50,7 @@ def claim_index(conn: Connection, identity: str) -> None:
 
 
 def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int) -> list:
-    """Records dated to this batch (stored or re-crawled by it) whose sketch is missing or was made from other content."""
+    """Records dated to this batch (stored or re-crawled by it) whose sketch is missing or made from other content."""
     s = minhash_signatures
     query = (
         select(records.c.record_id, records.c.content_hash, records.c.payload)
@@ -64,12 +70,19 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int)
 
 def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
     """record id -> the content digest the record holds now (records that no longer exist are absent)."""
-    rows = conn.execute(select(records.c.record_id, records.c.content_hash).where(in_values(conn, records.c.record_id, ids)))
+    rows = conn.execute(
+        select(records.c.record_id, records.c.content_hash).where(in_values(conn, records.c.record_id, ids))
+    )
     return {record_id: bytes(digest) for record_id, digest in rows}
 
 
 def replace_sketches(
-    conn: Connection, identity: str, rows: Sequence, signatures: Sequence[bytes], buckets: np.ndarray, indexable: np.ndarray
+    conn: Connection,
+    identity: str,
+    rows: Sequence,
+    signatures: Sequence[bytes],
+    buckets: np.ndarray,
+    indexable: np.ndarray,
 ) -> None:
     """Store sketches and buckets for `rows`, dropping their old sketches, buckets and links."""
     ids = [row.record_id for row in rows]
@@ -78,7 +91,9 @@ def replace_sketches(
     delete_in(conn, minhash_signatures, [minhash_signatures.c.record_id], ids)
     delete_in(conn, link, [link.c.record_a, link.c.record_b], ids)
     copy_rows(
-        conn, minhash_signatures, ("record_id", "index_identity", "content_hash", "signature"),
+        conn,
+        minhash_signatures,
+        ("record_id", "index_identity", "content_hash", "signature"),
         ((row.record_id, identity, row.content_hash, sig) for row, sig in zip(rows, signatures)),
     )
     copy_buckets(conn, ids, buckets, indexable)
@@ -189,7 +204,8 @@ def candidate_queries(conn: Connection, ids: Sequence[int], max_bucket_size: int
         )
         .distinct()
     )
-    # Capped when a member was left out: the first one past the cap, unless that is the record itself (it met every other).
+    # Capped when a member was left out: the first one past the cap, unless that is the record itself (it met every
+    # other).
     capped = (
         select(limits.c.band, limits.c.bucket)
         .where(limits.c.upto.is_not(None), limits.c.upto != limits.c.record_id)
@@ -212,7 +228,10 @@ def add_links(conn: Connection, links: Sequence[tuple[int, int, float]], method:
     if links:
         conn.execute(
             upsert_ignore(conn, near_duplicate_links),
-            [{"record_a": a, "record_b": b, "similarity": s, "method": method, "batch_id": batch_id} for a, b, s in links],
+            [
+                {"record_a": a, "record_b": b, "similarity": s, "method": method, "batch_id": batch_id}
+                for a, b, s in links
+            ],
         )
 
 
@@ -261,10 +280,12 @@ def links_among(conn: Connection, ids: Iterable[int]) -> list[tuple[int, int, fl
         return []
     link = near_duplicate_links
     # A UNION of one lookup per column uses both indexes; an OR of the two is planned as a scan of every link.
-    query = union(*(
-        select(link.c.record_a, link.c.record_b, link.c.similarity).where(in_values(conn, column, ids))
-        for column in (link.c.record_a, link.c.record_b)
-    ))
+    query = union(
+        *(
+            select(link.c.record_a, link.c.record_b, link.c.similarity).where(in_values(conn, column, ids))
+            for column in (link.c.record_a, link.c.record_b)
+        )
+    )
     return [tuple(row) for row in conn.execute(query)]
 
 
@@ -273,12 +294,19 @@ def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
     ids = sorted(set(ids))
     if not ids:
         return {}
-    return dict(conn.execute(select(records.c.record_id, records.c.payload).where(in_values(conn, records.c.record_id, ids))).all())
+    return dict(
+        conn.execute(
+            select(records.c.record_id, records.c.payload).where(in_values(conn, records.c.record_id, ids))
+        ).all()
+    )
 
 
 def text_lengths(conn: Connection, ids: Iterable[int]) -> dict[int, int]:
     """Length of the near-duplicate text of each record (for the 'longest' representative rule)."""
-    return {rid: len(str(p.get("title") or "")) + len(str(p.get("description") or "")) for rid, p in load_payloads(conn, ids).items()}
+    return {
+        rid: len(str(p.get("title") or "")) + len(str(p.get("description") or ""))
+        for rid, p in load_payloads(conn, ids).items()
+    }
 
 
 def batch_cluster_shares(conn: Connection, batch_id: str, limit: int) -> tuple[int, list[tuple[int, int, int]]]:
@@ -323,7 +351,10 @@ def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[
     if assignment:
         conn.execute(
             insert(near_duplicate_clusters),
-            [{"record_id": rid, "cluster_id": cid, "is_representative": rep} for rid, (cid, rep) in sorted(assignment.items())],
+            [
+                {"record_id": rid, "cluster_id": cid, "is_representative": rep}
+                for rid, (cid, rep) in sorted(assignment.items())
+            ],
         )
 
 
@@ -340,7 +371,8 @@ def remove_records(conn: Connection, ids: Iterable[int], representative: str) ->
     survivors = component_members(conn, ordered) - set(ordered)
     c, link = near_duplicate_clusters, near_duplicate_links
     old_clusters = {
-        cid for part in chunked(ordered)
+        cid
+        for part in chunked(ordered)
         for cid in conn.execute(select(c.c.cluster_id).where(in_values(conn, c.c.record_id, part))).scalars()
     }
     counts = {
@@ -364,6 +396,7 @@ def recluster(conn: Connection, members: set[int], representative: str) -> list:
     members = members | {x for a, b, _ in links for x in (a, b)}
     lengths = text_lengths(conn, members) if representative == "longest" else None
     clusters = [k for k in cluster_records(sorted(members), links, representative, lengths) if len(k.members) > 1]
-    replace_clusters(conn, members, {rid: (k.cluster_id, rid == k.representative) for k in clusters for rid in k.members})
+    replace_clusters(
+        conn, members, {rid: (k.cluster_id, rid == k.representative) for k in clusters for rid in k.members}
+    )
     return clusters
-

@@ -24,9 +24,11 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from dedup_pipeline.core.clustering import RULES, cluster_labels
+from dedup_pipeline.core.clustering import DEFAULT_RULE, RULES, cluster_labels
 from dedup_pipeline.core.lsh import KEY_SCHEME, band_keys, candidate_pairs, choose_bands_rows
 from dedup_pipeline.core.minhash import (
+    DEFAULT_NUM_PERM,
+    DEFAULT_SEED,
     HASH_NAME,
     SCHEME,
     empty_mask,
@@ -84,15 +86,15 @@ class NearDupParams:
 
     method: str = "minhash"
     threshold: float = DEFAULT_THRESHOLD
-    num_perm: int = 128
-    seed: int = 1
+    num_perm: int = DEFAULT_NUM_PERM
+    seed: int = DEFAULT_SEED
     scheme: str = SCHEME
     bands: int | None = None
     rows: int | None = None
     normaliser: TextNormaliser | None = None
     simhash_max_distance: int = 3
     verify: str = "auto"
-    representative: str = "oldest"
+    representative: str = DEFAULT_RULE
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -168,13 +170,15 @@ def verify_pairs(
             t = params.threshold
             unsure = np.flatnonzero(np.abs(sims - t) < UNSURE_STANDARD_ERRORS * np.sqrt(t * (1 - t) / params.num_perm))
             if unsure.size:
-                l, r = left[unsure], right[unsure]
-                sims[unsure] = _exact_jaccard(l, r, _shingles_of(shingles, l, r))
+                lhs, rhs = left[unsure], right[unsure]
+                sims[unsure] = _exact_jaccard(lhs, rhs, _shingles_of(shingles, lhs, rhs))
     keep = sims >= params.threshold
     return list(zip(left[keep].tolist(), right[keep].tolist(), sims[keep].tolist()))
 
 
-def _shingles_of(shingles, left: np.ndarray, right: np.ndarray) -> Mapping[int, Sequence[bytes]] | Sequence[Sequence[bytes]]:
+def _shingles_of(
+    shingles, left: np.ndarray, right: np.ndarray
+) -> Mapping[int, Sequence[bytes]] | Sequence[Sequence[bytes]]:
     if shingles is None:
         raise ValueError("exact verification needs the shingles")
     if callable(shingles):
