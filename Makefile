@@ -5,12 +5,12 @@ BIN := $(VENV)/bin
 # A git-ignored local Dagster instance (SQLite), never the production instance in deploy/.
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo test dev check bench clean
+.PHONY: install demo test test-fast dev check docs bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test,bench]"
+	$(BIN)/pip install --quiet -e ".[test,bench,docs]"
 	touch $@
 
 install: $(BIN)/.installed
@@ -23,16 +23,38 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dedup-pipeline demo
 
-## Install, then run the whole test suite (needs PostgreSQL and Redis on 127.0.0.1, see scripts/ensure-services.sh).
+PYTEST := $(BIN)/pytest -n 2 --dist loadfile -q -p no:cacheprovider
+
+# Material for MkDocs prints a banner about MkDocs 2 on every build; it says nothing about this site.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(CURDIR)/site
+
+## The full gate CI runs (.ci/run): lint and format check, the docs build, then the whole test suite
+## (needs PostgreSQL, Redis and RabbitMQ on 127.0.0.1, see scripts/ensure-services.sh, and Debian's chromium).
 test: install
-	$(BIN)/pytest -n 2 --dist loadfile -q -p no:cacheprovider
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(MKDOCS)
+	$(PYTEST)
+
+## The edit loop: every test but the slow end-to-end ones (dagster dev, the daemon, a code server, a browser,
+## the 100,000-row rehash). `make test` before you push.
+test-fast: install
+	$(PYTEST) -m "not slow"
 
 ## The Dagster UI on http://127.0.0.1:3000 over the same local instance and warehouse.
 dev: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dg dev -h 127.0.0.1 -p 3000
 
+## Lint, format check, the docs build and the code location loading (no database, no tests).
 check: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(MKDOCS)
 	$(BIN)/dg check defs
 
+## The docs site, built strictly into site/ (open site/index.html).
+docs: install
+	$(MKDOCS)
+
 clean:
-	rm -rf .dagster_home .dedup .tmp_dagster_home_*
+	rm -rf .dagster_home .dedup .tmp_dagster_home_* site

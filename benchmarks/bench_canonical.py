@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_exact import seed_content_hash  # noqa: E402
 from benchmarks.bench_url import baseline_canonicalize  # noqa: E402
 from benchmarks.common import crawl_with_duplicates  # noqa: E402
-from dedup_pipeline.core.batch import content_hashes, hash_records  # noqa: E402
+from dedup_pipeline.core.canonical import content_hashes, hash_records  # noqa: E402
 from dedup_pipeline.core.errors import RecordError  # noqa: E402
 from dedup_pipeline.core.hashing import HASH_RULES  # noqa: E402
 from dedup_pipeline.core.records import canonicalise_record, canonicalise_records, parse_line  # noqa: E402
@@ -115,7 +115,9 @@ def main() -> None:
     chunks = lambda rs: [rs[i : i + args.chunk] for i in range(0, len(rs), args.chunk)]  # noqa: E731
 
     # Identical digests before anything is timed, and identical results on the ladder's records.
-    assert [d for c in chunks(records) for d in ours_chunk(c)] == seed_chunk(records), "content/1 differs from the seeds"
+    assert [d for c in chunks(records) for d in ours_chunk(c)] == seed_chunk(records), (
+        "content/1 differs from the seeds"
+    )
     assert [d for c in chunks(raw_urls) for d in ours_chunk(c)] == seed_with_url_chunk(raw_urls)
     assert [d for c in chunks(without_url) for d in ours_chunk(c)] == seed_chunk(without_url)
     probe = parsed[:5000]
@@ -147,24 +149,36 @@ def main() -> None:
     n = args.records
     rate = lambda values: n / statistics.median(values)  # noqa: E731
     ratio = lambda name: statistics.median(b / o for b, o in zip(*seconds[name]))  # noqa: E731
-    print(f"canonicalise + hash, {n:,} records (50% exact re-crawls), chunks of {args.chunk}, {args.repeat} repeats, "
-          f"CPU time, median records/s")
+    print(
+        f"canonicalise + hash, {n:,} records (50% exact re-crawls), chunks of {args.chunk}, {args.repeat} repeats, "
+        f"CPU time, median records/s"
+    )
     print("  url/1 done beforehand (the seeds' side does no URL work, ours canonicalises every URL):")
     print(f"    seed canonicalise + content_hash  {rate(seconds['content/1'][0]):>10,.0f} rec/s")
-    print(f"    ours content_hashes (content/1)   {rate(seconds['content/1'][1]):>10,.0f} rec/s   "
-          f"ours / seed {ratio('content/1'):5.2f}x  (target >= 4.5x; digests identical)")
+    print(
+        f"    ours content_hashes (content/1)   {rate(seconds['content/1'][1]):>10,.0f} rec/s   "
+        f"ours / seed {ratio('content/1'):5.2f}x  (target >= 4.5x; digests identical)"
+    )
     print("  url/1 by urllib.parse on the seeds' side (both sides canonicalise every URL):")
     print(f"    seed url/1 + canonicalise + hash  {rate(seconds['content/1, url by urllib'][0]):>10,.0f} rec/s")
-    print(f"    ours content_hashes (content/1)   {rate(seconds['content/1, url by urllib'][1]):>10,.0f} rec/s   "
-          f"ours / seed {ratio('content/1, url by urllib'):5.2f}x  (target >= 4.5x; digests identical)")
-    print(f"  same without the url field        seed {rate(seconds['content/1, no url'][0]):>9,.0f}   "
-          f"ours {rate(seconds['content/1, no url'][1]):>9,.0f} rec/s   ours / seed {ratio('content/1, no url'):5.2f}x")
+    print(
+        f"    ours content_hashes (content/1)   {rate(seconds['content/1, url by urllib'][1]):>10,.0f} rec/s   "
+        f"ours / seed {ratio('content/1, url by urllib'):5.2f}x  (target >= 4.5x; digests identical)"
+    )
+    print(
+        f"  same without the url field        seed {rate(seconds['content/1, no url'][0]):>9,.0f}   "
+        f"ours {rate(seconds['content/1, no url'][1]):>9,.0f} rec/s   ours / seed {ratio('content/1, no url'):5.2f}x"
+    )
     print(f"  url/1 canonical_url alone         {rate(extra['url/1 alone']):>10,.0f} URLs/s (inside ours above)")
     print("on the ladder's records (parse_line, exact Decimal prices), for information:")
     print(f"  ours both versions + payloads     {rate(extra['both versions']):>10,.0f} rec/s   (hash_records)")
-    print(f"  full canonical record, per record {rate(seconds['full record'][0]):>10,.0f} rec/s   (canonicalise_record)")
-    print(f"  full canonical record, batch      {rate(seconds['full record'][1]):>10,.0f} rec/s   "
-          f"(canonicalise_records)  batch / per record {ratio('full record'):5.2f}x")
+    print(
+        f"  full canonical record, per record {rate(seconds['full record'][0]):>10,.0f} rec/s   (canonicalise_record)"
+    )
+    print(
+        f"  full canonical record, batch      {rate(seconds['full record'][1]):>10,.0f} rec/s   "
+        f"(canonicalise_records)  batch / per record {ratio('full record'):5.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ the pickling of chunks and rows, so the speed-up depends on free cores.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import resource
 import statistics
@@ -89,13 +88,18 @@ def main() -> None:
     assert len(contents) == 1, f"the workers wrote other rows than the inline rung: {contents}"
     assert runs[args.workers][0][3] == args.workers, "the batch did not go through the worker processes"
 
-    print(f"canonical rung, {args.records:,} records (50% exact re-crawls), chunks of {args.chunk}, "
-          f"{args.repeat} repeats, {available_cpus()} CPUs; identical rows ({next(iter(contents))[0]:,})")
+    print(
+        f"canonical rung, {args.records:,} records (50% exact re-crawls), chunks of {args.chunk}, "
+        f"{args.repeat} repeats, {available_cpus()} CPUs; identical rows ({next(iter(contents))[0]:,})"
+    )
     for n, values in runs.items():
         wall = statistics.median(v[0] for v in values)
         label = "inline (canonical_workers=1)" if n == 1 else f"{n} worker processes"
-        print(f"  {label:30s} {wall:6.2f} s  {args.records / wall:>9,.0f} rec/s   CPU: this process "
-              f"{statistics.median(v[1] for v in values):5.2f} s, workers {statistics.median(v[2] for v in values):5.2f} s")
+        print(
+            f"  {label:30s} {wall:6.2f} s  {args.records / wall:>9,.0f} rec/s   CPU: this process "
+            f"{statistics.median(v[1] for v in values):5.2f} s, "
+            f"workers {statistics.median(v[2] for v in values):5.2f} s"
+        )
     ratio = statistics.median(a[0] / b[0] for a, b in zip(runs[1], runs[args.workers]))
     print(f"  inline / workers: {ratio:4.2f}x (median of the per-repeat ratios)")
 

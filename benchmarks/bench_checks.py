@@ -53,12 +53,16 @@ SETTINGS = LadderSettings(chunk_size=2000)
 def whole_warehouse_integrity(conn) -> int:
     """The naive check: every invariant over every row (what the scoped check avoids)."""
     r = records.c
-    dup_content = select(r.hash_version, r.content_hash).group_by(r.hash_version, r.content_hash).having(func.count() > 1)
+    dup_content = (
+        select(r.hash_version, r.content_hash).group_by(r.hash_version, r.content_hash).having(func.count() > 1)
+    )
     dup_keys = select(r.natural_key).group_by(r.natural_key).having(func.count() > 1)
-    bad = select(func.count()).select_from(records).where(or_(
-        func.length(r.content_hash) != 32, r.hash_version.not_in(sorted(HASH_RULES))))
-    return (len(conn.execute(dup_content).all()) + len(conn.execute(dup_keys).all())
-            + conn.execute(bad).scalar_one())
+    bad = (
+        select(func.count())
+        .select_from(records)
+        .where(or_(func.length(r.content_hash) != 32, r.hash_version.not_in(sorted(HASH_RULES))))
+    )
+    return len(conn.execute(dup_content).all()) + len(conn.execute(dup_keys).all()) + conn.execute(bad).scalar_one()
 
 
 def build(url: str, folder: Path, batches: int, size: int) -> tuple[Warehouse, list[str]]:
@@ -87,6 +91,7 @@ def measure(warehouse: Warehouse, key: str, repeat: int) -> dict[str, float]:
         def run():
             with warehouse.engine.connect() as conn:
                 return fn(conn)
+
         return run
 
     def canonical_suite():
@@ -138,6 +143,7 @@ def main() -> int:
 
     start = time.perf_counter()
     import great_expectations  # noqa: F401  (what each GE check step pays once)
+
     print(f"great_expectations import: {time.perf_counter() - start:.1f} s (once per step process)")
     expectations.validate(frames.pd.DataFrame({"line_no": [1]}), "warm", [])  # first context: not timed
 
@@ -159,13 +165,16 @@ def main() -> int:
                         report(backend, batches, args.records, warehouse, figures)
                         warehouse.dispose()
             scaling.setdefault(backend, []).append(
-                (batches, figures["integrity, scoped to the batch"], figures["integrity, whole warehouse"]))
+                (batches, figures["integrity, scoped to the batch"], figures["integrity, whole warehouse"])
+            )
 
     print("\nintegrity check as the warehouse grows (median ms): scoped vs whole warehouse")
     for backend, points in scaling.items():
         for batches, scoped, whole in points:
-            print(f"  {backend:10s} {batches:3d} batches: scoped {scoped * 1000:8.1f}  whole {whole * 1000:8.1f}  "
-                  f"whole/scoped {whole / scoped:6.2f}")
+            print(
+                f"  {backend:10s} {batches:3d} batches: scoped {scoped * 1000:8.1f}  whole {whole * 1000:8.1f}  "
+                f"whole/scoped {whole / scoped:6.2f}"
+            )
     return 0
 
 

@@ -7,7 +7,8 @@
    size: first a seed crawl through the real ladder (raw -> canonical -> exact
    -> near), then filler records canonicalised, hashed and MinHash-sketched by
    the project's own code and COPYed into records, record_hashes and
-   near_index (a Zipf vocabulary, so LSH band keys collide as real text does). At each size, every repeat copies the base
+   near_index (a Zipf vocabulary, so LSH band keys collide as real text does). At each size, every repeat copies
+   the base
    (CREATE DATABASE ... TEMPLATE) and times the same batch through raw,
    canonical, exact (no seen-set: every digest is looked up in the warehouse)
    and near-duplicate rungs: 30% exact re-crawls, 10% changed prices, 5% near
@@ -51,22 +52,23 @@ from dedup_pipeline.ladder.exact import deduplicate_batch  # noqa: E402
 from dedup_pipeline.ladder.near import cluster_batch, near_text, sketch  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
-from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
 from dedup_pipeline.store import near as near_index  # noqa: E402
+from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
 from dedup_pipeline.store.schema import record_hashes, records  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
 
-SETTINGS = LadderResource().settings()           # the code location's defaults
+SETTINGS = LadderResource().settings()  # the code location's defaults
 NEAR = NearDupResource()
 PARAMS = NEAR.params()
 VERSIONS = SETTINGS.hash_versions
 ACTIVE = INITIAL_ACTIVE_VERSION
-T0 = 1_790_000_000.0                              # seed crawl landing time; batches land a day later
+T0 = 1_790_000_000.0  # seed crawl landing time; batches land a day later
 RUNGS = ("raw", "canonical", "exact", "near")
 FILLER_CHUNK = 20_000
 
 
 # -- synthetic crawl ---------------------------------------------------------------------------------
+
 
 class Texts:
     """Product text from a Zipf-distributed vocabulary of pseudo-words (common words shared, as in real text)."""
@@ -98,8 +100,11 @@ def listing(n: int, texts: Texts, host: str = "shop") -> dict:
         "currency": "EUR",
         "seller_id": f"seller-{n % 997}",
         "sku": f"SKU-{n}",
-        "scraped_at": "2026-11-01T10:00:00Z", "crawl_id": "seed", "proxy_ip": "10.0.0.1",
-        "response_ms": int(rng.integers(40, 900)), "etag": f"e{n}",
+        "scraped_at": "2026-11-01T10:00:00Z",
+        "crawl_id": "seed",
+        "proxy_ip": "10.0.0.1",
+        "response_ms": int(rng.integers(40, 900)),
+        "etag": f"e{n}",
     }
 
 
@@ -167,6 +172,7 @@ def write_batch(folder: Path, key: str, rows: list[dict], landed: float) -> None
 
 # -- building warehouses -----------------------------------------------------------------------------
 
+
 def run_ladder(url: str, landing: Path, key: str) -> dict[str, float]:
     """The four rungs over one registered batch file; seconds per rung."""
     warehouse = Warehouse(url).create_schema()
@@ -181,7 +187,7 @@ def run_ladder(url: str, landing: Path, key: str) -> dict[str, float]:
     report = deduplicate_batch(warehouse, key, f"bench-{uuid.uuid4().hex[:8]}", SETTINGS)
     seconds["exact"] = time.perf_counter() - start
     start = time.perf_counter()
-    near = cluster_batch(warehouse, key, PARAMS, NEAR.chunk_size)
+    near = cluster_batch(warehouse, key, NEAR.settings())
     seconds["near"] = time.perf_counter() - start
     seconds["total"] = sum(seconds[r] for r in RUNGS)
     seconds["decisions"] = dict(report.decisions)
@@ -200,15 +206,19 @@ def _drop_indexes(conn) -> list[str]:
     into bare tables and indexing once is what makes millions of rows cheap.
     """
     tables = ", ".join(f"'{t}'::regclass" for t in _BULK_TABLES)
-    constraints = conn.execute(text(f"""
+    constraints = conn.execute(
+        text(f"""
         SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid)
         FROM pg_constraint WHERE conrelid IN ({tables}) AND contype IN ('p', 'u', 'f')
           AND NOT (conrelid = 'records'::regclass AND contype = 'p')
-        ORDER BY CASE contype WHEN 'f' THEN 0 ELSE 1 END""")).all()
-    indexes = conn.execute(text(f"""
+        ORDER BY CASE contype WHEN 'f' THEN 0 ELSE 1 END""")
+    ).all()
+    indexes = conn.execute(
+        text(f"""
         SELECT indexname, indexdef FROM pg_indexes i
         WHERE tablename IN {tuple(_BULK_TABLES)} AND NOT EXISTS (
-            SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)""")).all()
+            SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)""")
+    ).all()
     for table, name, _kind, _ in constraints:
         conn.execute(text(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"'))
     for name, _ in indexes:
@@ -237,22 +247,60 @@ def add_filler(url: str, count: int, first_number: int) -> float:
         sketches = sketch([near_text(c.payload) for c in canon], PARAMS)
         batch_id = f"filler-{first_number + done}"
         with warehouse.engine.begin() as conn:
-            copy_rows(conn, records, (
-                "record_id", "natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload",
-                "first_seen_at", "last_crawled_at", "first_batch_id", "last_batch_id", "last_landed_at", "last_line_no",
-            ), (
-                (rid, c.natural_key, c.canonical_url, "url/1", ACTIVE, bytes.fromhex(c.hashes[ACTIVE]), c.payload,
-                 landed, landed, batch_id, batch_id, landed, line)
-                for line, (rid, c) in enumerate(zip(ids, canon), start=1)
-            ))
-            copy_rows(conn, record_hashes, ("record_id", "hash_version", "content_hash", "error"), (
-                (rid, version, bytes.fromhex(digest), None)
-                for rid, c in zip(ids, canon) for version, digest in c.hashes.items()
-            ))
+            copy_rows(
+                conn,
+                records,
+                (
+                    "record_id",
+                    "natural_key",
+                    "canonical_url",
+                    "url_version",
+                    "hash_version",
+                    "content_hash",
+                    "payload",
+                    "first_seen_at",
+                    "last_crawled_at",
+                    "first_batch_id",
+                    "last_batch_id",
+                    "last_landed_at",
+                    "last_line_no",
+                ),
+                (
+                    (
+                        rid,
+                        c.natural_key,
+                        c.canonical_url,
+                        "url/1",
+                        ACTIVE,
+                        bytes.fromhex(c.hashes[ACTIVE]),
+                        c.payload,
+                        landed,
+                        landed,
+                        batch_id,
+                        batch_id,
+                        landed,
+                        line,
+                    )
+                    for line, (rid, c) in enumerate(zip(ids, canon), start=1)
+                ),
+            )
+            copy_rows(
+                conn,
+                record_hashes,
+                ("record_id", "hash_version", "content_hash", "error"),
+                (
+                    (rid, version, bytes.fromhex(digest), None)
+                    for rid, c in zip(ids, canon)
+                    for version, digest in c.hashes.items()
+                ),
+            )
             order = near_index.order_of(datetime.fromisoformat(landed), datetime.fromisoformat(landed), "filler")
             rows = near_index.IndexRows(
-                np.array(ids, dtype=np.int64), sketches.signatures, np.array([order] * n, dtype=np.int64),
-                sketches.keys, sketches.indexable,
+                np.array(ids, dtype=np.int64),
+                sketches.signatures,
+                np.array([order] * n, dtype=np.int64),
+                sketches.keys,
+                sketches.indexable,
             )
             near_index.write_rows(conn, rows, [bytes.fromhex(c.hashes[ACTIVE]) for c in canon], pending=False)
         next_id += n
@@ -261,7 +309,9 @@ def add_filler(url: str, count: int, first_number: int) -> float:
         conn.execute(text("SET LOCAL maintenance_work_mem = '1GB'"))
         for statement in recreate:
             conn.execute(text(statement))
-        conn.execute(text("SELECT setval(pg_get_serial_sequence('records', 'record_id'), (SELECT max(record_id) FROM records))"))
+        conn.execute(
+            text("SELECT setval(pg_get_serial_sequence('records', 'record_id'), (SELECT max(record_id) FROM records))")
+        )
     warehouse.dispose()
     vacuum_analyze(url)
     return time.perf_counter() - start
@@ -322,6 +372,7 @@ def count_records(url: str) -> int:
 
 # -- one worker against two --------------------------------------------------------------------------
 
+
 def worker_main(args) -> None:
     """A worker process: wait for the shared start time, run its batches one after the other, print JSON."""
     landing = Path(args.landing)
@@ -337,9 +388,21 @@ def run_workers(url: str, landing: Path, groups: list[list[str]]) -> float:
     start_at = time.time() + 15  # after every worker has imported the project
     processes = [
         subprocess.Popen(
-            [sys.executable, __file__, "--worker", "--url", url, "--landing", str(landing),
-             "--batches", ",".join(group), "--start-at", str(start_at)],
-            stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                "--url",
+                url,
+                "--landing",
+                str(landing),
+                "--batches",
+                ",".join(group),
+                "--start-at",
+                str(start_at),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for group in groups
     ]
@@ -354,13 +417,21 @@ def run_workers(url: str, landing: Path, groups: list[list[str]]) -> float:
 
 # -- footprint -----------------------------------------------------------------------------------------
 
+
 def table_footprint(url: str) -> list[tuple[str, int, float, float]]:
     """(table, rows, bytes per row for the heap+TOAST, bytes per row of each index summed)."""
     engine = create_engine(url)
     out = []
     with engine.connect() as conn:
-        for table in ("records", "record_hashes", "near_index", "near_duplicate_links", "canonical_records",
-                      "dedup_decisions", "record_history"):
+        for table in (
+            "records",
+            "record_hashes",
+            "near_index",
+            "near_duplicate_links",
+            "canonical_records",
+            "dedup_decisions",
+            "record_history",
+        ):
             rows = conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
             total = conn.execute(text(f"SELECT pg_total_relation_size('{table}')")).scalar_one()
             indexes = conn.execute(text(f"SELECT pg_indexes_size('{table}')")).scalar_one()
@@ -384,12 +455,12 @@ def redis_footprint(keys: int = 50_000) -> tuple[int, float]:
     digests = [hashlib.sha256(str(i).encode()).digest() for i in range(keys)]
     before = client.info("memory")["used_memory"]
     for start in range(0, keys, 5000):
-        seen.remember(ACTIVE, digests[start:start + 5000])
+        seen.remember(ACTIVE, digests[start : start + 5000])
     after = client.info("memory")["used_memory"]
     one = client.memory_usage(seen.key(ACTIVE, digests[0]))
     names = [seen.key(ACTIVE, d) for d in digests]
     for start in range(0, keys, 5000):
-        client.delete(*names[start:start + 5000])
+        client.delete(*names[start : start + 5000])
     return one, (after - before) / keys
 
 
@@ -400,6 +471,7 @@ def bloom_bits_per_element(capacity: int = 10_000_000, error_rate: float = 0.001
 
 
 # -- main ----------------------------------------------------------------------------------------------
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -422,8 +494,10 @@ def main() -> None:
     plan = Plan(args.batch)
     speed = Plan(args.speedup_batch)
     seeds_needed = max(plan.seed_size(1), speed.seed_size(2))
-    print(f"batch {plan.batch:,} records: {plan.exact:,} exact re-crawls, {plan.changed:,} changed, "
-          f"{plan.near:,} near duplicates under new URLs, {plan.new:,} new; no seen-set (every lookup in the warehouse)")
+    print(
+        f"batch {plan.batch:,} records: {plan.exact:,} exact re-crawls, {plan.changed:,} changed, "
+        f"{plan.near:,} near duplicates under new URLs, {plan.new:,} new; no seen-set (every lookup in the warehouse)"
+    )
     copies = Copies()
     with tempfile.TemporaryDirectory() as folder, scratch_database() as base:
         landing = Path(folder)
@@ -443,15 +517,20 @@ def main() -> None:
         for size in sizes:
             if size > stored:
                 seconds = add_filler(base, size - stored, first_number=100_000_000 + stored)
-                print(f"warehouse grown to {size:,} records (COPY, sketches included): {seconds:.1f} s "
-                      f"({(size - stored) / seconds:,.0f} records/s)")
+                print(
+                    f"warehouse grown to {size:,} records (COPY, sketches included): {seconds:.1f} s "
+                    f"({(size - stored) / seconds:,.0f} records/s)"
+                )
                 stored = size
             results[size] = []
             for repeat in range(args.repeat):
                 results[size].append(timed_copy(copies, base, landing))
                 r = results[size][-1]
-                print(f"  {size:>11,} rows, repeat {repeat + 1}: total {r['total']:.2f} s "
-                      + " ".join(f"{k} {r[k]:.2f}" for k in RUNGS) + f"; candidate pairs {r['candidate_pairs']:,}")
+                print(
+                    f"  {size:>11,} rows, repeat {repeat + 1}: total {r['total']:.2f} s "
+                    + " ".join(f"{k} {r[k]:.2f}" for k in RUNGS)
+                    + f"; candidate pairs {r['candidate_pairs']:,}"
+                )
             if size == sizes[0] and not args.skip_speedup:
                 print_speedup(copies, base, landing, args.speedup_repeat, speed)
         decisions = results[sizes[0]][0]["decisions"]
@@ -463,7 +542,10 @@ def main() -> None:
 def print_speedup(copies: Copies, base: str, landing: Path, repeat: int, speed: Plan) -> None:
     serial, parallel = [], []
     for _ in range(repeat):
-        for mode, groups, out in (("serial", [["pair-1", "pair-2"]], serial), ("parallel", [["pair-1"], ["pair-2"]], parallel)):
+        for mode, groups, out in (
+            ("serial", [["pair-1", "pair-2"]], serial),
+            ("parallel", [["pair-1"], ["pair-2"]], parallel),
+        ):
             url = copies.copy(base)
             try:
                 out.append(run_workers(url, landing, groups))
@@ -471,16 +553,27 @@ def print_speedup(copies: Copies, base: str, landing: Path, repeat: int, speed: 
                 copies.drop(url)
             print(f"  two {speed.batch:,}-record batches, {mode}: {out[-1]:.2f} s")
     s, p = median(serial), median(parallel)
-    print(f"\none worker vs two ({os.cpu_count()} cores): serial {s:.2f} s, two processes {p:.2f} s, speedup {s / p:.2f}x\n")
+    print(
+        f"\none worker vs two ({os.cpu_count()} cores): serial {s:.2f} s, two processes {p:.2f} s, "
+        f"speedup {s / p:.2f}x\n"
+    )
 
 
 def print_growth(results: dict[int, list[dict]], sizes: list[int]) -> None:
     print("\nmedian seconds per batch")
-    print(f"{'warehouse rows':>15} " + " ".join(f"{r:>9}" for r in (*RUNGS, "total")) + f" {'vs ' + format(sizes[0], ','):>12}")
+    print(
+        f"{'warehouse rows':>15} "
+        + " ".join(f"{r:>9}" for r in (*RUNGS, "total"))
+        + f" {'vs ' + format(sizes[0], ','):>12}"
+    )
     base_total = median([r["total"] for r in results[sizes[0]]])
     for size in sizes:
         med = {k: median([r[k] for r in results[size]]) for k in (*RUNGS, "total")}
-        print(f"{size:>15,} " + " ".join(f"{med[k]:>9.2f}" for k in (*RUNGS, "total")) + f" {med['total'] / base_total:>11.2f}x")
+        print(
+            f"{size:>15,} "
+            + " ".join(f"{med[k]:>9.2f}" for k in (*RUNGS, "total"))
+            + f" {med['total'] / base_total:>11.2f}x"
+        )
     print("target: every ratio within 1.2x")
 
 

@@ -45,7 +45,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,12 +68,15 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # ------------------------------------------------------------------ the crawl
 
+
 def _titles() -> list[str]:
     titles: list[str] = []
     with open(DATA / "er_jedai" / "walmart-amazon" / "amazon.csv", encoding="utf-8", errors="replace") as handle:
         titles += [row["title"] for row in csv.DictReader(handle, delimiter="|") if row.get("title")]
-    for path, column in ((DATA / "er_leipzig" / "Abt-Buy" / "Buy.csv", "name"),
-                         (DATA / "er_leipzig" / "Amazon-GoogleProducts" / "GoogleProducts.csv", "name")):
+    for path, column in (
+        (DATA / "er_leipzig" / "Abt-Buy" / "Buy.csv", "name"),
+        (DATA / "er_leipzig" / "Amazon-GoogleProducts" / "GoogleProducts.csv", "name"),
+    ):
         with open(path, encoding="latin-1") as handle:
             titles += [row[column] for row in csv.DictReader(handle) if row.get(column)]
     return sorted({t.strip() for t in titles if len(t.split()) >= 2})
@@ -108,7 +110,9 @@ class Crawl:
 
     def _text(self, p: int) -> tuple[str, str]:
         rng = random.Random(p * 7919 + 17)
-        title = f"{self.titles[p % len(self.titles)]}" + (f" ({p // len(self.titles)})" if p >= len(self.titles) else "")
+        title = f"{self.titles[p % len(self.titles)]}" + (
+            f" ({p // len(self.titles)})" if p >= len(self.titles) else ""
+        )
         # A few sentences drawn from thousands: two listings rarely share one, as two real listings rarely do.
         description = " ".join(rng.sample(self.sentences, rng.randint(3, 6)))
         return title, description
@@ -120,17 +124,23 @@ class Crawl:
         if tracking:
             url += f"?utm_source=feed{batch}&utm_medium=cpc&gclid=g{self.rng.getrandbits(24):x}"
         return {
-            "url": url, "title": title, "description": description,
-            "price": f"{(p % 500) + 9.99 + version:.2f}", "currency": "EUR",
-            "seller_id": f"{SOURCES[source]}-seller-{p % 83}", "sku": f"SKU-{p}",
+            "url": url,
+            "title": title,
+            "description": description,
+            "price": f"{(p % 500) + 9.99 + version:.2f}",
+            "currency": "EUR",
+            "seller_id": f"{SOURCES[source]}-seller-{p % 83}",
+            "sku": f"SKU-{p}",
             **self._volatile(batch),
         }
 
     def _volatile(self, batch: int) -> dict:
         return {
             "scraped_at": f"2026-11-{1 + batch % 28:02d}T{self.rng.randrange(24):02d}:{self.rng.randrange(60):02d}:00Z",
-            "crawl_id": f"crawl-{batch}-{self.rng.randrange(8)}", "proxy_ip": f"10.{batch}.{self.rng.randrange(256)}.7",
-            "response_ms": self.rng.randrange(40, 900), "etag": f"W/\"{self.rng.getrandbits(32):08x}\"",
+            "crawl_id": f"crawl-{batch}-{self.rng.randrange(8)}",
+            "proxy_ip": f"10.{batch}.{self.rng.randrange(256)}.7",
+            "response_ms": self.rng.randrange(40, 900),
+            "etag": f'W/"{self.rng.getrandbits(32):08x}"',
         }
 
     def near_copy(self, p: int, batch: int) -> dict:
@@ -144,9 +154,14 @@ class Crawl:
             words[at] = rng.choice(("reportedly", "also", "now", "still", "—", "however,", "said"))
         host = f"mirror{self.copies % 37}.example.org"
         return {
-            "url": f"https://{host}/syndicated/{p}-{self.copies}", "title": title, "description": " ".join(words),
-            "price": f"{(p % 500) + 9.99:.2f}", "currency": "EUR", "seller_id": f"syndicator-{self.copies % 37}",
-            "sku": f"SYN-{p}-{self.copies}", **self._volatile(batch),
+            "url": f"https://{host}/syndicated/{p}-{self.copies}",
+            "title": title,
+            "description": " ".join(words),
+            "price": f"{(p % 500) + 9.99:.2f}",
+            "currency": "EUR",
+            "seller_id": f"syndicator-{self.copies % 37}",
+            "sku": f"SYN-{p}-{self.copies}",
+            **self._volatile(batch),
         }
 
     def batch(self, batch: int, source: int, size: int) -> list[dict]:
@@ -172,8 +187,11 @@ class Crawl:
             else:
                 # Syndication copies some stories far more than others: clusters of every size, some of hundreds.
                 pool = self.originals
-                lines.append(self.near_copy(pool[int(len(pool) * self.rng.random() ** 2)] if heavy
-                                            else self.rng.choice(pool), batch))
+                lines.append(
+                    self.near_copy(
+                        pool[int(len(pool) * self.rng.random() ** 2)] if heavy else self.rng.choice(pool), batch
+                    )
+                )
         return lines
 
 
@@ -194,6 +212,7 @@ def write_crawl(folder: Path, records: int, batches: int, density: str, seed: in
 
 
 # ------------------------------------------------------------------ sampling CPU and waits
+
 
 def _cpu_seconds(pid: int, reaped_children: bool = False) -> float:
     """utime + stime of `pid`, and with `reaped_children` those of its children that have exited and been waited for."""
@@ -252,12 +271,17 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            client = {name: _cpu_seconds(pid, True) + sum(_cpu_seconds(c) for c in _descendants(pid))
-                      for name, pid in self.clients.items()}
-            waiting = {row[0] for row in self._conn.execute(
-                "SELECT application_name FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
-                (self._database,),
-            )}
+            client = {
+                name: _cpu_seconds(pid, True) + sum(_cpu_seconds(c) for c in _descendants(pid))
+                for name, pid in self.clients.items()
+            }
+            waiting = {
+                row[0]
+                for row in self._conn.execute(
+                    "SELECT application_name FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
+                    (self._database,),
+                )
+            }
             self.samples.append((time.time(), client, self._server_cpu(), waiting))
             self._halt.wait(SAMPLE_SECONDS)
 
@@ -286,10 +310,12 @@ class Sampler(threading.Thread):
             if b[0] == a[0]:
                 return value(a)
             return value(a) + (value(b) - value(a)) * (moment - a[0]) / (b[0] - a[0])
+
         return max(0.0, at(end) - at(start))
 
 
 # ------------------------------------------------------------------ running ours
+
 
 @contextmanager
 def private_redis():
@@ -307,15 +333,23 @@ def _environment(database_url: str, redis_url: str, home: Path, application: str
     home.mkdir(parents=True, exist_ok=True)
     (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     return {
-        **os.environ, "DAGSTER_HOME": str(home), "DEDUP_REDIS_URL": redis_url,
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "DEDUP_REDIS_URL": redis_url,
         "DEDUP_DATABASE_URL": f"{database_url}?application_name={application}",
         "DEDUP_DATA_DIR": str(home / "data"),
     }
 
 
 def launch(landing: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([CLI, "run", "--landing", str(landing), "--json"], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [CLI, "run", "--landing", str(landing), "--json"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen) -> dict:
@@ -326,7 +360,7 @@ def finish(process: subprocess.Popen) -> dict:
 
 
 def step_windows(home: Path) -> list[dict]:
-    """Per run of the instance at `home`: its partition, wall window and each step's wall window (from the event log)."""
+    """Per run of the instance at `home`: its partition, wall window and each step's (from the event log)."""
     from dagster import DagsterEventType, DagsterInstance
     from dagster._core.instance.ref import InstanceRef
 
@@ -365,24 +399,40 @@ def _rung_of(step_key: str) -> str:
 def warehouse_figures(database_url: str) -> dict:
     with psycopg.connect(database_url.replace("postgresql+psycopg", "postgresql")) as conn:
         stored = conn.execute("SELECT count(*) FROM records").fetchone()[0]
-        tables = dict(conn.execute(
-            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = 'public' AND c.relkind = 'r'"
-        ).fetchall())
+        tables = dict(
+            conn.execute(
+                "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r'"
+            ).fetchall()
+        )
         database = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
         links = conn.execute("SELECT count(*) FROM near_duplicate_links").fetchone()[0]
         clustered = conn.execute("SELECT count(*) FROM near_duplicate_clusters").fetchone()[0]
-        sketched = conn.execute("SELECT count(*) FROM minhash_signatures").fetchone()[0] if "minhash_signatures" in tables else stored
-    return {"stored": stored, "tables": tables, "database": database, "links": links, "clustered": clustered,
-            "sketched": sketched}
+        sketched = (
+            conn.execute("SELECT count(*) FROM minhash_signatures").fetchone()[0]
+            if "minhash_signatures" in tables
+            else stored
+        )
+    return {
+        "stored": stored,
+        "tables": tables,
+        "database": database,
+        "links": links,
+        "clustered": clustered,
+        "sketched": sketched,
+    }
 
 
 def clustering_by_key(database_url: str) -> tuple[set, set]:
     """Links as sets of natural-key pairs, clusters as (sorted member keys, representative key): id-free."""
     with psycopg.connect(database_url.replace("postgresql+psycopg", "postgresql")) as conn:
-        links = {tuple(sorted(row)) for row in conn.execute(
-            "SELECT a.natural_key, b.natural_key FROM near_duplicate_links l "
-            "JOIN records a ON a.record_id = l.record_a JOIN records b ON b.record_id = l.record_b")}
+        links = {
+            tuple(sorted(row))
+            for row in conn.execute(
+                "SELECT a.natural_key, b.natural_key FROM near_duplicate_links l "
+                "JOIN records a ON a.record_id = l.record_a JOIN records b ON b.record_id = l.record_b"
+            )
+        }
         members: dict[int, list] = {}
         representative: dict[int, str] = {}
         for cluster, key, rep in conn.execute(
@@ -412,7 +462,11 @@ class OursRound:
 
 
 def run_ours(landing: Path, lines: int) -> OursRound:
-    with scratch_database() as url, private_redis() as redis_url, tempfile.TemporaryDirectory(prefix="e2e-home-") as tmp:
+    with (
+        scratch_database() as url,
+        private_redis() as redis_url,
+        tempfile.TemporaryDirectory(prefix="e2e-home-") as tmp,
+    ):
         home = Path(tmp) / "dagster_home"
         env = _environment(url, redis_url, home, "e2e-ours")
         started = time.time()
@@ -442,15 +496,25 @@ def run_ours(landing: Path, lines: int) -> OursRound:
         batch_walls = [run["end"] - run["start"] for run in runs if run["start"] and run["end"]]
         fixed = [
             (run["end"] - run["start"]) - sum(e - b for b, e in run["steps"].values())
-            for run in runs if run["start"] and run["end"]
+            for run in runs
+            if run["start"] and run["end"]
         ]
         first_start = min(run["start"] for run in runs if run["start"])
         figures = warehouse_figures(url)
         if summary["failed"]:
             raise SystemExit(f"batches failed: {summary['failed']}")
     return OursRound(
-        seconds, lines, wall, client, server, batch_walls, fixed, first_start - started,
-        lock_hits / lock_samples if lock_samples else 0.0, figures["sketched"], figures,
+        seconds,
+        lines,
+        wall,
+        client,
+        server,
+        batch_walls,
+        fixed,
+        first_start - started,
+        lock_hits / lock_samples if lock_samples else 0.0,
+        figures["sketched"],
+        figures,
     )
 
 
@@ -478,7 +542,11 @@ def run_parallel(folder: Path) -> dict:
                 shutil.copy2(path, target / path.name)
     out = {}
     for mode in ("serial", "parallel"):
-        with scratch_database() as url, private_redis() as redis_url, tempfile.TemporaryDirectory(prefix="e2e-par-") as tmp:
+        with (
+            scratch_database() as url,
+            private_redis() as redis_url,
+            tempfile.TemporaryDirectory(prefix="e2e-par-") as tmp,
+        ):
             envs = {s: _environment(url, redis_url, Path(tmp) / s, f"e2e-{s}") for s in SOURCES}
             started = time.time()
             if mode == "parallel":
@@ -506,6 +574,7 @@ def run_parallel(folder: Path) -> dict:
 
 # ------------------------------------------------------------------ report
 
+
 def _median(values) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -514,11 +583,15 @@ def report(density: str, ours: list[OursRound], seeds: list[float]) -> None:
     rates = [r.lines / r.seconds for r in ours]
     lines = ours[0].lines
     print(f"\n== {density} crawl: {lines:,} lines in {len(ours[0].batch_walls)} batches, {len(ours)} round(s), medians")
-    print(f"  ours  dedup-pipeline run  {_median(rates):>8,.0f} rec/s   (rounds: {', '.join(f'{r:,.0f}' for r in rates)})")
-    print(f"  seeds store_if_new        {_median(seeds):>8,.0f} rec/s   (rounds: {', '.join(f'{r:,.0f}' for r in seeds)})")
+    print(
+        f"  ours  dedup-pipeline run  {_median(rates):>8,.0f} rec/s   (rounds: {', '.join(f'{r:,.0f}' for r in rates)})"
+    )
+    print(
+        f"  seeds store_if_new        {_median(seeds):>8,.0f} rec/s   (rounds: {', '.join(f'{r:,.0f}' for r in seeds)})"
+    )
     print(f"  ours / seeds              {_median(rates) / _median(seeds):8.2f}x  (target >= 3x)")
     print("  per step                             wall s   client CPU s   server CPU s   client us/record")
-    for rung in (name for rung in RUNGS for name in (rung, f"{rung} checks")):
+    for rung in (name for asset in RUNGS for name in (asset, f"{asset} checks")):
         wall = _median([r.rung_wall.get(rung, 0) for r in ours])
         client = _median([r.rung_client.get(rung, 0) for r in ours])
         server = _median([r.rung_server.get(rung, 0) for r in ours])
@@ -526,25 +599,33 @@ def report(density: str, ours: list[OursRound], seeds: list[float]) -> None:
     total = _median([r.seconds for r in ours])
     print(f"    {'whole run':32s} {total:8.1f}")
     docs = _median([r.near_documents for r in ours])
-    near_cpu = _median([r.rung_client.get('near_duplicate_clusters', 0) for r in ours])
-    print(f"  near rung: {near_cpu / max(docs, 1) * 1e3:.3f} ms client CPU per sketched document "
-          f"({docs:,.0f} documents; target <= 0.35); lock wait {_median([r.near_lock_share for r in ours]):.1%} "
-          "of its wall (target <= 5%)")
-    print(f"  start-up before the first run {_median([r.startup for r in ours]):.1f} s; per batch: run wall "
-          f"{', '.join(f'{w:.1f}' for w in ours[len(ours) // 2].batch_walls)} s, fixed cost (run minus steps) "
-          f"median {_median([f for r in ours for f in r.batch_fixed]):.2f} s")
+    near_cpu = _median([r.rung_client.get("near_duplicate_clusters", 0) for r in ours])
+    print(
+        f"  near rung: {near_cpu / max(docs, 1) * 1e3:.3f} ms client CPU per sketched document "
+        f"({docs:,.0f} documents; target <= 0.35); lock wait {_median([r.near_lock_share for r in ours]):.1%} "
+        "of its wall (target <= 5%)"
+    )
+    print(
+        f"  start-up before the first run {_median([r.startup for r in ours]):.1f} s; per batch: run wall "
+        f"{', '.join(f'{w:.1f}' for w in ours[len(ours) // 2].batch_walls)} s, fixed cost (run minus steps) "
+        f"median {_median([f for r in ours for f in r.batch_fixed]):.2f} s"
+    )
     walls = ours[len(ours) // 2].batch_walls
     if len(walls) >= 10:
         print(f"  cost growth: batch 10 / batch 2 wall {walls[9] / walls[1]:.2f}x (target <= 1.2x)")
     figures = ours[len(ours) // 2].figures
     stored = max(figures["stored"], 1)
-    print(f"  warehouse: {figures['stored']:,} stored records, {figures['database'] / stored:,.0f} bytes per stored "
-          "record in the whole database (target <= 5,000)")
+    print(
+        f"  warehouse: {figures['stored']:,} stored records, {figures['database'] / stored:,.0f} bytes per stored "
+        "record in the whole database (target <= 5,000)"
+    )
     near_tables = ("lsh_buckets", "minhash_signatures", "near_index")
     index_bytes = sum(v for k, v in figures["tables"].items() if k in near_tables)
     print(f"    near index with signatures: {index_bytes / stored:,.0f} bytes per stored record (target <= 1,200)")
-    print(f"    links: {figures['links']:,} for {figures['clustered']:,} clustered records: "
-          f"{figures['links'] / max(figures['clustered'], 1):.2f} per clustered record (target <= 3)")
+    print(
+        f"    links: {figures['links']:,} for {figures['clustered']:,} clustered records: "
+        f"{figures['links'] / max(figures['clustered'], 1):.2f} per clustered record (target <= 3)"
+    )
     for table, size in sorted(figures["tables"].items(), key=lambda kv: -kv[1])[:12]:
         print(f"    {table:28s} {size / stored:10,.0f} bytes per stored record")
 
@@ -577,10 +658,12 @@ def main() -> None:
                 result = run_parallel(folder)
                 same_links = result["serial"][0] == result["parallel"][0]
                 same_clusters = result["serial"][1] == result["parallel"][1]
-                print(f"  two processes on two sources: {result['serial_seconds'] / result['parallel_seconds']:.2f}x one "
-                      f"process (target >= 1.5x); lock wait {result['lock_share']:.1%} of the near rung's wall; links "
-                      f"{'identical' if same_links else 'DIFFER'} ({len(result['serial'][0]):,} serial, "
-                      f"{len(result['parallel'][0]):,} parallel), clusters {'identical' if same_clusters else 'DIFFER'}")
+                print(
+                    f"  two processes on two sources: {result['serial_seconds'] / result['parallel_seconds']:.2f}x one "
+                    f"process (target >= 1.5x); lock wait {result['lock_share']:.1%} of the near rung's wall; links "
+                    f"{'identical' if same_links else 'DIFFER'} ({len(result['serial'][0]):,} serial, "
+                    f"{len(result['parallel'][0]):,} parallel), clusters {'identical' if same_clusters else 'DIFFER'}"
+                )
         print(f"load average at end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     finally:
         if not args.keep:

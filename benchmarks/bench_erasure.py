@@ -34,15 +34,22 @@ from sqlalchemy import delete, insert, select  # noqa: E402
 from benchmarks.common import crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
 from dedup_pipeline.core import erasure as core  # noqa: E402
 from dedup_pipeline.core.erasure import Subject  # noqa: E402
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
 from dedup_pipeline.ladder.erasure import erase_subject  # noqa: E402
-from dedup_pipeline.ladder.exact import deduplicate_batch, iter_canonical_chunks  # noqa: E402
+from dedup_pipeline.ladder.exact import deduplicate_batch  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.ladder.settings import LadderSettings  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
-from dedup_pipeline.store import erasure as store  # noqa: E402
+from dedup_pipeline.store import tombstones as store  # noqa: E402
+from dedup_pipeline.store.exact import iter_canonical_chunks  # noqa: E402
 from dedup_pipeline.store.schema import (  # noqa: E402
-    dedup_decisions, erasure_scopes, erasure_tombstones, record_hashes, record_history, records,
+    dedup_decisions,
+    erasure_scopes,
+    erasure_tombstones,
+    record_hashes,
+    record_history,
+    records,
 )
 from dedup_pipeline.store.warehouse import Warehouse, utcnow  # noqa: E402
 
@@ -59,13 +66,27 @@ def seed_tombstones(warehouse: Warehouse, count: int) -> list[dict]:
     """`count` tombstones spread over every kind and scope, plus the scopes catalogue rows; returns the scopes."""
     with warehouse.engine.connect() as conn:
         kid = core.key_id(store.tombstone_key(conn))
-    kinds = [("natural_key", ""), ("canonical_url", "url/1"), ("field", "seller_id"), ("content_digest", "content/1"),
-             ("content_digest", "content/2")]
-    rows = [{"fingerprint": secrets.token_bytes(32), "kind": kinds[i % 5][0], "scope": kinds[i % 5][1], "key_id": kid,
-             "erasure_id": 0, "created_at": utcnow()} for i in range(count)]
+    kinds = [
+        ("natural_key", ""),
+        ("canonical_url", "url/1"),
+        ("field", "seller_id"),
+        ("content_digest", "content/1"),
+        ("content_digest", "content/2"),
+    ]
+    rows = [
+        {
+            "fingerprint": secrets.token_bytes(32),
+            "kind": kinds[i % 5][0],
+            "scope": kinds[i % 5][1],
+            "key_id": kid,
+            "erasure_id": 0,
+            "created_at": utcnow(),
+        }
+        for i in range(count)
+    ]
     with warehouse.engine.begin() as conn:
         for start in range(0, len(rows), 10_000):
-            conn.execute(insert(erasure_tombstones), rows[start:start + 10_000])
+            conn.execute(insert(erasure_tombstones), rows[start : start + 10_000])
     return [{"kind": kind, "scope": scope, "key_id": kid} for kind, scope in kinds]
 
 
@@ -83,7 +104,9 @@ def per_record_check(warehouse: Warehouse, chunk) -> set[int]:
         catalogue = store.load_catalogue(conn)
         key = store.tombstone_key(conn)
         for position, record in enumerate(chunk):
-            prints = core.record_fingerprints(key, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes)
+            prints = core.record_fingerprints(
+                key, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes
+            )
             column = erasure_tombstones.c.fingerprint
             if conn.execute(select(column).where(column.in_(prints)).limit(1)).first() is not None:
                 erased.add(position)
@@ -102,7 +125,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=2000)
     args = parser.parse_args()
-    os.environ.setdefault(store.TOMBSTONE_KEY_ENV, secrets.token_hex(32))
+    os.environ.setdefault(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
     settings = LadderSettings(chunk_size=args.chunk)
     with scratch_database() as url, tempfile.TemporaryDirectory() as folder:
         warehouse = Warehouse(url).create_schema()
@@ -123,7 +146,9 @@ def main() -> None:
             assert report.decisions["new"] == args.records
             plain.append(args.records / seconds)
 
-            seconds, result = timed(erase_subject, warehouse, Subject.parse("field", ERASED_SELLER, field="seller_id"), "bench")
+            seconds, result = timed(
+                erase_subject, warehouse, Subject.parse("field", ERASED_SELLER, field="seller_id"), "bench"
+            )
             erasures.append(seconds)
             removed = result.removed["records"]
 
@@ -144,11 +169,15 @@ def main() -> None:
     print(f"records={args.records} tombstones={args.tombstones} chunk={args.chunk} repeat={args.repeat}")
     print("1. exact rung, records/s (median)")
     print(f"   no tombstones            {median(plain):>10,.0f}")
-    print(f"   {args.tombstones:,} tombstones     {median(checked):>10,.0f}   "
-          f"ratio {median(checked) / median(plain):.2f} (1% of the batch erased)")
+    print(
+        f"   {args.tombstones:,} tombstones     {median(checked):>10,.0f}   "
+        f"ratio {median(checked) / median(plain):.2f} (1% of the batch erased)"
+    )
     print(f"2. tombstone check of one chunk of {len(chunk)} records, ms (median)")
     print(f"   erased_positions         {median(one_query):>10.1f}")
-    print(f"   per record (baseline)    {median(per_record):>10.1f}   ratio {median(per_record) / median(one_query):.1f}x")
+    print(
+        f"   per record (baseline)    {median(per_record):>10.1f}   ratio {median(per_record) / median(one_query):.1f}x"
+    )
     print(f"3. erasure of one seller ({removed} current records of {args.records}): {median(erasures):.3f} s (median)")
 
 

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import unicodedata
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -43,16 +43,14 @@ import redis  # noqa: E402
 from benchmarks.common import REDIS_URL, crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
 from dedup_pipeline.core.fields import canonical_fields  # noqa: E402
 from dedup_pipeline.core.hashing import HASH_RULES  # noqa: E402
-from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
 from dedup_pipeline.core.records import canonicalise_records, parse_line  # noqa: E402
+from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
 from dedup_pipeline.ladder.exact import deduplicate_batch, deduplicate_records  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.ladder.settings import LadderSettings  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store.seen_set import RedisSeenSet  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
-
-
 
 SETTINGS = LadderSettings(chunk_size=5000)
 VERSIONS = tuple(HASH_RULES)
@@ -80,8 +78,14 @@ def run_ours(records: list[dict], canonicalised_before: bool = False) -> float:
         if canonicalised_before:
             chunks = list(chunks)
         seconds, report = timed(
-            deduplicate_records, warehouse, "crawl", "bench", chunks, SETTINGS, seen,
-            datetime(2026, 11, 30, tzinfo=timezone.utc),
+            deduplicate_records,
+            warehouse,
+            "crawl",
+            "bench",
+            chunks,
+            SETTINGS,
+            seen,
+            datetime(2026, 11, 30, tzinfo=UTC),
         )
         assert report.decisions["new"] + report.decisions["exact_duplicate"] == len(records), report.decisions
         warehouse.dispose()
@@ -136,7 +140,8 @@ def seed_store_if_new(conn, client, record: dict, prefix: str) -> bool:
         return False
     with conn.cursor() as cur:
         cur.execute(
-            "INSERT INTO record (content_hash, payload) VALUES (%s, %s) ON CONFLICT (content_hash) DO NOTHING RETURNING id",
+            "INSERT INTO record (content_hash, payload) VALUES (%s, %s) "
+            "ON CONFLICT (content_hash) DO NOTHING RETURNING id",
             (digest, json.dumps(record)),
         )
         inserted = cur.fetchone() is not None
@@ -171,7 +176,12 @@ def run_raw_copy(records: list[dict]) -> float:
     rows = {}
     for record in records:
         fields = canonical_fields(record)
-        rows[fields["url"]] = (fields["url"], "content/1", bytes.fromhex(HASH_RULES["content/1"].digest(fields)), json.dumps(fields))
+        rows[fields["url"]] = (
+            fields["url"],
+            "content/1",
+            bytes.fromhex(HASH_RULES["content/1"].digest(fields)),
+            json.dumps(fields),
+        )
     prepared = list(rows.values()) + list(rows.values())[: len(records) - len(rows)]
     with scratch_database() as url:
         conn = psycopg.connect(url.replace("postgresql+psycopg", "postgresql"))
@@ -180,7 +190,10 @@ def run_raw_copy(records: list[dict]) -> float:
 
         def load():
             with conn.cursor() as cur:
-                cur.execute("CREATE TEMP TABLE stage (natural_key text, hash_version text, content_hash bytea, payload jsonb) ON COMMIT DROP")
+                cur.execute(
+                    "CREATE TEMP TABLE stage (natural_key text, hash_version text, content_hash bytea, payload jsonb) "
+                    "ON COMMIT DROP"
+                )
                 with cur.copy("COPY stage FROM STDIN") as copy:
                     for row in prepared:
                         copy.write_row(row)
@@ -222,15 +235,20 @@ def main() -> None:
         rates["raw_copy"].append(run_raw_copy(records))
         if args.with_ladder:
             rates["ladder"].append(run_ladder(folder, args.records))
-    print(f"exact rung on PostgreSQL + Redis, {args.records:,} records, 50% exact duplicates, {args.repeat} repeats (median records/s)")
+    print(
+        f"exact rung on PostgreSQL + Redis, {args.records:,} records, 50% exact duplicates, {args.repeat} repeats "
+        "(median records/s)"
+    )
     for name, values in rates.items():
         if not values:
             continue
         print(f"  {name:9s} {median(values):>10,.0f} rec/s   (runs: {', '.join(f'{v:,.0f}' for v in values)})")
     print(f"  ours / seed store_if_new : {median(rates['ours']) / median(rates['seed']):6.1f}x  (target >= 30x)")
     print(f"  ours / raw COPY          : {median(rates['ours']) / median(rates['raw_copy']):6.2f}x  (target >= 0.5x)")
-    print(f"  writes / raw COPY        : {median(rates['writes']) / median(rates['raw_copy']):6.2f}x  "
-          "(the seen-set and writes alone, canonicalised beforehand: the most ours could reach)")
+    print(
+        f"  writes / raw COPY        : {median(rates['writes']) / median(rates['raw_copy']):6.2f}x  "
+        "(the seen-set and writes alone, canonicalised beforehand: the most ours could reach)"
+    )
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ import xxhash  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dedup_pipeline.core.lsh import LshIndex  # noqa: E402
+from benchmarks.common import LshIndex  # noqa: E402
 from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts, to_lean_minhash  # noqa: E402
 from dedup_pipeline.core.near import NearDupParams  # noqa: E402
 
@@ -74,8 +74,36 @@ def make_documents(count: int, size: int = 2000, seed: int = 7) -> list[str]:
     """Seeded English-like documents of about ``size`` characters."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("etaoinshrdlcumwfgypbvkjxqz"))
-    freq = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8,
-                     2.4, 2.4, 2.2, 2.0, 2.0, 1.9, 1.5, 1.0, 0.8, 0.2, 0.2, 0.1, 0.1])
+    freq = np.array(
+        [
+            12.7,
+            9.1,
+            8.2,
+            7.5,
+            7.0,
+            6.7,
+            6.3,
+            6.1,
+            6.0,
+            4.3,
+            4.0,
+            2.8,
+            2.8,
+            2.4,
+            2.4,
+            2.2,
+            2.0,
+            2.0,
+            1.9,
+            1.5,
+            1.0,
+            0.8,
+            0.2,
+            0.2,
+            0.1,
+            0.1,
+        ]
+    )
     lengths = np.clip(rng.poisson(4.0, 30000) + 1, 1, 14)
     vocab = ["".join(rng.choice(letters, n, p=freq / freq.sum())) for n in lengths]
     zipf = 1.0 / np.arange(1, len(vocab) + 1)
@@ -144,8 +172,10 @@ def bench_signatures(docs: list[str], repeat: int) -> None:
     n = len(docs)
     n_update = max(n // 10, 20)  # update() is ~100x slower: time a slice
     per_doc = np.mean([len(s) for s in shingles])
-    print(f"documents: {n}, mean {np.mean([len(t.encode()) for t in docs]):.0f} bytes, "
-          f"{per_doc:.0f} shingles ({normaliser.identity()})")
+    print(
+        f"documents: {n}, mean {np.mean([len(t.encode()) for t in docs]):.0f} bytes, "
+        f"{per_doc:.0f} shingles ({normaliser.identity()})"
+    )
 
     # Correctness first: every path gives the same signatures.
     ours = minhash_signatures(shingles, NUM_PERM, SEED)
@@ -165,14 +195,17 @@ def bench_signatures(docs: list[str], repeat: int) -> None:
         "ds bulk         from shingles": (lambda: datasketch_bulk(shingles), n),
         "ds generator    from shingles": (lambda: datasketch_generator(shingles), n),
         "ds update       from text": (
-            lambda: datasketch_update([normaliser.shingle_bytes(t) for t in docs[:n_update]]), n_update
+            lambda: datasketch_update([normaliser.shingle_bytes(t) for t in docs[:n_update]]),
+            n_update,
         ),
         "ds update       from shingles": (lambda: datasketch_update(shingles[:n_update]), n_update),
         "shingling only (shared)": (shingle_text, n),
     }
     rate = {}
-    print(f"\n{'signatures (1 core, median of ' + str(repeat) + ')':40} {'docs/s':>10} {'us/doc':>9} {'ns/shingle':>11}"
-          f" {'wall docs/s':>12}")
+    print(
+        f"\n{'signatures (1 core, median of ' + str(repeat) + ')':40} {'docs/s':>10} {'us/doc':>9} {'ns/shingle':>11}"
+        f" {'wall docs/s':>12}"
+    )
     for name, (fn, count) in rows.items():
         cpu, wall = median_time(fn, repeat)
         seconds = cpu / count
@@ -184,10 +217,14 @@ def bench_signatures(docs: list[str], repeat: int) -> None:
         bulk = max(rate[f"ds bulk         {basis}"], rate[f"ds generator    {basis}"])
         update = rate[f"ds update       {basis}"]
         print(f"\n{basis}: ours {ours_rate:,.0f} docs/s (target >= 12,000: {'OK' if ours_rate >= 12000 else 'MISSED'})")
-        print(f"  vs datasketch update per shingle: {ours_rate / update:6.1f}x (target >= 85x: "
-              f"{'OK' if ours_rate / update >= 85 else 'MISSED'})")
-        print(f"  vs datasketch fastest bulk:       {ours_rate / bulk:6.2f}x (target >= 3.5x: "
-              f"{'OK' if ours_rate / bulk >= 3.5 else 'MISSED'})")
+        print(
+            f"  vs datasketch update per shingle: {ours_rate / update:6.1f}x (target >= 85x: "
+            f"{'OK' if ours_rate / update >= 85 else 'MISSED'})"
+        )
+        print(
+            f"  vs datasketch fastest bulk:       {ours_rate / bulk:6.2f}x (target >= 3.5x: "
+            f"{'OK' if ours_rate / bulk >= 3.5 else 'MISSED'})"
+        )
     return ours
 
 
@@ -214,14 +251,17 @@ def bench_lsh(signatures: np.ndarray, repeat: int) -> None:
     assert ours() == theirs(), "candidate sets differ"
     t_ours = median_time(ours, repeat)[0]
     t_theirs = median_time(theirs, repeat)[0]
-    print(f"\nLSH insert+query, {n} docs, bands={bands} rows={rows} (threshold {params.threshold}), "
-          "same candidates: yes")
+    print(
+        f"\nLSH insert+query, {n} docs, bands={bands} rows={rows} (threshold {params.threshold}), same candidates: yes"
+    )
     print(f"  ours LshIndex          {n / t_ours:10.0f} docs/s")
     print(f"  datasketch MinHashLSH  {n / t_theirs:10.0f} docs/s")
     print(f"  ratio {t_theirs / t_ours:.1f}x (target >= 5x: {'OK' if t_theirs / t_ours >= 5 else 'MISSED'})")
     payload = bands * (2 + 8 + 8)
-    print(f"  index bytes/doc as (band int2, key int8, record_id int8) rows: {bands} x 18 = {payload} B "
-          f"(target <= 600 B: {'OK' if payload <= 600 else 'MISSED'})")
+    print(
+        f"  index bytes/doc as (band int2, key int8, record_id int8) rows: {bands} x 18 = {payload} B "
+        f"(target <= 600 B: {'OK' if payload <= 600 else 'MISSED'})"
+    )
 
 
 def main() -> None:
@@ -232,8 +272,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.pin:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    print(f"numpy {np.__version__}, numba {numba.__version__}, xxhash {xxhash.VERSION}, single-threaded, CPUs allowed: "
-          f"{sorted(os.sched_getaffinity(0))}, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"numpy {np.__version__}, numba {numba.__version__}, xxhash {xxhash.VERSION}, single-threaded, CPUs allowed: "
+        f"{sorted(os.sched_getaffinity(0))}, load average {os.getloadavg()[0]:.2f}"
+    )
     docs = make_documents(args.docs)
     signatures = bench_signatures(docs, args.repeat)
     bench_lsh(signatures, args.repeat)

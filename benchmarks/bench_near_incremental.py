@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import median, scratch_database  # noqa: E402
 from dedup_pipeline.core.hashing import INITIAL_ACTIVE_VERSION  # noqa: E402
 from dedup_pipeline.core.near import NearDupParams  # noqa: E402
-from dedup_pipeline.ladder.near import DEFAULT_MAX_CANDIDATES, cluster_batch  # noqa: E402
+from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.settings import NearSettings  # noqa: E402
 from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
 from dedup_pipeline.store.near import _candidate_sql  # noqa: E402
 from dedup_pipeline.store.schema import records  # noqa: E402
@@ -123,13 +124,44 @@ def child_load(url: str, b: int, batch: int, copy_every: int) -> dict:
             url_i = f"https://site{i % 50}.example.com/doc/{i}"
             payload = {"url": url_i, "title": f"Document {i}", "description": corpus.text(i)}
             digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).digest()
-            rows.append((i + 1, url_i, url_i, "url/1", INITIAL_ACTIVE_VERSION, digest, payload,
-                         LANDED, LANDED, key, key, LANDED, i - low + 1))
+            rows.append(
+                (
+                    i + 1,
+                    url_i,
+                    url_i,
+                    "url/1",
+                    INITIAL_ACTIVE_VERSION,
+                    digest,
+                    payload,
+                    LANDED,
+                    LANDED,
+                    key,
+                    key,
+                    LANDED,
+                    i - low + 1,
+                )
+            )
         with warehouse.engine.begin() as conn:
-            copy_rows(conn, records, (
-                "record_id", "natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload",
-                "first_seen_at", "last_crawled_at", "first_batch_id", "last_batch_id", "last_landed_at", "last_line_no",
-            ), rows)
+            copy_rows(
+                conn,
+                records,
+                (
+                    "record_id",
+                    "natural_key",
+                    "canonical_url",
+                    "url_version",
+                    "hash_version",
+                    "content_hash",
+                    "payload",
+                    "first_seen_at",
+                    "last_crawled_at",
+                    "first_batch_id",
+                    "last_batch_id",
+                    "last_landed_at",
+                    "last_line_no",
+                ),
+                rows,
+            )
     with warehouse.engine.connect() as conn:
         conn.exec_driver_sql("ANALYZE records")
         conn.exec_driver_sql("ANALYZE near_index")
@@ -141,18 +173,24 @@ def child_load(url: str, b: int, batch: int, copy_every: int) -> dict:
 def child_cluster(url: str, b: int) -> dict:
     warehouse = Warehouse(url)
     start = time.perf_counter()
-    report = cluster_batch(warehouse, batch_key(b), NearDupParams(), chunk_size=2000,
-                           max_candidates=DEFAULT_MAX_CANDIDATES)
+    report = cluster_batch(warehouse, batch_key(b), NearSettings())
     seconds = time.perf_counter() - start
     warehouse.dispose()
-    return {"cluster_s": seconds, "peak_rss_mb": peak_rss_mb(), "sketched": report.sketched,
-            "candidate_pairs": report.candidate_pairs, "pairs": report.pairs,
-            "capped": len(report.capped)}
+    return {
+        "cluster_s": seconds,
+        "peak_rss_mb": peak_rss_mb(),
+        "sketched": report.sketched,
+        "candidate_pairs": report.candidate_pairs,
+        "pairs": report.pairs,
+        "capped": len(report.capped),
+    }
 
 
 def run_child(*args: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, __file__, "--child", *args], check=True, capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", *args], check=True, capture_output=True, text=True, env=env
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -174,12 +212,18 @@ def explain(url: str, b: int, batch: int) -> str:
     warehouse = Warehouse(url)
     with warehouse.engine.connect() as conn:
         sql = _candidate_sql(NearDupParams().bands, True)  # what candidate_pairs runs on PostgreSQL
-        plan = conn.exec_driver_sql(
-            f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql.replace(':ids', '%(ids)s').replace(':limit', '%(limit)s')}",
-            {"ids": ids, "limit": DEFAULT_MAX_CANDIDATES + 1},
-        ).scalars().all()
+        plan = (
+            conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "
+                + sql.replace(":ids", "%(ids)s").replace(":limit", "%(limit)s"),
+                {"ids": ids, "limit": NearSettings.max_candidates + 1},
+            )
+            .scalars()
+            .all()
+        )
         sizes = conn.exec_driver_sql(
-            "SELECT pg_size_pretty(pg_total_relation_size('near_index')), (SELECT count(*) FROM near_index)").one()
+            "SELECT pg_size_pretty(pg_total_relation_size('near_index')), (SELECT count(*) FROM near_index)"
+        ).one()
     warehouse.dispose()
     shown = [line if len(line) < 160 else line[:150] + " ...]))" for line in plan]  # the 2000 ids left out
     return f"near_index: {sizes[1]:,} rows, {sizes[0]} with indexes\n" + "\n".join(shown)
@@ -198,10 +242,14 @@ def main() -> None:
         print(json.dumps(result))
         return
     batches = args.docs // args.batch
-    print(f"{batches} batches of {args.batch:,} documents (~2 KB), every {args.copy_every}th a planted near copy; "
-          f"PostgreSQL scratch database; cluster_batch defaults (max_candidates {DEFAULT_MAX_CANDIDATES})")
-    print(f"{'batch':>5} {'index before':>12} {'load s':>7} {'cluster s':>9} {'docs/s':>7} {'peak RSS MB':>11} "
-          f"{'candidates':>10} {'pairs':>7} {'capped':>6}")
+    print(
+        f"{batches} batches of {args.batch:,} documents (~2 KB), every {args.copy_every}th a planted near copy; "
+        f"PostgreSQL scratch database; cluster_batch defaults (max_candidates {NearSettings.max_candidates})"
+    )
+    print(
+        f"{'batch':>5} {'index before':>12} {'load s':>7} {'cluster s':>9} {'docs/s':>7} {'peak RSS MB':>11} "
+        f"{'candidates':>10} {'pairs':>7} {'capped':>6}"
+    )
     rows = []
     started = time.perf_counter()
     with scratch_database() as url:
@@ -210,15 +258,20 @@ def main() -> None:
             load = run_child("load", url, str(b), "--batch", str(args.batch), "--copy-every", str(args.copy_every))
             result = {**load, **run_child("cluster", url, str(b), "--batch", str(args.batch))}
             rows.append(result)
-            print(f"{b:>5} {b * args.batch:>12,} {result['load_s']:>7.1f} {result['cluster_s']:>9.1f} "
-                  f"{result['sketched'] / result['cluster_s']:>7.0f} {result['peak_rss_mb']:>11.0f} "
-                  f"{result['candidate_pairs']:>10,} {result['pairs']:>7,} {result['capped']:>6}", flush=True)
+            print(
+                f"{b:>5} {b * args.batch:>12,} {result['load_s']:>7.1f} {result['cluster_s']:>9.1f} "
+                f"{result['sketched'] / result['cluster_s']:>7.0f} {result['peak_rss_mb']:>11.0f} "
+                f"{result['candidate_pairs']:>10,} {result['pairs']:>7,} {result['capped']:>6}",
+                flush=True,
+            )
         planted, linked, together = recall(url, batches * args.batch, args.copy_every)
         plan = explain(url, batches - 1, args.batch)
     times = [r["cluster_s"] for r in rows]
     rss = [r["peak_rss_mb"] for r in rows]
-    print(f"\nper-batch cluster time: first {times[0]:.1f} s, last {times[-1]:.1f} s, median {median(times):.1f} s; "
-          f"last/first {times[-1] / times[0]:.2f}x (target <= 1.2x)")
+    print(
+        f"\nper-batch cluster time: first {times[0]:.1f} s, last {times[-1]:.1f} s, median {median(times):.1f} s; "
+        f"last/first {times[-1] / times[0]:.2f}x (target <= 1.2x)"
+    )
     if len(times) >= 10:
         print(f"tenth batch / second batch: {times[9] / times[1]:.2f}x (target <= 1.2x)")
     if len(times) >= 6:
@@ -227,7 +280,9 @@ def main() -> None:
     print(f"peak RSS per batch: first {rss[0]:.0f} MB, last {rss[-1]:.0f} MB, max {max(rss):.0f} MB")
     print(f"planted pairs: {planted:,}; recall linked {linked:.4f}, same cluster {together:.4f}")
     print(f"total wall time {time.perf_counter() - started:.0f} s")
-    print("\nEXPLAIN (ANALYZE, BUFFERS) of the candidate statement, one chunk (2000 records) of the last batch:\n" + plan)
+    print(
+        "\nEXPLAIN (ANALYZE, BUFFERS) of the candidate statement, one chunk (2000 records) of the last batch:\n" + plan
+    )
 
 
 if __name__ == "__main__":

@@ -54,9 +54,9 @@ from dedup_pipeline.core.hashing import hash_rule  # noqa: E402
 from dedup_pipeline.ladder.rehash import backfill  # noqa: E402
 from dedup_pipeline.store.schema import record_hashes  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
+from dedup_pipeline_tests.helpers import PG_ADMIN_URL  # noqa: E402
 from dedup_pipeline_tests.rehash_helpers import load_legacy_rows, migration_listing  # noqa: E402
 
-PG_ADMIN_URL = os.environ.get("DEDUP_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 TARGET = "content/2"
 
 
@@ -80,7 +80,11 @@ class CpuMeter:
 
     def _backends(self) -> dict[int, float]:
         with self.admin.connect() as conn:
-            pids = conn.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = :d"), {"d": self.database}).scalars().all()
+            pids = (
+                conn.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = :d"), {"d": self.database})
+                .scalars()
+                .all()
+            )
         return {pid: cpu_seconds(pid) for pid in pids}
 
     def __enter__(self):
@@ -115,7 +119,9 @@ def run_row_at_a_time(warehouse: Warehouse, limit: int) -> tuple[int, float]:
     update = text("UPDATE records SET bench_v2 = :digest WHERE record_id = :id")
     started = time.perf_counter()
     with warehouse.engine.connect() as conn:
-        rows = conn.execute(text("SELECT record_id, payload FROM records ORDER BY record_id LIMIT :n"), {"n": limit}).all()
+        rows = conn.execute(
+            text("SELECT record_id, payload FROM records ORDER BY record_id LIMIT :n"), {"n": limit}
+        ).all()
         for done, (record_id, payload) in enumerate(rows, start=1):
             try:
                 digest = bytes.fromhex(rule.digest(payload))
@@ -130,10 +136,16 @@ def run_row_at_a_time(warehouse: Warehouse, limit: int) -> tuple[int, float]:
 
 def same_digests(warehouse: Warehouse, limit: int) -> bool:
     with warehouse.engine.connect() as conn:
-        ours = dict(conn.execute(
-            select(record_hashes.c.record_id, record_hashes.c.content_hash).where(record_hashes.c.hash_version == TARGET)
-        ).all())
-        theirs = conn.execute(text("SELECT record_id, bench_v2 FROM records ORDER BY record_id LIMIT :n"), {"n": limit}).all()
+        ours = dict(
+            conn.execute(
+                select(record_hashes.c.record_id, record_hashes.c.content_hash).where(
+                    record_hashes.c.hash_version == TARGET
+                )
+            ).all()
+        )
+        theirs = conn.execute(
+            text("SELECT record_id, bench_v2 FROM records ORDER BY record_id LIMIT :n"), {"n": limit}
+        ).all()
     return all((ours.get(rid) or b"") == bytes(digest) for rid, digest in theirs)
 
 
@@ -156,9 +168,11 @@ def main() -> int:
         want = load_legacy_rows(warehouse, [migration_listing(n) for n in range(args.rows)])
         with warehouse.engine.begin() as conn:
             conn.execute(text("ALTER TABLE records ADD COLUMN bench_v2 BYTEA"))
-        print(f"PostgreSQL, {args.rows} stored rows ({want['unhashable']} unhashable under {TARGET}), "
-              f"loaded in {time.perf_counter() - started:.1f} s; chunk {args.chunk}; "
-              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(
+            f"PostgreSQL, {args.rows} stored rows ({want['unhashable']} unhashable under {TARGET}), "
+            f"loaded in {time.perf_counter() - started:.1f} s; chunk {args.chunk}; "
+            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        )
         ours, theirs, ratios, cpu_ours, cpu_theirs = [], [], [], [], []
         for round_no in range(1, args.repeat + 1):
             reset(warehouse)
@@ -175,17 +189,25 @@ def main() -> int:
             ratios.append(rate / base_rate)
             cpu_ours.append((ours_cpu.client_seconds / rows * 1e5, ours_cpu.server_seconds / rows * 1e5))
             cpu_theirs.append((base_cpu.client_seconds / done * 1e5, base_cpu.server_seconds / done * 1e5))
-            print(f"round {round_no}: rehash {rows} rows in {seconds:.2f} s = {rate:,.0f} rows/s "
-                  f"(CPU {ours_cpu.client_seconds:.2f} s client + {ours_cpu.server_seconds:.2f} s server); "
-                  f"row-at-a-time {done} rows in {base_seconds:.2f} s = {base_rate:,.0f} rows/s "
-                  f"(CPU {base_cpu.client_seconds:.2f} s + {base_cpu.server_seconds:.2f} s); "
-                  f"load average {os.getloadavg()[0]:.1f}")
+            print(
+                f"round {round_no}: rehash {rows} rows in {seconds:.2f} s = {rate:,.0f} rows/s "
+                f"(CPU {ours_cpu.client_seconds:.2f} s client + {ours_cpu.server_seconds:.2f} s server); "
+                f"row-at-a-time {done} rows in {base_seconds:.2f} s = {base_rate:,.0f} rows/s "
+                f"(CPU {base_cpu.client_seconds:.2f} s + {base_cpu.server_seconds:.2f} s); "
+                f"load average {os.getloadavg()[0]:.1f}"
+            )
         print()
-        print(f"{'method':<16}{'median rows/s':>15}{'client CPU s/100k':>19}{'server CPU s/100k':>19}{'rows per CPU s':>16}")
+        print(
+            f"{'method':<16}{'median rows/s':>15}{'client CPU s/100k':>19}{'server CPU s/100k':>19}"
+            f"{'rows per CPU s':>16}"
+        )
         for label, rates, cpu in (("rehash backfill", ours, cpu_ours), ("row-at-a-time", theirs, cpu_theirs)):
             client = statistics.median(c for c, _ in cpu)
             server = statistics.median(s for _, s in cpu)
-            print(f"{label:<16}{statistics.median(rates):>15,.0f}{client:>19.2f}{server:>19.2f}{1e5 / (client + server):>16,.0f}")
+            print(
+                f"{label:<16}{statistics.median(rates):>15,.0f}{client:>19.2f}{server:>19.2f}"
+                f"{1e5 / (client + server):>16,.0f}"
+            )
         print(f"median ratio (wall rows/s): {statistics.median(ratios):.1f}x")
     finally:
         warehouse.dispose()

@@ -95,13 +95,17 @@ def main() -> None:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     baseline = median(seconds["none"])
-    print(f"exact rung on a batch of {args.records:,} records ({args.records // 2:,} unchanged re-crawls, "
-          f"{args.records // 2:,} new) after a stored batch, {args.repeat} repeats, median wall seconds")
+    print(
+        f"exact rung on a batch of {args.records:,} records ({args.records // 2:,} unchanged re-crawls, "
+        f"{args.records // 2:,} new) after a stored batch, {args.repeat} repeats, median wall seconds"
+    )
     for kind in KINDS:
         runs = ", ".join(f"{s:.2f}" for s in seconds[kind])
         report = reports[kind]
-        print(f"  {kind:10s} {median(seconds[kind]):6.2f} s   {median(seconds[kind]) / baseline:5.2f}x none   "
-              f"hits {report.seen_set_hits:,}   cold-miss chunks {report.seen_set_cold_misses}   (runs: {runs})")
+        print(
+            f"  {kind:10s} {median(seconds[kind]):6.2f} s   {median(seconds[kind]) / baseline:5.2f}x none   "
+            f"hits {report.seen_set_hits:,}   cold-miss chunks {report.seen_set_cold_misses}   (runs: {runs})"
+        )
 
 
 if __name__ == "__main__":

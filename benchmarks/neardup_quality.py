@@ -1,6 +1,7 @@
 """Near-duplicate clustering quality on labelled public data, short records and long texts side by side.
 
-    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data [--part test] [--sets cora,febrl1] [--json out.json]
+    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data [--part test] [--sets cora,febrl1]
+                                                   [--json out.json]
     .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --sweep [--part dev]
 
 Methods, each turning a list of texts into links, closed transitively (union-find) into clusters:
@@ -236,7 +237,9 @@ def load_walmart_amazon(root: Path):
     tables = []
     for name in ("walmart.csv", "amazon.csv"):
         with open(base / name, encoding="utf-8") as f:
-            tables.append([(r["id"], _join(r["title"], r["brand"], r["modelno"])) for r in csv.DictReader(f, delimiter="|")])
+            tables.append(
+                [(r["id"], _join(r["title"], r["brand"], r["modelno"])) for r in csv.DictReader(f, delimiter="|")]
+            )
     with open(base / "gt.csv", encoding="utf-8") as f:
         matches = [(r["D1"], r["D2"]) for r in csv.DictReader(f, delimiter="|")]
     return _two_tables(*tables, matches)
@@ -335,37 +338,78 @@ def pair_set(name: str, folder: str, dev: tuple[str, ...], test: tuple[str, ...]
 def datasets(febrl: Path | None) -> dict[str, Callable[[Path, str], LabelledSet]]:
     sets = {
         "cora": cluster_set("cora", "short", load_cora),
-        "abt-buy": cluster_set("abt-buy", "short", lambda root: load_leipzig(
-            root, "Abt-Buy", "Abt.csv", "Buy.csv", "abt_buy_perfectMapping.csv", lambda r: _join(r["name"]))),
-        "amazon-google": cluster_set("amazon-google", "short", lambda root: load_leipzig(
-            root, "Amazon-GoogleProducts", "Amazon.csv", "GoogleProducts.csv",
-            "Amzon_GoogleProducts_perfectMapping.csv", lambda r: _join(r.get("title") or r.get("name")))),
-        "dblp-acm": cluster_set("dblp-acm", "short", lambda root: load_leipzig(
-            root, "DBLP-ACM", "DBLP2.csv", "ACM.csv", "DBLP-ACM_perfectMapping.csv",
-            lambda r: _join(r["title"], r["authors"], r["venue"], r["year"]))),
+        "abt-buy": cluster_set(
+            "abt-buy",
+            "short",
+            lambda root: load_leipzig(
+                root, "Abt-Buy", "Abt.csv", "Buy.csv", "abt_buy_perfectMapping.csv", lambda r: _join(r["name"])
+            ),
+        ),
+        "amazon-google": cluster_set(
+            "amazon-google",
+            "short",
+            lambda root: load_leipzig(
+                root,
+                "Amazon-GoogleProducts",
+                "Amazon.csv",
+                "GoogleProducts.csv",
+                "Amzon_GoogleProducts_perfectMapping.csv",
+                lambda r: _join(r.get("title") or r.get("name")),
+            ),
+        ),
+        "dblp-acm": cluster_set(
+            "dblp-acm",
+            "short",
+            lambda root: load_leipzig(
+                root,
+                "DBLP-ACM",
+                "DBLP2.csv",
+                "ACM.csv",
+                "DBLP-ACM_perfectMapping.csv",
+                lambda r: _join(r["title"], r["authors"], r["venue"], r["year"]),
+            ),
+        ),
         "fodors-zagats": cluster_set("fodors-zagats", "short", load_fodors_zagats),
         "walmart-amazon": cluster_set("walmart-amazon", "short", load_walmart_amazon),
     }
     if febrl is not None:
-        for name, files in {"febrl1": ("dataset1.csv",), "febrl2": ("dataset2.csv",), "febrl3": ("dataset3.csv",),
-                            "febrl4": ("dataset4a.csv", "dataset4b.csv")}.items():
+        for name, files in {
+            "febrl1": ("dataset1.csv",),
+            "febrl2": ("dataset2.csv",),
+            "febrl3": ("dataset3.csv",),
+            "febrl4": ("dataset4a.csv", "dataset4b.csv"),
+        }.items():
             sets[name] = cluster_set(name, "short", lambda root, files=files: load_febrl(febrl, files))
     for category in ("cameras", "computers", "shoes", "watches"):
         sets[f"wdc-{category}"] = pair_set(
-            f"wdc-{category}", f"er_wdc_products/{category}", ("train.txt.small", "valid.txt.small"))
-    for folder in ("Structured/Amazon-Google", "Structured/Beer", "Structured/DBLP-ACM", "Structured/DBLP-GoogleScholar",
-                   "Structured/Fodors-Zagats", "Structured/Walmart-Amazon", "Structured/iTunes-Amazon",
-                   "Dirty/DBLP-ACM", "Dirty/DBLP-GoogleScholar", "Dirty/Walmart-Amazon", "Dirty/iTunes-Amazon",
-                   "Textual/Abt-Buy"):
+            f"wdc-{category}", f"er_wdc_products/{category}", ("train.txt.small", "valid.txt.small")
+        )
+    for folder in (
+        "Structured/Amazon-Google",
+        "Structured/Beer",
+        "Structured/DBLP-ACM",
+        "Structured/DBLP-GoogleScholar",
+        "Structured/Fodors-Zagats",
+        "Structured/Walmart-Amazon",
+        "Structured/iTunes-Amazon",
+        "Dirty/DBLP-ACM",
+        "Dirty/DBLP-GoogleScholar",
+        "Dirty/Walmart-Amazon",
+        "Dirty/iTunes-Amazon",
+        "Textual/Abt-Buy",
+    ):
         kind, name = folder.split("/")
         sets[f"mg-{kind[0].lower()}-{name.lower()}"] = pair_set(
-            f"mg-{kind[0].lower()}-{name.lower()}", f"er_magellan_pairs/{folder}", ("train.txt", "valid.txt"))
-    sets.update({
-        "pragmar": cluster_set("pragmar", "long", load_pragmar),
-        "cddb": cluster_set("cddb", "long", load_cddb),
-        "clough": cluster_set("clough", "long", load_clough),
-        "clough+heavy": cluster_set("clough+heavy", "long", lambda root: load_clough(root, heavy=True)),
-    })
+            f"mg-{kind[0].lower()}-{name.lower()}", f"er_magellan_pairs/{folder}", ("train.txt", "valid.txt")
+        )
+    sets.update(
+        {
+            "pragmar": cluster_set("pragmar", "long", load_pragmar),
+            "cddb": cluster_set("cddb", "long", load_cddb),
+            "clough": cluster_set("clough", "long", load_clough),
+            "clough+heavy": cluster_set("clough+heavy", "long", lambda root: load_clough(root, heavy=True)),
+        }
+    )
     return sets
 
 
@@ -451,9 +495,7 @@ def simhash_package(texts, threshold: float = DEFAULT_THRESHOLD):
     # simhash 2.1.2 multiplies a uint8 bit array by the feature weight; under
     # numpy 2 a weight above 255 raises OverflowError (numpy 1 upcast it).
     # Restore the numpy 1 arithmetic; fingerprints are otherwise unchanged.
-    Simhash._bitarray_from_bytes = staticmethod(
-        lambda b: np.unpackbits(np.frombuffer(b, dtype=">B")).astype(np.int64)
-    )
+    Simhash._bitarray_from_bytes = staticmethod(lambda b: np.unpackbits(np.frombuffer(b, dtype=">B")).astype(np.int64))
     hashes = [Simhash(text) for text in texts]
     index = SimhashIndex([(str(i), h) for i, h in enumerate(hashes)])  # k=2
     return [(i, int(j)) for i, h in enumerate(hashes) for j in index.get_near_dups(h) if int(j) > i]
@@ -461,7 +503,9 @@ def simhash_package(texts, threshold: float = DEFAULT_THRESHOLD):
 
 def ours(params: NearDupParams):
     def run(texts, threshold: float = DEFAULT_THRESHOLD):
-        return near_duplicate_links(texts, replace(params, threshold=threshold) if params.method == "minhash" else params)
+        return near_duplicate_links(
+            texts, replace(params, threshold=threshold) if params.method == "minhash" else params
+        )
 
     run.params = params
     return run
@@ -479,9 +523,15 @@ RECALL_TARGET = 0.95
 
 
 def evaluate(data: LabelledSet, methods=METHODS, recall: bool = True) -> dict:
-    out = {"set": data.name, "kind": data.kind, "part": data.part, "docs": len(data.texts),
-           "true_pairs": data.true_pairs, "median_tokens": float(np.median([len(t.split()) for t in data.texts])),
-           "methods": {}}
+    out = {
+        "set": data.name,
+        "kind": data.kind,
+        "part": data.part,
+        "docs": len(data.texts),
+        "true_pairs": data.true_pairs,
+        "median_tokens": float(np.median([len(t.split()) for t in data.texts])),
+        "methods": {},
+    }
     for name, run in methods.items():
         start = time.perf_counter()
         links = run(data.texts)
@@ -504,8 +554,10 @@ def evaluate(data: LabelledSet, methods=METHODS, recall: bool = True) -> dict:
 
 
 def print_result(result: dict) -> None:
-    print(f"\n{result['set']} ({result['kind']}, part {result['part']}): {result['docs']} docs, "
-          f"{result['true_pairs']} true pairs, median {result['median_tokens']:.0f} tokens")
+    print(
+        f"\n{result['set']} ({result['kind']}, part {result['part']}): {result['docs']} docs, "
+        f"{result['true_pairs']} true pairs, median {result['median_tokens']:.0f} tokens"
+    )
     print(f"  {'method':18} {'P':>6} {'R':>6} {'F1':>6} {'R@J>=t':>7} {'pairs':>7} {'sec':>6}")
     for name, row in result["methods"].items():
         recall = f"{row['R@J>=t']:7.3f} {row['pairs J>=t']:7d}" if "R@J>=t" in row else f"{'':7} {'':7}"
@@ -515,10 +567,12 @@ def print_result(result: dict) -> None:
 def verdict_line(result: dict) -> str:
     v, m = result["verdict"], result["methods"]
     new, old, best = m["ours new"], m["ours old"], m[v["best_baseline"]]
-    return (f"{result['set']:22} {result['part']:4} {result['kind']:5} new {new['F1']:.3f} old {old['F1']:.3f} "
-            f"best baseline {best['F1']:.3f} ({v['best_baseline']:16}) {'OK' if v['f1_ok'] else 'MISSED':6} "
-            f"R@J>=t {new.get('R@J>=t', float('nan')):.3f} {'OK' if v['recall_ok'] else 'MISSED':6} "
-            f"{'no loss' if v['no_loss'] else 'LOSS'}")
+    return (
+        f"{result['set']:22} {result['part']:4} {result['kind']:5} new {new['F1']:.3f} old {old['F1']:.3f} "
+        f"best baseline {best['F1']:.3f} ({v['best_baseline']:16}) {'OK' if v['f1_ok'] else 'MISSED':6} "
+        f"R@J>=t {new.get('R@J>=t', float('nan')):.3f} {'OK' if v['recall_ok'] else 'MISSED':6} "
+        f"{'no loss' if v['no_loss'] else 'LOSS'}"
+    )
 
 
 def report(root: Path, sets: dict, parts: list[str], json_path: Path | None) -> None:
@@ -536,8 +590,10 @@ def report(root: Path, sets: dict, parts: list[str], json_path: Path | None) -> 
             print_result(result)
             results.append(result)
             sys.stdout.flush()
-    print("\nTargets: F1 of ours new >= best of datasketch words / ours simhash / simhash-pkg at the same threshold; "
-          f"R@J>=t >= {RECALL_TARGET}; no loss against ours old")
+    print(
+        "\nTargets: F1 of ours new >= best of datasketch words / ours simhash / simhash-pkg at the same threshold; "
+        f"R@J>=t >= {RECALL_TARGET}; no loss against ours old"
+    )
     print("\n".join(verdict_line(r) for r in results))
     if json_path:
         json_path.write_text(json.dumps({"identity": params.identity(), "results": results}, indent=1))
@@ -564,8 +620,10 @@ def sweep(root: Path, sets: dict, part: str, json_path: Path | None, thresholds=
     data = {name: loader(root, part) for name, loader in sets.items()}
     names = list(data)
     settings = sweep_settings()
-    baselines = {m: {n: scores(d, cluster_labels(len(d.texts), METHODS[m](d.texts))) ["F1"] for n, d in data.items()}
-                 for m in BASELINES}
+    baselines = {
+        m: {n: scores(d, cluster_labels(len(d.texts), METHODS[m](d.texts)))["F1"] for n, d in data.items()}
+        for m in BASELINES
+    }
     best = {n: max(baselines[m][n] for m in BASELINES) for n in names}
     table: dict[str, dict[str, float]] = {}
     for t in thresholds:
@@ -581,16 +639,24 @@ def sweep(root: Path, sets: dict, part: str, json_path: Path | None, thresholds=
     width = max(map(len, table)) + 1
     short = [n for n in names if data[n].kind == "short"]
     print(f"minhash F1 on part {part!r}; 'beats' = sets where F1 >= the best baseline; means over short/long sets")
-    print(f"{'setting':{width}} {'beats':>5} {'mean-s':>6} {'mean-l':>6} {'min-d':>6} " + " ".join(f"{n[:8]:>8}" for n in names))
+    print(
+        f"{'setting':{width}} {'beats':>5} {'mean-s':>6} {'mean-l':>6} {'min-d':>6} "
+        + " ".join(f"{n[:8]:>8}" for n in names)
+    )
     for m in BASELINES:
         row = baselines[m]
-        print(f"{m:{width}} {'':>5} {np.mean([row[n] for n in short]):6.3f} "
-              f"{np.mean([row[n] for n in names if n not in short]):6.3f} {'':>6} " + " ".join(f"{row[n]:8.3f}" for n in names))
+        print(
+            f"{m:{width}} {'':>5} {np.mean([row[n] for n in short]):6.3f} "
+            f"{np.mean([row[n] for n in names if n not in short]):6.3f} {'':>6} "
+            + " ".join(f"{row[n]:8.3f}" for n in names)
+        )
     for label, row in table.items():
         beats = sum(row[n] >= best[n] for n in names)
-        print(f"{label:{width}} {beats:5d} {np.mean([row[n] for n in short]):6.3f} "
-              f"{np.mean([row[n] for n in names if n not in short]):6.3f} {min(row[n] - best[n] for n in names):6.3f} "
-              + " ".join(f"{row[n]:8.3f}" for n in names))
+        print(
+            f"{label:{width}} {beats:5d} {np.mean([row[n] for n in short]):6.3f} "
+            f"{np.mean([row[n] for n in names if n not in short]):6.3f} {min(row[n] - best[n] for n in names):6.3f} "
+            + " ".join(f"{row[n]:8.3f}" for n in names)
+        )
     if json_path:
         json_path.write_text(json.dumps({"part": part, "baselines": baselines, "settings": table}, indent=1))
 
@@ -599,8 +665,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--sweep", action="store_true", help="F1 over the shingle settings tried")
-    parser.add_argument("--part", choices=("dev", "test", "all"), action="append",
-                        help="which part of each set (repeatable); default test, or dev for --sweep")
+    parser.add_argument(
+        "--part",
+        choices=("dev", "test", "all"),
+        action="append",
+        help="which part of each set (repeatable); default test, or dev for --sweep",
+    )
     parser.add_argument("--sets", help="comma-separated set names (default: all)")
     parser.add_argument("--febrl", default=os.environ.get("FEBRL_DIR"), help="folder of the Febrl dataset*.csv files")
     parser.add_argument("--thresholds", default=str(DEFAULT_THRESHOLD), help="--sweep: comma-separated thresholds")

@@ -57,12 +57,13 @@ DESCRIPTION_WORDS = 28
 
 # ------------------------------------------------------------------ the crawl and its ground truth
 
+
 def _numbers(seed: bytes, n: int) -> list[int]:
     """`n` pseudo-random 16-bit numbers, a pure function of `seed`."""
     digest = hashlib.blake2b(seed, digest_size=64).digest()
     while len(digest) < 2 * n:
         digest += hashlib.blake2b(digest, digest_size=64).digest()
-    return [int.from_bytes(digest[2 * i:2 * i + 2], "little") for i in range(n)]
+    return [int.from_bytes(digest[2 * i : 2 * i + 2], "little") for i in range(n)]
 
 
 def _words(seed: bytes, n: int) -> list[str]:
@@ -139,7 +140,7 @@ class Crawl:
         for p in earlier[: count["recrawl"]]:
             lines.append(product(p, self.versions[p], b))
             truth.decisions["exact_duplicate"] += 1
-        for p in earlier[count["recrawl"]:]:
+        for p in earlier[count["recrawl"] :]:
             self.versions[p] += 1
             lines.append(product(p, self.versions[p], b))
             truth.decisions["changed"] += 1
@@ -176,11 +177,16 @@ class Crawl:
 
     def expected_totals(self) -> dict:
         mirrors = sum(self.mirrors_of.values())
-        return {"records": len(self.versions) + mirrors, "history": sum(self.versions),
-                "clustered": len(self.mirrors_of) + mirrors, "clusters": len(self.mirrors_of)}
+        return {
+            "records": len(self.versions) + mirrors,
+            "history": sum(self.versions),
+            "clustered": len(self.mirrors_of) + mirrors,
+            "clusters": len(self.mirrors_of),
+        }
 
 
 # ------------------------------------------------------------------ one batch, in its own process
+
 
 def _reset_peak() -> bool:
     try:
@@ -201,12 +207,11 @@ def _peak_mib() -> float:
 
 def child(args: argparse.Namespace) -> None:
     """Run the four rungs over one batch; print one JSON object with seconds, peaks and figures per rung."""
-    from dedup_pipeline.core.near import NearDupParams
     from dedup_pipeline.ladder.canonical import canonicalise_batch
     from dedup_pipeline.ladder.exact import deduplicate_batch
     from dedup_pipeline.ladder.near import cluster_batch
     from dedup_pipeline.ladder.raw import ingest_raw_batch
-    from dedup_pipeline.ladder.settings import LadderSettings
+    from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
     from dedup_pipeline.landing import find_batch
     from dedup_pipeline.store.seen_set import RedisSeenSet
     from dedup_pipeline.store.warehouse import Warehouse
@@ -219,7 +224,7 @@ def child(args: argparse.Namespace) -> None:
         "raw": lambda: ingest_raw_batch(warehouse, find_batch(Path(args.landing), args.key)),
         "canonical": lambda: canonicalise_batch(warehouse, args.key, settings),
         "exact": lambda: deduplicate_batch(warehouse, args.key, "soak", settings, seen),
-        "near": lambda: cluster_batch(warehouse, args.key, NearDupParams(), args.chunk),
+        "near": lambda: cluster_batch(warehouse, args.key, NearSettings(chunk_size=args.chunk)),
     }
     resettable = True
     for rung in RUNGS:
@@ -236,8 +241,11 @@ def child(args: argparse.Namespace) -> None:
         elif rung == "exact":
             out["records_in"][rung] = report.records_in
             out["decisions"] = dict(report.decisions)
-            out["seen_set"] = {"hits": report.seen_set_hits, "fallbacks": report.seen_set_fallbacks,
-                               "cold_misses": report.seen_set_cold_misses}
+            out["seen_set"] = {
+                "hits": report.seen_set_hits,
+                "fallbacks": report.seen_set_fallbacks,
+                "cold_misses": report.seen_set_cold_misses,
+            }
         else:
             out["records_in"][rung] = report.sketched
             out["near_duplicates"] = len(report.near_duplicates)
@@ -247,6 +255,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------ the run
+
 
 @contextmanager
 def private_redis():
@@ -264,7 +273,13 @@ def private_redis():
 def warehouse_figures(url: str) -> dict:
     from sqlalchemy import create_engine, func, select
 
-    from dedup_pipeline.store.schema import dedup_decisions, near_duplicate_clusters, quarantine, record_history, records
+    from dedup_pipeline.store.schema import (
+        dedup_decisions,
+        near_duplicate_clusters,
+        quarantine,
+        record_history,
+        records,
+    )
 
     engine = create_engine(url)
     with engine.connect() as conn:
@@ -276,21 +291,30 @@ def warehouse_figures(url: str) -> dict:
             "quarantine": conn.execute(select(func.count()).select_from(quarantine)).scalar_one(),
             "decisions": conn.execute(select(func.count()).select_from(dedup_decisions)).scalar_one(),
             "clustered": conn.execute(select(func.count()).select_from(near_duplicate_clusters)).scalar_one(),
-            "clusters": conn.execute(select(func.count(func.distinct(near_duplicate_clusters.c.cluster_id)))).scalar_one(),
+            "clusters": conn.execute(
+                select(func.count(func.distinct(near_duplicate_clusters.c.cluster_id)))
+            ).scalar_one(),
         }
         # Clusters that hold two different products (same sku = one product and its mirror copies).
         sku = records.c.payload["sku"].as_string()
-        per_cluster = (select(near_duplicate_clusters.c.cluster_id, func.count(func.distinct(sku)).label("skus"))
-                       .join(records, records.c.record_id == near_duplicate_clusters.c.record_id)
-                       .group_by(near_duplicate_clusters.c.cluster_id).subquery())
-        figures["mixed_clusters"] = conn.execute(select(func.count()).select_from(per_cluster).where(per_cluster.c.skus > 1)).scalar_one()
+        per_cluster = (
+            select(near_duplicate_clusters.c.cluster_id, func.count(func.distinct(sku)).label("skus"))
+            .join(records, records.c.record_id == near_duplicate_clusters.c.record_id)
+            .group_by(near_duplicate_clusters.c.cluster_id)
+            .subquery()
+        )
+        figures["mixed_clusters"] = conn.execute(
+            select(func.count()).select_from(per_cluster).where(per_cluster.c.skus > 1)
+        ).scalar_one()
     engine.dispose()
     return figures
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=2_000_000, help="records in all batches together (default 2,000,000)")
+    parser.add_argument(
+        "--records", type=int, default=2_000_000, help="records in all batches together (default 2,000,000)"
+    )
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--chunk", type=int, default=2000, help="records per transaction (the ladder's chunk_size)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database (its URL is printed)")
@@ -307,19 +331,30 @@ def main() -> int:
     per_batch = args.records // args.batches
     crawl = Crawl(per_batch)
     rows, failures = [], []
-    print(f"soak: {per_batch * args.batches:,} records in {args.batches} batches of {per_batch:,}, chunk {args.chunk}, "
-          f"PostgreSQL + Redis seen-set, each batch in a fresh process", flush=True)
-    header = (f"{'batch':>9} {'lines':>8} {'raw r/s':>9} {'canon r/s':>9} {'exact r/s':>9} {'near r/s':>9} "
-              f"{'total s':>8} {'peak MiB':>8} {'redis hits':>10}  decisions (new/dup/changed) vs truth")
+    print(
+        f"soak: {per_batch * args.batches:,} records in {args.batches} batches of {per_batch:,}, chunk {args.chunk}, "
+        f"PostgreSQL + Redis seen-set, each batch in a fresh process",
+        flush=True,
+    )
+    header = (
+        f"{'batch':>9} {'lines':>8} {'raw r/s':>9} {'canon r/s':>9} {'exact r/s':>9} {'near r/s':>9} "
+        f"{'total s':>8} {'peak MiB':>8} {'redis hits':>10}  decisions (new/dup/changed) vs truth"
+    )
     started = time.perf_counter()
-    with scratch_database() as url, private_redis() as redis_url, tempfile.TemporaryDirectory(prefix="soak-") as landing:
+    with (
+        scratch_database() as url,
+        private_redis() as redis_url,
+        tempfile.TemporaryDirectory(prefix="soak-") as landing,
+    ):
         Warehouse(url).create_schema().dispose()
         print(header, flush=True)
         for b in range(args.batches):
             path, truth = crawl.batch(b, Path(landing))
             done = subprocess.run(
                 [sys.executable, __file__, "--child", url, redis_url, landing, truth.batch, "--chunk", str(args.chunk)],
-                capture_output=True, text=True)
+                capture_output=True,
+                text=True,
+            )
             path.unlink()
             if done.returncode != 0:
                 print(done.stderr[-4000:], file=sys.stderr)
@@ -328,18 +363,31 @@ def main() -> int:
             decisions = Counter(result["decisions"])
             ok = decisions == truth.decisions and result["quarantined"] == truth.broken
             if not ok:
-                failures.append(f"{truth.batch}: decisions {dict(decisions)} quarantined {result['quarantined']}, "
-                                f"truth {dict(truth.decisions)} quarantined {truth.broken}")
+                failures.append(
+                    f"{truth.batch}: decisions {dict(decisions)} quarantined {result['quarantined']}, "
+                    f"truth {dict(truth.decisions)} quarantined {truth.broken}"
+                )
             rates = {r: result["records_in"][r] / result["seconds"][r] for r in RUNGS}
             peak = max(result["peak_mib"].values())
-            rows.append({"batch": truth.batch, "rates": rates, "seconds": result["seconds"], "peak": result["peak_mib"],
-                         "total": sum(result["seconds"].values()), "lines": truth.lines,
-                         "resettable": result["peak_resettable"]})
-            print(f"{truth.batch:>9} {truth.lines:>8,} {rates['raw']:>9,.0f} {rates['canonical']:>9,.0f} "
-                  f"{rates['exact']:>9,.0f} {rates['near']:>9,.0f} {rows[-1]['total']:>8.1f} {peak:>8.0f} "
-                  f"{result['seen_set']['hits']:>10,}  "
-                  f"{decisions['new']}/{decisions['exact_duplicate']}/{decisions['changed']} "
-                  f"{'= truth' if ok else 'MISMATCH'}", flush=True)
+            rows.append(
+                {
+                    "batch": truth.batch,
+                    "rates": rates,
+                    "seconds": result["seconds"],
+                    "peak": result["peak_mib"],
+                    "total": sum(result["seconds"].values()),
+                    "lines": truth.lines,
+                    "resettable": result["peak_resettable"],
+                }
+            )
+            print(
+                f"{truth.batch:>9} {truth.lines:>8,} {rates['raw']:>9,.0f} {rates['canonical']:>9,.0f} "
+                f"{rates['exact']:>9,.0f} {rates['near']:>9,.0f} {rows[-1]['total']:>8.1f} {peak:>8.0f} "
+                f"{result['seen_set']['hits']:>10,}  "
+                f"{decisions['new']}/{decisions['exact_duplicate']}/{decisions['changed']} "
+                f"{'= truth' if ok else 'MISMATCH'}",
+                flush=True,
+            )
         figures = warehouse_figures(url)
         if args.keep:
             print(f"(kept database: {url})")
@@ -347,8 +395,10 @@ def main() -> int:
 
     expected = crawl.expected_totals()
     total_lines = crawl.lines_total
-    print(f"\nwhole run: {total_lines:,} lines in {elapsed / 60:.1f} min wall ({total_lines / elapsed:,.0f} lines/s end to end, "
-          f"generation included)")
+    print(
+        f"\nwhole run: {total_lines:,} lines in {elapsed / 60:.1f} min wall "
+        f"({total_lines / elapsed:,.0f} lines/s end to end, generation included)"
+    )
     window = max(1, min(3, len(rows) // 3))
     first, last = rows[:window], rows[-window:]
     print(f"\nfirst {window} batches against the last {window} (medians; ratio = last / first):")
@@ -363,7 +413,8 @@ def main() -> int:
         a, z = median(r["peak"][rung] for r in first), median(r["peak"][rung] for r in last)
         print(f"{'  ' + rung + ' MiB':>14} {a:>10.0f} {z:>10.0f} {z / a:>7.2f}")
     resettable = all(r["resettable"] for r in rows)
-    print(f"(peak RSS per rung: {'VmHWM reset before each rung' if resettable else 'VmHWM could not be reset: cumulative within a batch'})")
+    how = "VmHWM reset before each rung" if resettable else "VmHWM could not be reset: cumulative within a batch"
+    print(f"(peak RSS per rung: {how})")
     flat = peak_last / peak_first <= 1.25
     print(f"memory flat (last/first peak <= 1.25): {'yes' if flat else 'NO'}")
 
@@ -381,15 +432,20 @@ def main() -> int:
         exact_ok &= got == want
         print(f"  {name:<44} {got:>12,} {want:>12,}  {'ok' if got == want else 'MISMATCH'}")
     recall = figures["clustered"] / expected["clustered"] if expected["clustered"] else 1.0
-    print(f"  {'records in near-duplicate clusters':<44} {figures['clustered']:>12,} {expected['clustered']:>12,}  "
-          f"recall {recall:.4f}")
+    print(
+        f"  {'records in near-duplicate clusters':<44} {figures['clustered']:>12,} {expected['clustered']:>12,}  "
+        f"recall {recall:.4f}"
+    )
     print(f"  {'clusters':<44} {figures['clusters']:>12,} {expected['clusters']:>12,}")
     print(f"  {'clusters mixing two products':<44} {figures['mixed_clusters']:>12,} {0:>12,}")
     for failure in failures:
         print("MISMATCH", failure)
     ok = exact_ok and not failures and flat
-    print(f"\nsoak {'PASSED' if ok else 'FAILED'}: decisions per batch and warehouse counts "
-          f"{'match' if exact_ok and not failures else 'do NOT match'} the ground truth; memory {'flat' if flat else 'NOT flat'}")
+    print(
+        f"\nsoak {'PASSED' if ok else 'FAILED'}: decisions per batch and warehouse counts "
+        f"{'match' if exact_ok and not failures else 'do NOT match'} the ground truth; "
+        f"memory {'flat' if flat else 'NOT flat'}"
+    )
     return 0 if ok else 1
 
 

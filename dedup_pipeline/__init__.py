@@ -2,7 +2,7 @@
 
 The library API, for crawlers and notebooks (no Dagster needed):
 
-- ``canonical_url(url) -> str``: the `url/1` canonical form of a URL;
+- ``canonical_url(url, strict=False) -> str``: the `url/1` canonical form of a URL (strict: UrlError if none);
 - ``content_hash(record, version="content/2") -> (hex digest, version)``;
 - ``cluster_near_duplicates(texts, threshold=..., method="minhash") -> list[int]``;
 - ``first_time_seen(url) -> bool``: fetch-time URL dedup for crawlers (Redis, `url/1`, TTL).

@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Iterable
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.url import URL_VERSION, canonical_url
-from dedup_pipeline.store.seen_set import (
-    REDIS_URL_ENV, CircuitBreaker, SeenSetUnavailable, connect_redis, seen_ttl,
-)
+from dedup_pipeline.store.seen_set import CircuitBreaker, SeenSetUnavailable, connect_redis
 
 log = logging.getLogger(__name__)
-URL_PREFIX_ENV = "DEDUP_URL_PREFIX"  # the URL seen-set's key prefix, one per crawl fleet when several share a Redis
-DEFAULT_URL_PREFIX = "dedup:url"
 
 
 # HSETNX, and a TTL on the hash if it has none yet (EXPIRE ... NX needs Redis 7; this runs on any).
@@ -49,12 +45,16 @@ class UrlSeenSet:
     """Canonical URLs seen by a crawl fleet, in Redis with a TTL."""
 
     def __init__(
-        self, redis_url: str | None = None, ttl_seconds: int | None = None, prefix: str | None = None, client=None,
+        self,
+        redis_url: str | None = None,
+        ttl_seconds: int | None = None,
+        prefix: str | None = None,
+        client=None,
         retry_after: float = 15.0,
     ):
-        url = redis_url or os.environ.get(REDIS_URL_ENV) or "redis://127.0.0.1:6379/0"
-        self.ttl_seconds = seen_ttl(ttl_seconds)
-        self.prefix = prefix or os.environ.get(URL_PREFIX_ENV) or DEFAULT_URL_PREFIX
+        url = redis_url or environment.redis_url() or "redis://127.0.0.1:6379/0"
+        self.ttl_seconds = environment.seen_ttl_seconds(ttl_seconds)
+        self.prefix = prefix or environment.url_prefix()
         # A single Redis, a cluster or behind Sentinel; unreachable, the process's memory answers until it does.
         self.client, reached = (client, True) if client is not None else connect_redis(url)
         self._breaker = CircuitBreaker(retry_after, open_now=not reached)
@@ -68,8 +68,9 @@ class UrlSeenSet:
         """First seen, from this process's memory, for items Redis could not answer for."""
         with self._lock:
             if not self._meanwhile:
-                log.warning("URL seen-set unavailable (%s): this process remembers the URLs it sees until Redis "
-                            "answers", reason)
+                log.warning(
+                    "URL seen-set unavailable (%s): this process remembers the URLs it sees until Redis answers", reason
+                )
             answers = []
             for item in items:
                 answers.append(item not in self._meanwhile)
@@ -119,7 +120,9 @@ class UrlSeenSet:
             return self.first_time_seen(url)
         field = hashlib.sha256(method.encode() + b"\0" + body).hexdigest()
         key = _requests_of(self.key(url))
-        return self._ask([(key, field)], lambda: [bool(self._add_request(keys=[key], args=[field, self.ttl_seconds]))])[0]
+        return self._ask([(key, field)], lambda: [bool(self._add_request(keys=[key], args=[field, self.ttl_seconds]))])[
+            0
+        ]
 
     def first_time_seen_many(self, urls: Iterable[str]) -> list[bool]:
         """For each URL, True only on its first sighting within the TTL; one round trip for all of them.
@@ -185,9 +188,11 @@ class RedisUrlDupeFilter:
         self._logged_once = False
 
     @classmethod
-    def from_crawler(cls, crawler) -> "RedisUrlDupeFilter":
+    def from_crawler(cls, crawler) -> RedisUrlDupeFilter:
         settings = crawler.settings
-        seen = UrlSeenSet(settings.get("DEDUP_REDIS_URL"), settings.get("DEDUP_SEEN_TTL_SECONDS"), settings.get("DEDUP_URL_PREFIX"))
+        seen = UrlSeenSet(
+            settings.get("DEDUP_REDIS_URL"), settings.get("DEDUP_SEEN_TTL_SECONDS"), settings.get("DEDUP_URL_PREFIX")
+        )
         return cls(seen, settings.getbool("DUPEFILTER_DEBUG"))
 
     def request_seen(self, request) -> bool:

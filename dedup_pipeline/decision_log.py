@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Iterator
 from datetime import datetime
-from typing import Iterable, Iterator
 
 from sqlalchemy import Connection, select
 
@@ -24,8 +24,17 @@ from dedup_pipeline.store.schema import dedup_decisions
 logger = logging.getLogger("dedup_pipeline.decisions")
 
 
-def event(ts: datetime | str, natural_key, version, digest: bytes | str | None, decision: str, batch_id: str,
-          line_no: int, run_id: str, **extra) -> dict:
+def event(
+    ts: datetime | str,
+    natural_key,
+    version,
+    digest: bytes | str | None,
+    decision: str,
+    batch_id: str,
+    line_no: int,
+    run_id: str,
+    **extra,
+) -> dict:
     """One decision as the seeds' `dedup_decision` event."""
     return {
         "event": "dedup_decision",
@@ -51,12 +60,27 @@ def emit(decisions: Iterable, version: str, batch_id: str, run_id: str, seen_set
             key = digest = None
         else:
             key, digest = record.natural_key, record.hashes[version]
-        logger.info(json.dumps(event(
-            now, key, version, digest, decision.value, batch_id, record.line_no, run_id, seen_set=seen_set,
-        ), ensure_ascii=False))
+        logger.info(
+            json.dumps(
+                event(
+                    now,
+                    key,
+                    version,
+                    digest,
+                    decision.value,
+                    batch_id,
+                    record.line_no,
+                    run_id,
+                    seen_set=seen_set,
+                ),
+                ensure_ascii=False,
+            )
+        )
 
 
-def iter_events(conn: Connection, batch_id: str | None = None, run_id: str | None = None, chunk: int = 5000) -> Iterator[dict]:
+def iter_events(
+    conn: Connection, batch_id: str | None = None, run_id: str | None = None, chunk: int = 5000
+) -> Iterator[dict]:
     """Decision events from the table in order, keyset-paginated (memory bounded by `chunk`)."""
     d = dedup_decisions
     last = 0
@@ -70,6 +94,14 @@ def iter_events(conn: Connection, batch_id: str | None = None, run_id: str | Non
         if not rows:
             return
         for row in rows:
-            yield event(row.decided_at, row.natural_key, row.hash_version, row.content_hash, row.decision,
-                        row.batch_id, row.line_no, row.run_id)
+            yield event(
+                row.decided_at,
+                row.natural_key,
+                row.hash_version,
+                row.content_hash,
+                row.decision,
+                row.batch_id,
+                row.line_no,
+                row.run_id,
+            )
         last = rows[-1].decision_id

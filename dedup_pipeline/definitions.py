@@ -4,7 +4,6 @@ import dagster as dg
 
 from dedup_pipeline.defs.alerts import ladder_failure_alert
 from dedup_pipeline.defs.assets import ladder_assets
-from dedup_pipeline.defs.check_settings import ChecksResource
 from dedup_pipeline.defs.checks import ladder_checks
 from dedup_pipeline.defs.erasure import erasure_jobs, erasure_schedules
 from dedup_pipeline.defs.executors import dedup_ladder_celery_job
@@ -20,7 +19,7 @@ defs = dg.Definitions(
     jobs=[dedup_ladder_job, dedup_ladder_celery_job, *erasure_jobs],
     schedules=[ladder_catch_up, *erasure_schedules],
     sensors=[landing_sensor, ladder_failure_alert],
-    resources={**default_resources(), "checks": ChecksResource()},
+    resources=default_resources(),
 )
 
 # The rehash migration: sharded backfill, comparison, switch and retire (dedup_pipeline/defs/rehash.py).

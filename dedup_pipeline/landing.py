@@ -5,21 +5,23 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import os
 import re
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-LANDING_DIR_ENV = "DEDUP_LANDING_DIR"
+from dedup_pipeline import environment
+
 #: Batch file endings, longest first so "x.jsonl.gz" is not read as "x.jsonl" + ".gz".
 BATCH_SUFFIXES = (".jsonl.gz", ".ndjson.gz", ".json.gz", ".jsonl", ".ndjson")
 _KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=:+-]{0,199}$")
 #: Why a file whose name ends like a batch is not one (a Dagster partition key must be a plain name).
-BAD_KEY = "its name (less the suffix) is not a batch key: ASCII letters, digits and . _ = : + -, starting with a " \
+BAD_KEY = (
+    "its name (less the suffix) is not a batch key: ASCII letters, digits and . _ = : + -, starting with a "
     "letter or digit, at most 200 characters"
+)
 NOT_A_BATCH = "not a batch file: batch names end in " + ", ".join(sorted(BATCH_SUFFIXES)) + " (lower case)"
 #: A file modified more recently than this is taken to be still being written (the sensor's and `run`'s default).
 DEFAULT_SETTLE_SECONDS = 5.0
@@ -52,9 +54,7 @@ class BatchFileError(RuntimeError):
 
 def landing_dir() -> Path:
     """$DEDUP_LANDING_DIR, else the `landing` folder of the data folder."""
-    from dedup_pipeline.store.warehouse import data_dir
-
-    return Path(os.environ.get(LANDING_DIR_ENV) or data_dir() / "landing").resolve()
+    return environment.landing_dir()
 
 
 def batch_key(path: Path) -> str | None:
@@ -98,9 +98,11 @@ class LandingScan:
             f"{settle_seconds:g} s a batch must be left unchanged (still being written?)"
             for batch in self.unsettled
         ]
-        return lines + [f"ignored: {name}: {reason}" for name, reason in self.ignored] + [
-            f"ambiguous: batch {key!r}: {reason}" for key, reason in self.ambiguous.items()
-        ]
+        return (
+            lines
+            + [f"ignored: {name}: {reason}" for name, reason in self.ignored]
+            + [f"ambiguous: batch {key!r}: {reason}" for key, reason in self.ambiguous.items()]
+        )
 
 
 def scan_landing(folder: Path, settle_seconds: float = 0.0) -> LandingScan:
@@ -134,7 +136,9 @@ def scan_landing(folder: Path, settle_seconds: float = 0.0) -> LandingScan:
     for key, found in sorted(files.items()):
         if len(found) > 1:
             names = ", ".join(batch.path.name for batch in found)
-            ambiguous[key] = f"{len(found)} files map to it ({names}): none is taken until all but one are removed or renamed"
+            ambiguous[key] = (
+                f"{len(found)} files map to it ({names}): none is taken until all but one are removed or renamed"
+            )
         elif now - found[0].mtime < settle_seconds:
             unsettled.append(found[0])
         else:
@@ -184,11 +188,11 @@ class TruncatedBatch(Exception):
         self.reason = reason
 
 
-class Fingerprint:
+class FileDigest:
     """SHA-256 and size of the bytes of a batch file as a rung read them (not as the file is now).
 
     A crawler may still be appending while a rung reads; comparing this
-    fingerprint, not a second read of the file, with the registration is
+    digest, not a second read of the file, with the registration is
     what guarantees that the rung used exactly the registered bytes.
     """
 
@@ -204,11 +208,11 @@ class Fingerprint:
         return self._sha.hexdigest()
 
 
-class _FingerprintedFile(io.RawIOBase):
-    """A raw file whose every byte read also goes into a Fingerprint."""
+class _DigestedFile(io.RawIOBase):
+    """A raw file whose every byte read also goes into a FileDigest."""
 
-    def __init__(self, handle, fingerprint: Fingerprint):
-        self._handle, self._fingerprint = handle, fingerprint
+    def __init__(self, handle, digest: FileDigest):
+        self._handle, self._digest = handle, digest
 
     def readable(self) -> bool:
         return True
@@ -216,7 +220,7 @@ class _FingerprintedFile(io.RawIOBase):
     def readinto(self, buffer) -> int:
         n = self._handle.readinto(buffer)
         if n:
-            self._fingerprint.update(memoryview(buffer)[:n])
+            self._digest.update(memoryview(buffer)[:n])
         return n
 
 
@@ -233,7 +237,7 @@ def _corrupt(exc: BaseException) -> bool:
     return isinstance(exc, gzip.BadGzipFile) and not str(exc).startswith("Not a gzipped file")
 
 
-def iter_lines(path: Path, fingerprint: Fingerprint | None = None) -> Iterator[Line]:
+def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
     """Stream the non-blank lines of a batch file, gunzipping when needed.
 
     Memory is one line at a time. A truncated gzip stream (or bytes that are
@@ -241,13 +245,13 @@ def iter_lines(path: Path, fingerprint: Fingerprint | None = None) -> Iterator[L
     `TruncatedBatch` carrying the incomplete tail, so the caller can
     quarantine it. A corrupt one (failed CRC, invalid deflate data) raises
     `BatchFileError`: its lines cannot be trusted, so the rung writes nothing.
-    `fingerprint`, if given, receives every byte of the file the lines came
+    `digest`, if given, receives every byte of the file the lines came
     from (after damage, the rest of the file too).
     """
     line_no = 0
     try:
         with open(path, "rb", buffering=0) as raw_file:
-            source = io.BufferedReader(_FingerprintedFile(raw_file, fingerprint) if fingerprint else raw_file, 1 << 20)
+            source = io.BufferedReader(_DigestedFile(raw_file, digest) if digest else raw_file, 1 << 20)
             handle = gzip.GzipFile(fileobj=source, mode="rb") if path.name.endswith(".gz") else source
             pending = b""
             while True:
@@ -260,7 +264,7 @@ def iter_lines(path: Path, fingerprint: Fingerprint | None = None) -> Iterator[L
                         raise BatchFileError(
                             f"batch file {path} is corrupt ({exc}): none of its lines can be trusted; fetch it again"
                         ) from None
-                    if fingerprint:
+                    if digest:
                         while source.read1(1 << 20):
                             pass
                     raise TruncatedBatch(line_no + 1, pending, f"compressed stream damaged: {exc}") from None

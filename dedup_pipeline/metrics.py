@@ -14,25 +14,37 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server, write_to_textfile
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import Connection, Engine, select
 
-from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.store.schema import exact_rung_runs, near_rung_runs
 
 log = logging.getLogger(__name__)
 
 #: Decisions that skip a record, by the `type` label of scraper_duplicates_skipped_total.
-SKIPPED = {
+_SKIPPED = {
     Decision.EXACT_DUPLICATE.value: "exact",
     Decision.STALE.value: "stale",
     Decision.CHANGE_IGNORED.value: "change_ignored",
     Decision.ERASED.value: "erased",
 }
 SEEN_SET_FIGURES = ("seen_set_hits", "seen_set_false_positives", "seen_set_cold_misses", "seen_set_fallbacks")
+
+
+def seed_figures(records_seen: int, decisions: Mapping[str, int]) -> dict:
+    """An exact-rung run's figures under the seeds' metric names and labels, for its asset metadata.
+
+    The counters this module exports are the totals of these figures over every run.
+    """
+    figures = {"scraper_records_seen": records_seen}
+    for decision, label in _SKIPPED.items():
+        figures[f'scraper_duplicates_skipped{{type="{label}"}}'] = decisions[decision]
+    return figures
 
 
 def _runs_summed(conn: Connection, table) -> tuple[Counter, dict]:
@@ -81,23 +93,44 @@ def families(conn: Connection) -> list[Metric]:
     figures = totals(conn)
     decisions = figures["decisions"]
     found = [
-        _counter("scraper_records_seen", "Records that reached the dedup ladder (decided or quarantined).",
-                 {(): sum(decisions.values()) + figures["quarantined"]}),
-        _counter("scraper_duplicates_skipped", "Records skipped, by duplicate type.",
-                 {(label,): decisions[decision] for decision, label in SKIPPED.items()}, ("type",)),
-        _counter("scraper_records_stored", "Records written to the warehouse, by kind.",
-                 {(d,): decisions[d] for d in (Decision.NEW.value, Decision.CHANGED.value)}, ("type",)),
+        _counter(
+            "scraper_records_seen",
+            "Records that reached the dedup ladder (decided or quarantined).",
+            {(): sum(decisions.values()) + figures["quarantined"]},
+        ),
+        _counter(
+            "scraper_duplicates_skipped",
+            "Records skipped, by duplicate type.",
+            {(label,): decisions[decision] for decision, label in _SKIPPED.items()},
+            ("type",),
+        ),
+        _counter(
+            "scraper_records_stored",
+            "Records written to the warehouse, by kind.",
+            {(d,): decisions[d] for d in (Decision.NEW.value, Decision.CHANGED.value)},
+            ("type",),
+        ),
         _counter("scraper_records_quarantined", "Lines sent to quarantine.", {(): figures["quarantined"]}),
-        _counter("scraper_near_duplicates_flagged", "Records the near-duplicate rung linked to others.",
-                 {(): figures["near_duplicates_flagged"]}),
-        _counter("dedup_seen_set", "Seen-set fast path: hits confirmed, false positives caught, cold misses, fallbacks.",
-                 {(name.removeprefix("seen_set_"),): figures["seen_set"][name] for name in SEEN_SET_FIGURES}, ("outcome",)),
+        _counter(
+            "scraper_near_duplicates_flagged",
+            "Records the near-duplicate rung linked to others.",
+            {(): figures["near_duplicates_flagged"]},
+        ),
+        _counter(
+            "dedup_seen_set",
+            "Seen-set fast path: hits confirmed, false positives caught, cold misses, fallbacks.",
+            {(name.removeprefix("seen_set_"),): figures["seen_set"][name] for name in SEEN_SET_FIGURES},
+            ("outcome",),
+        ),
     ]
     if figures["seen_set_fill"] is not None:
-        found.append(GaugeMetricFamily(
-            "dedup_seen_set_fill", "Bloom seen-set: digests over capacity after the latest batch (alert well before 1).",
-            value=figures["seen_set_fill"],
-        ))
+        found.append(
+            GaugeMetricFamily(
+                "dedup_seen_set_fill",
+                "Bloom seen-set: digests over capacity after the latest batch (alert well before 1).",
+                value=figures["seen_set_fill"],
+            )
+        )
     return found
 
 
@@ -158,7 +191,9 @@ class WarehouseCollector:
                     log.exception("metrics: could not read the warehouse")
                     self._families, self._read_at = [], -float("inf")
             found = self._families
-        up = GaugeMetricFamily("dedup_warehouse_up", "1 if the figures were read from the warehouse, 0 if it could not be read.")
+        up = GaugeMetricFamily(
+            "dedup_warehouse_up", "1 if the figures were read from the warehouse, 0 if it could not be read."
+        )
         up.add_metric([], 1 if found else 0)
         return iter([up, *found])
 

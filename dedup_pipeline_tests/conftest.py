@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import threading
 from contextlib import ExitStack
@@ -11,10 +12,10 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import metadata
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import PG_ADMIN_URL, database_url, fresh_database
-
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -146,3 +147,11 @@ def hung_redis_url():
     server.close()
     for connection in connections:
         connection.close()
+
+
+@pytest.fixture
+def tombstone_key(monkeypatch):
+    """A fresh $DEDUP_TOMBSTONE_KEY for the test (the erasure tests use it; see pytestmark there)."""
+    key = secrets.token_hex(32)
+    monkeypatch.setenv(TOMBSTONE_KEY_ENV, key)
+    return key

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import uuid
 import os
 import random
+import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from sqlalchemy import create_engine, select, text
 
@@ -75,7 +75,8 @@ def write_batch(folder: Path, name: str, lines: list, landed: float | None = Non
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / (name + (".jsonl.gz" if gz else ".jsonl"))
     data = b"".join(
-        (line if isinstance(line, bytes) else (line if isinstance(line, str) else json.dumps(line)).encode("utf-8")) + b"\n"
+        (line if isinstance(line, bytes) else (line if isinstance(line, str) else json.dumps(line)).encode("utf-8"))
+        + b"\n"
         for line in lines
     )
     if gz:
@@ -96,10 +97,19 @@ def snapshot(engine) -> dict:
                 for r in conn.execute(select(records))
             ),
             "history": sorted(
-                (h.natural_key, h.content_hash.hex(), h.superseded_by_batch_id) for h in conn.execute(select(record_history))
+                (h.natural_key, h.content_hash.hex(), h.superseded_by_batch_id)
+                for h in conn.execute(select(record_history))
             ),
-            "links": sorted((ids[a], ids[b], round(s, 6)) for a, b, s in conn.execute(
-                select(near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity))),
+            "links": sorted(
+                (ids[a], ids[b], round(s, 6))
+                for a, b, s in conn.execute(
+                    select(
+                        near_duplicate_links.c.record_a,
+                        near_duplicate_links.c.record_b,
+                        near_duplicate_links.c.similarity,
+                    )
+                )
+            ),
             "clusters": sorted((ids[r], ids[c], rep) for r, c, rep in conn.execute(select(near_duplicate_clusters))),
         }
 

@@ -11,7 +11,7 @@ computed from the core hash functions, never written down by hand.
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import func, select, text
@@ -23,14 +23,16 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import record_hashes, records
 from dedup_pipeline_tests.helpers import new_run_id
 
 _WORDS = "steel kettle copper enamel whistle travel quiet compact classic modern glass induction".split()
-LEGACY_TIME = datetime(2026, 1, 1, tzinfo=timezone.utc)
+LEGACY_TIME = datetime(2026, 1, 1, tzinfo=UTC)
+#: The rungs' settings of `run_ladder` unless a test gives its own.
+SETTINGS = LadderSettings(chunk_size=500)
 
 
 def migration_listing(n: int) -> dict:
@@ -76,8 +78,11 @@ class Expectation:
     def figures(self) -> dict:
         groups = [n for n in self.target_digests.values() if n > 1]
         return {
-            "rows": self.rows, "unhashable": self.unhashable, "hashable": sum(self.target_digests.values()),
-            "distinct_target": len(self.target_digests), "merge_groups": len(groups),
+            "rows": self.rows,
+            "unhashable": self.unhashable,
+            "hashable": sum(self.target_digests.values()),
+            "distinct_target": len(self.target_digests),
+            "merge_groups": len(groups),
             "rows_merged_away": sum(groups) - len(groups),
         }
 
@@ -91,7 +96,11 @@ def expected(raws: list[dict], source: str = "content/1", target: str = "content
 
 
 def load_legacy_rows(
-    warehouse, raws: list[dict], versions=("content/1",), target: str = "content/2", batch_id: str = "legacy",
+    warehouse,
+    raws: list[dict],
+    versions=("content/1",),
+    target: str = "content/2",
+    batch_id: str = "legacy",
 ) -> dict:
     """Store raw records as a pipeline that only knew `versions` would have: one row each, bulk-copied.
 
@@ -109,27 +118,63 @@ def load_legacy_rows(
             digests, errors = compute_hashes(payload, (*versions, target))
             tally.add(digests, errors)
             rid = start + i
-            rows.append((rid, url, url, "url/1", versions[0], bytes.fromhex(digests[versions[0]]), payload, LEGACY_TIME,
-                         LEGACY_TIME, batch_id, batch_id, LEGACY_TIME, i))
+            rows.append(
+                (
+                    rid,
+                    url,
+                    url,
+                    "url/1",
+                    versions[0],
+                    bytes.fromhex(digests[versions[0]]),
+                    payload,
+                    LEGACY_TIME,
+                    LEGACY_TIME,
+                    batch_id,
+                    batch_id,
+                    LEGACY_TIME,
+                    i,
+                )
+            )
             hashes += [(rid, v, bytes.fromhex(digests[v]), None) for v in versions]
-        copy_rows(conn, records, (
-            "record_id", "natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload",
-            "first_seen_at", "last_crawled_at", "first_batch_id", "last_batch_id", "last_landed_at", "last_line_no",
-        ), rows)
+        copy_rows(
+            conn,
+            records,
+            (
+                "record_id",
+                "natural_key",
+                "canonical_url",
+                "url_version",
+                "hash_version",
+                "content_hash",
+                "payload",
+                "first_seen_at",
+                "last_crawled_at",
+                "first_batch_id",
+                "last_batch_id",
+                "last_landed_at",
+                "last_line_no",
+            ),
+            rows,
+        )
         copy_rows(conn, record_hashes, ("record_id", "hash_version", "content_hash", "error"), hashes)
         if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT setval(pg_get_serial_sequence('records', 'record_id'), (SELECT max(record_id) FROM records))"))
+            conn.execute(
+                text(
+                    "SELECT setval(pg_get_serial_sequence('records', 'record_id'), "
+                    "(SELECT max(record_id) FROM records))"
+                )
+            )
             conn.execute(text("ANALYZE records, record_hashes"))
     return tally.figures()
 
 
-def run_ladder(warehouse, folder: Path, key: str, settings: LadderSettings = LadderSettings(chunk_size=500), near: bool = True):
+def run_ladder(warehouse, folder: Path, key: str, settings: LadderSettings = SETTINGS, near: bool = True):
     """One batch file down the real ladder; returns the exact rung's report."""
     ingest_raw_batch(warehouse, find_batch(folder, key))
     canonicalise_batch(warehouse, key, settings)
     report = deduplicate_batch(warehouse, key, new_run_id(key), settings)
     if near:
-        cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
+        cluster_batch(warehouse, key, NearSettings(params=NearDupParams(threshold=0.5)))
     return report
 
 
@@ -144,7 +189,8 @@ def assert_unique_per_version(warehouse) -> None:
         assert dupes == []
         own = record_hashes.alias("own")
         mismatched = conn.execute(
-            select(func.count()).select_from(records.join(own, own.c.record_id == records.c.record_id))
+            select(func.count())
+            .select_from(records.join(own, own.c.record_id == records.c.record_id))
             .where(own.c.hash_version == records.c.hash_version, own.c.content_hash != records.c.content_hash)
         ).scalar_one()
         assert mismatched == 0

@@ -173,7 +173,10 @@ def _crawl(start_url: str, prefix: str, redis_url: str = "redis://127.0.0.1:6379
     script = Path(__file__).with_name("scrapy_crawl.py")
     done = subprocess.run(
         [sys.executable, str(script), start_url, redis_url, prefix],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[1],
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -224,6 +227,7 @@ def test_many_threads_share_the_memory_of_an_outage(tmp_path):
     server = PrivateRedis(tmp_path / "redis").start()
     seen = UrlSeenSet(server.url, retry_after=0.01, prefix="threads")
     try:
+
         def ask(n: int) -> list[bool]:
             return seen.first_time_seen_many([f"https://a.example/{n}/{i}" for i in range(50)])
 

@@ -112,7 +112,9 @@ def test_every_relative_link_resolves(document: Path):
 
 def test_the_readme_is_short():
     lines = README.read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines; move detail to docs/ (at most {MAX_README_LINES})"
+    assert len(lines) <= MAX_README_LINES, (
+        f"README.md has {len(lines)} lines; move detail to docs/ (at most {MAX_README_LINES})"
+    )
 
 
 def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
@@ -140,9 +142,23 @@ def test_mkdocs_is_strict_and_builds_where_git_ignores():
 def test_mkdocs_build_strict(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
-         "--config-file", str(MKDOCS_YML), "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--quiet",
+            "--config-file",
+            str(MKDOCS_YML),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "site" / "index.html").is_file()

@@ -18,24 +18,23 @@ from pathlib import Path
 import promql_parser
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, func, select
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from dedup_pipeline.cli import _listen_address
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.decision_log import iter_events
-from dedup_pipeline.ladder.erasure import erase_subject
-from dedup_pipeline.ladder.near import cluster_batch
-from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.cli import _listen_address
-from dedup_pipeline.metrics import prometheus_text, serve
-from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
+from dedup_pipeline.metrics import prometheus_text, seed_figures, serve
 from dedup_pipeline.store.schema import dedup_decisions, near_duplicate_links, quarantine
 from dedup_pipeline.store.seen_set import BloomSeenSet
 from dedup_pipeline.store.warehouse import utcnow
@@ -46,7 +45,9 @@ SECRET = "private-marker-8c1f"
 
 def test_decision_events_and_counters(warehouse, tmp_path, caplog):
     folder = tmp_path / "landing"
-    lines = [listing(n, seller_id=SECRET) for n in range(10)] + [listing(n, crawl_id="again", seller_id=SECRET) for n in range(4)]
+    lines = [listing(n, seller_id=SECRET) for n in range(10)] + [
+        listing(n, crawl_id="again", seller_id=SECRET) for n in range(4)
+    ]
     write_batch(folder, "b1", lines + ["{broken"], landed=1e9)
     ingest_raw_batch(warehouse, find_batch(folder, "b1"))
     canonicalise_batch(warehouse, "b1", LadderSettings())
@@ -66,7 +67,8 @@ def test_decision_events_and_counters(warehouse, tmp_path, caplog):
 
     metrics = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text) for sample in family.samples
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
     }
     assert metrics[("scraper_records_seen_total", ())] == 15
     assert metrics[("scraper_duplicates_skipped_total", (("type", "exact"),))] == 4
@@ -89,7 +91,8 @@ def _scrape(url: str) -> dict:
         text = response.read().decode("utf-8")
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text) for sample in family.samples
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
     }
 
 
@@ -133,8 +136,11 @@ def test_dedup_pipeline_metrics_serve_until_terminated(warehouse, warehouse_url,
     environment = {k: v for k, v in os.environ.items() if not k.startswith("DEDUP_")}
     process = subprocess.Popen(
         [sys.executable, "-m", "dedup_pipeline.cli", "metrics", "--serve", "127.0.0.1:0", "--max-age", "0"],
-        env={**environment, "DEDUP_DATABASE_URL": warehouse_url}, cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**environment, "DEDUP_DATABASE_URL": warehouse_url},
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         banner = process.stdout.readline()
@@ -150,9 +156,14 @@ def test_dedup_pipeline_metrics_serve_until_terminated(warehouse, warehouse_url,
         process.stderr.close()
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("9108", ("0.0.0.0", 9108)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:9108", ("::1", 9108)),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("9108", ("0.0.0.0", 9108)),
+        ("127.0.0.1:0", ("127.0.0.1", 0)),
+        ("[::1]:9108", ("::1", 9108)),
+    ],
+)
 def test_metrics_listen_address(value, expected):
     assert _listen_address(value) == expected
 
@@ -167,7 +178,8 @@ def _counters(warehouse) -> dict:
     with warehouse.engine.connect() as conn:
         return {
             (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(prometheus_text(conn)) for sample in family.samples
+            for family in text_string_to_metric_families(prometheus_text(conn))
+            for sample in family.samples
             if sample.name.endswith("_total")
         }
 
@@ -175,14 +187,15 @@ def _counters(warehouse) -> dict:
 def test_counters_never_go_down_when_retention_and_erasure_delete_rows(warehouse, tmp_path, monkeypatch):
     """Prometheus reads a counter that goes down as a reset and a burst: pruning and erasing must not move them."""
     monkeypatch.setenv(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
-    twin = listing(40, url="https://mirror.example.net/kettle-4", description=listing(4)["description"] + " today",
-                   seller_id="s-X")
+    twin = listing(
+        40, url="https://mirror.example.net/kettle-4", description=listing(4)["description"] + " today", seller_id="s-X"
+    )
     lines = [listing(n) for n in range(8)] + [listing(1, crawl_id="again"), twin, "{broken"]
     write_batch(tmp_path, "b1", lines, landed=1e9)
     ingest_raw_batch(warehouse, find_batch(tmp_path, "b1"))
     canonicalise_batch(warehouse, "b1", LadderSettings())
     deduplicate_batch(warehouse, "b1", "run-1", LadderSettings())
-    cluster_batch(warehouse, "b1", NearDupParams(threshold=0.5), run_id="run-1")
+    cluster_batch(warehouse, "b1", NearSettings(params=NearDupParams(threshold=0.5)), run_id="run-1")
     before = _counters(warehouse)
     assert before[("scraper_records_seen_total", ())] == 11
     assert before[("scraper_records_quarantined_total", ())] == 1
@@ -190,11 +203,19 @@ def test_counters_never_go_down_when_retention_and_erasure_delete_rows(warehouse
     assert before[("scraper_near_duplicates_flagged_total", ())] >= 1
 
     assert erase_subject(warehouse, Subject.parse("field", "s-X", field="seller_id"), "req-1").removed["records"] == 1
-    pruned = prune_retention(warehouse, RetentionSettings(decision_days=1, quarantine_days=1), now=utcnow() + timedelta(days=30))
+    pruned = prune_retention(
+        warehouse, RetentionSettings(decision_days=1, quarantine_days=1), now=utcnow() + timedelta(days=30)
+    )
     with warehouse.engine.connect() as conn:  # the rows the counters once were counts of are gone
-        left = {t.name: conn.execute(select(func.count()).select_from(t)).scalar_one()
-                for t in (dedup_decisions, quarantine, near_duplicate_links)}
-    assert pruned.pruned["dedup_decisions"] >= 9 and left == {"dedup_decisions": 0, "quarantine": 0, "near_duplicate_links": 0}
+        left = {
+            t.name: conn.execute(select(func.count()).select_from(t)).scalar_one()
+            for t in (dedup_decisions, quarantine, near_duplicate_links)
+        }
+    assert pruned.pruned["dedup_decisions"] >= 9 and left == {
+        "dedup_decisions": 0,
+        "quarantine": 0,
+        "near_duplicate_links": 0,
+    }
     assert _counters(warehouse) == before
 
 
@@ -228,8 +249,11 @@ def _check_expression(expr: str, served: set[str]) -> None:
 
 
 def test_the_shipped_alert_rules_parse_and_name_only_metrics_the_exporter_serves(served_metric_names):
-    rules = [rule for group in yaml.safe_load((DEPLOY / "prometheus" / "dedup-alerts.yml").read_text())["groups"]
-             for rule in group["rules"]]
+    rules = [
+        rule
+        for group in yaml.safe_load((DEPLOY / "prometheus" / "dedup-alerts.yml").read_text())["groups"]
+        for rule in group["rules"]
+    ]
     assert len(rules) == 6
     for rule in rules:
         _check_expression(rule["expr"], served_metric_names)
@@ -246,3 +270,17 @@ def test_the_shipped_dashboard_queries_parse_and_name_only_metrics_the_exporter_
     named = {name for target in targets for name in EXPORTED_NAME.findall(target["expr"])}
     # every counter and gauge of the exporter is on the dashboard
     assert named == {name for name in served_metric_names if not name.endswith("_created")}
+
+
+def test_a_run_s_figures_carry_the_seeds_metric_names_and_labels():
+    """The label mapping lives in dedup_pipeline.metrics alone; the exact rung's metadata takes it from there."""
+    from collections import Counter
+
+    figures = seed_figures(12, Counter({"exact_duplicate": 3, "stale": 1, "new": 8}))
+    assert figures == {
+        "scraper_records_seen": 12,
+        'scraper_duplicates_skipped{type="exact"}': 3,
+        'scraper_duplicates_skipped{type="stale"}': 1,
+        'scraper_duplicates_skipped{type="change_ignored"}': 0,
+        'scraper_duplicates_skipped{type="erased"}': 0,
+    }

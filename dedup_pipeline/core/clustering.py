@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 RULES = ("oldest", "longest")
+#: The rule a cluster's representative is chosen by unless told otherwise.
+DEFAULT_RULE = "oldest"
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def _representatives(
 def cluster_labels(
     n: int,
     links: Iterable[Sequence],
-    rule: str = "oldest",
+    rule: str = DEFAULT_RULE,
     lengths: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """Label of each position ``0..n-1``: the position of its cluster's representative.
@@ -98,7 +100,7 @@ def cluster_labels(
 def cluster_records(
     ids: Sequence[int],
     links: Iterable[Sequence],
-    rule: str = "oldest",
+    rule: str = DEFAULT_RULE,
     lengths: Mapping[int, int] | Sequence[int] | None = None,
     ages: Mapping[int, Sequence[int]] | None = None,
 ) -> list[Cluster]:

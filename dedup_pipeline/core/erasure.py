@@ -28,25 +28,38 @@ import hashlib
 import hmac
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any
 
+from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.fields import canonical_fields, normalise_text
 from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes
-from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.numbers import plain_decimal
-from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url, canonicalize_url_strict
+from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url
 
 TOMBSTONE_VERSION = "tombstone/1"
 #: A key shorter than this is refused: it could be guessed, and then so could every fingerprint.
 MIN_KEY_BYTES = 32
-#: Fields the pipeline treats as personal data (documentation, the privacy test and the
-#: README). Erasure accepts any field path; these are the ones a subject is usually named by.
+#: Fields the pipeline treats as personal data (documentation, the privacy test and
+#: docs/privacy.md). Erasure accepts any field path; these are the ones a subject is usually named by.
 PERSONAL_FIELDS = (
-    "seller_id", "seller_name", "seller_email", "seller_phone", "author", "author_name", "author_email",
-    "name", "email", "phone", "contact", "address", "username", "profile_url",
+    "seller_id",
+    "seller_name",
+    "seller_email",
+    "seller_phone",
+    "author",
+    "author_name",
+    "author_email",
+    "name",
+    "email",
+    "phone",
+    "contact",
+    "address",
+    "username",
+    "profile_url",
 )
 
 _FIELD_PATH = re.compile(r"[A-Za-z0-9_\-]{1,64}(?:\.[A-Za-z0-9_\-]{1,64}){0,7}")
@@ -78,7 +91,7 @@ class Subject:
     scope: str = ""  # field path, hash version or URL version, per kind
 
     @classmethod
-    def parse(cls, kind: str, value: str, field: str | None = None, version: str | None = None) -> "Subject":
+    def parse(cls, kind: str, value: str, field: str | None = None, version: str | None = None) -> Subject:
         """Validate and normalise what an operator typed (UI run config or command line)."""
         try:
             kind = SubjectKind(kind)
@@ -90,7 +103,7 @@ class Subject:
             return cls(kind, normalise_natural_key(value))
         if kind is SubjectKind.CANONICAL_URL:
             try:
-                return cls(kind, canonicalize_url_strict(value), URL_VERSION)
+                return cls(kind, canonical_url(value, strict=True), URL_VERSION)
             except UrlError as exc:
                 raise SubjectError(f"not a usable http(s) URL: {exc}") from None
         if kind is SubjectKind.FIELD:
@@ -127,7 +140,7 @@ def page_variants(url: str) -> tuple[str, ...]:
     variants = [url]
     for scheme, other in (("https://", "http://"), ("http://", "https://")):
         if url.startswith(scheme):
-            variants.append(other + url[len(scheme):])
+            variants.append(other + url[len(scheme) :])
             break
     for variant in list(variants):
         address, question, query = variant.partition("?")
@@ -146,7 +159,7 @@ def normalise_natural_key(value: str) -> str:
     """A natural key as the warehouse stores it: URL keys take their `url/1` form."""
     value = value.strip()
     try:
-        return canonicalize_url_strict(value)
+        return canonical_url(value, strict=True)
     except UrlError:
         return value
 
@@ -228,7 +241,7 @@ class Catalogue:
     natural_keys: bool = False
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[str, str, str]], generation: object = None) -> "Catalogue":
+    def from_rows(cls, rows: Iterable[tuple[str, str, str]], generation: object = None) -> Catalogue:
         fields, versions, key_ids, url_versions, natural_keys = set(), set(), set(), set(), False
         for kind, scope, kid in rows:
             key_ids.add(kid)
@@ -240,8 +253,14 @@ class Catalogue:
                 url_versions.add(scope)
             elif kind == _KEY:
                 natural_keys = True
-        return cls(frozenset(fields), frozenset(versions), frozenset(key_ids), generation, frozenset(url_versions),
-                   natural_keys)
+        return cls(
+            frozenset(fields),
+            frozenset(versions),
+            frozenset(key_ids),
+            generation,
+            frozenset(url_versions),
+            natural_keys,
+        )
 
     def __bool__(self) -> bool:
         return bool(self.key_ids)
@@ -306,7 +325,9 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
     if catalogue.natural_keys:
         found += [
             fingerprint(key, _KEY, scope, normalise_natural_key(value))
-            for value in strings | urls if value.strip() for scope in ("", QUARANTINE_SCOPE)
+            for value in strings | urls
+            if value.strip()
+            for scope in ("", QUARANTINE_SCOPE)
         ]
     values = {normalise_field_value(value) for value in strings} - {None}
     found += [fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in values]
@@ -315,7 +336,9 @@ def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[
     ]
     fields = _canonical_fields_of(text) if catalogue.fields or catalogue.versions else None
     if fields is not None:
-        found += [fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in field_texts(fields, path)]
+        found += [
+            fingerprint(key, _FIELD, path, value) for path in catalogue.fields for value in field_texts(fields, path)
+        ]
         try:
             digests, _ = compute_hashes(fields, [v for v in catalogue.versions if v in HASH_RULES])
         except (RecordError, RecursionError):
@@ -388,7 +411,8 @@ class RawLineMatcher:
     is searched as text: URLs by host and path (case-insensitive, ending at a
     URL boundary, so ``/p/1`` does not match ``/p/10``), natural keys and field
     values as complete JSON strings, and field values that are numbers as the
-    number given to a member named as the field path ends (``"seller_id": 4711001``). What cannot be matched: an identifier cut
+    number given to a member named as the field path ends
+    (``"seller_id": 4711001``). What cannot be matched: an identifier cut
     by the truncation, escaped in an unusual way (``\\u`` escapes inside a URL,
     other percent-encodings), or a content digest in a line that does not parse.
     """

@@ -8,15 +8,16 @@ so hashing a stored payload gives the digest its raw record had: the rehash
 job relies on that. Changing this form changes every digest, so it is a new
 `record/N` and new hash versions, never an edit in place.
 
-`dedup_pipeline.core.batch` gives the same form for a chunk of records at once,
+`dedup_pipeline.core.canonical` gives the same form for a chunk of records at once,
 column-wise; this module is its specification (its tests compare the two).
 """
 
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, Mapping
+from typing import Any
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.numbers import parse_decimal, plain_decimal

@@ -13,7 +13,7 @@ text) in the fixed form ``format(x, ".4f")``; other decimals are exact text in
 `record/1` already. It is not the seeds' `canonicalise` byte for byte: numeric
 price text, other and nested decimals, nested text and nulls, the currency's
 case, three more volatile fields and the URL (in its `url/1` form) differ; the
-README ("Hashes") says how and why, and `test_hashing.py` pins it.
+docs/canonical.md says how and why, and `test_hashing.py` pins it.
 
 `content/2` is the seeds' second rule: a fixed tuple of identity fields, the
 price in exact minor units, floats refused. `title`, `price` (or
@@ -24,7 +24,7 @@ extraction failed the same way. Adding a field to a record does
 not change its `content/2` digest; the URL is not part of it, so the same
 listing served under two URLs is one content.
 
-`dedup_pipeline.core.batch` computes both rules column-wise over a chunk of
+`dedup_pipeline.core.canonical` computes both rules column-wise over a chunk of
 records (the ladder's path); these per-record functions are its specification,
 and its tests check it against them. A new rule works there at once (it is
 applied record by record); a vectorised version of it is an addition there.
@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.fields import NUMERIC_FIELDS, canonical_fields, is_blank, normalise_text
@@ -58,6 +59,7 @@ def _dumps(payload: Any) -> bytes:
 
 
 # ---------------------------------------------------------------- content/1
+
 
 def _fixed_number(value: Decimal | float) -> str:
     return format(value, ".4f")
@@ -96,7 +98,8 @@ def content_v1_bytes(fields: Mapping[str, Any]) -> bytes:
 
 # ---------------------------------------------------------------- content/2
 
-#: The text identity fields a record must have (and a price, `price` or `price_minor`): absent or blank, it cannot be hashed.
+#: The text identity fields a record must have (and a price, `price` or `price_minor`): absent or blank, it cannot
+#: be hashed.
 V2_REQUIRED = ("title", "currency", "seller_id")
 
 
@@ -143,6 +146,7 @@ def content_v2_bytes(record: Mapping[str, Any]) -> bytes:
 
 # ---------------------------------------------------------------- registry
 
+
 @dataclass(frozen=True)
 class HashRule:
     """One versioned way of turning a record into a SHA-256 digest."""
@@ -160,7 +164,11 @@ HASH_RULES: dict[str, HashRule] = {
     rule.version: rule
     for rule in (
         HashRule("content/1", "all non-volatile fields, url/1 URL, numbers as .4f", content_v1_bytes),
-        HashRule("content/2", "identity tuple (title, price_minor, currency, seller_id, description), floats refused", content_v2_bytes),
+        HashRule(
+            "content/2",
+            "identity tuple (title, price_minor, currency, seller_id, description), floats refused",
+            content_v2_bytes,
+        ),
     )
 }
 #: The version a fresh warehouse dedups on; the warehouse stores the active one.

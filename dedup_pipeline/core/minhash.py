@@ -27,8 +27,9 @@ sharing nothing, so they are never linked to anything.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from xxhash import xxh32_intdigest
@@ -137,7 +138,11 @@ def minhash_signatures(
 
 
 def minhash_signatures_from_texts(
-    texts: Sequence[str], normaliser: "TextNormaliser", num_perm: int = 128, seed: int = 1, texts_per_chunk: int = 256,
+    texts: Sequence[str],
+    normaliser: TextNormaliser,
+    num_perm: int = 128,
+    seed: int = 1,
+    texts_per_chunk: int = 256,
 ) -> np.ndarray:
     """``minhash_signatures([normaliser.shingle_bytes(t) for t in texts], num_perm, seed)``, without per-shingle Python.
 
@@ -258,7 +263,7 @@ def bbit_jaccard_pairs(packed: np.ndarray, left: np.ndarray, right: np.ndarray, 
     return np.clip((out - chance) / (1.0 - chance), 0.0, 1.0)
 
 
-def to_lean_minhash(signature: np.ndarray, seed: int = 1) -> "LeanMinHash":
+def to_lean_minhash(signature: np.ndarray, seed: int = 1) -> LeanMinHash:
     """Wrap one signature as a ``datasketch.LeanMinHash`` (scheme affine32)."""
     from datasketch import LeanMinHash  # lazy: datasketch imports scipy
 

@@ -173,7 +173,9 @@ class NearDupParams:
         """MinHash: :func:`threshold_warning` of ``threshold`` under ``bands``/``rows``; None for SimHash."""
         if self.method != "minhash":
             return None
-        return threshold_warning(self.threshold, self.bands, self.rows, MIN_THRESHOLD_RECALL if min_recall is None else min_recall)
+        return threshold_warning(
+            self.threshold, self.bands, self.rows, MIN_THRESHOLD_RECALL if min_recall is None else min_recall
+        )
 
     def as_dict(self) -> dict:
         """Every setting as plain JSON data (:meth:`from_dict` reads it back)."""
@@ -264,18 +266,22 @@ def verify_pairs(
     if params.verify == "exact":
         sims = _exact_jaccard(left, right, _shingles_of(shingles, left, right))
     else:
-        sims = estimated_jaccard_pairs(signatures, left, right) if estimates is None else np.array(estimates, dtype=float)
+        sims = (
+            estimated_jaccard_pairs(signatures, left, right) if estimates is None else np.array(estimates, dtype=float)
+        )
         if params.verify == "auto":
             t = params.threshold
             unsure = np.flatnonzero(np.abs(sims - t) < UNSURE_STANDARD_ERRORS * np.sqrt(t * (1 - t) / params.num_perm))
             if unsure.size:
-                l, r = left[unsure], right[unsure]
-                sims[unsure] = _exact_jaccard(l, r, _shingles_of(shingles, l, r))
+                lo, hi = left[unsure], right[unsure]
+                sims[unsure] = _exact_jaccard(lo, hi, _shingles_of(shingles, lo, hi))
     keep = sims >= params.threshold
     return list(zip(left[keep].tolist(), right[keep].tolist(), sims[keep].tolist()))
 
 
-def _shingles_of(shingles, left: np.ndarray, right: np.ndarray) -> Mapping[int, Sequence[bytes]] | Sequence[Sequence[bytes]]:
+def _shingles_of(
+    shingles, left: np.ndarray, right: np.ndarray
+) -> Mapping[int, Sequence[bytes]] | Sequence[Sequence[bytes]]:
     if shingles is None:
         raise ValueError("exact verification needs the shingles")
     if callable(shingles):

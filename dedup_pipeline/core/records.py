@@ -7,16 +7,17 @@ reason that names the rule and the field, never the value.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
-from dedup_pipeline.core.batch import hash_records
+from dedup_pipeline.core.canonical import hash_records
 from dedup_pipeline.core.errors import MAX_NESTING, NESTING_TOO_DEEP, RecordError
 from dedup_pipeline.core.fields import RECORD_VERSION, canonical_fields, is_blank
 from dedup_pipeline.core.hashing import compute_hashes
 from dedup_pipeline.core.numbers import OUT_OF_RANGE, json_decimal
-from dedup_pipeline.core.url import URL_VERSION, UrlError, canonicalize_url_strict
+from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url
 
 #: Fields whose text feeds near-duplicate detection, in order.
 TEXT_FIELDS = ("title", "description")
@@ -60,8 +61,11 @@ def _nested_deeper_than(record: dict, limit: int) -> bool:
         value, depth = pending.pop()
         if depth > limit:
             return True
-        pending.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value)
-                       if isinstance(child, (dict, list)))
+        pending.extend(
+            (child, depth + 1)
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, (dict, list))
+        )
     return False
 
 
@@ -101,9 +105,12 @@ def parse_timestamp(value: Any) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         if parsed.tzinfo is None:
-            return parsed.replace(tzinfo=timezone.utc)
-        return parsed.astimezone(timezone.utc)
-    except (ValueError, OverflowError):  # OverflowError: in UTC it falls outside years 1-9999 ("0001-01-01T00:00+01:00")
+            return parsed.replace(tzinfo=UTC)
+        return parsed.astimezone(UTC)
+    except (
+        ValueError,
+        OverflowError,
+    ):  # OverflowError: in UTC it falls outside years 1-9999 ("0001-01-01T00:00+01:00")
         return None
 
 
@@ -146,7 +153,7 @@ def _canonical_url_of(record: Mapping[str, Any]) -> str:
     if not isinstance(url, str):
         raise RecordError(f"url must be text, got {type(url).__name__}")
     try:
-        return canonicalize_url_strict(url)
+        return canonical_url(url, strict=True)
     except UrlError as exc:
         raise RecordError(f"invalid url: {exc}") from None
 
@@ -195,7 +202,7 @@ def canonicalise_records(
     """`canonicalise_record` for a chunk of records: the same results, or the same `RecordError`, per record.
 
     The canonical fields and hashes are computed column-wise over the chunk
-    (`dedup_pipeline.core.batch`), and each URL is canonicalised once, for the
+    (`dedup_pipeline.core.canonical`), and each URL is canonicalised once, for the
     record's identity and its hashes alike.
     """
     results: list[CanonicalRecord | RecordError | None] = [None] * len(records)
@@ -239,6 +246,13 @@ def canonicalise_records(
 
 
 __all__ = [
-    "RECORD_VERSION", "URL_VERSION", "CanonicalRecord", "RecordError",
-    "canonicalise_record", "canonicalise_records", "parse_line", "parse_timestamp", "natural_key_of",
+    "RECORD_VERSION",
+    "URL_VERSION",
+    "CanonicalRecord",
+    "RecordError",
+    "canonicalise_record",
+    "canonicalise_records",
+    "parse_line",
+    "parse_timestamp",
+    "natural_key_of",
 ]

@@ -15,7 +15,7 @@ The default cut, distance <= 3, is the usual one for prose (Manku et al.).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from xxhash import xxh64_intdigest
@@ -27,6 +27,7 @@ BITS = 64
 HASH_NAME = "xxh64"
 DEFAULT_MAX_DISTANCE = 3
 DEFAULT_CHUNK = 1 << 15
+
 
 def simhash_fingerprints(
     shingle_lists: Sequence[Sequence[Shingle]],
@@ -57,9 +58,11 @@ def hamming_distance(a, b):
         return (int(a) ^ int(b)).bit_count()
     return np.bitwise_count(np.bitwise_xor(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64)))
 
+
 def similarity(distance):
     """``1 - distance / 64`` (a float, or a float array for an array)."""
     return 1.0 - np.asarray(distance, dtype=np.float64) / BITS
+
 
 def block_bounds(max_distance: int) -> list[tuple[int, int]]:
     """``max_distance + 1`` disjoint bit ranges ``(low, width)`` covering 64 bits."""
@@ -69,6 +72,7 @@ def block_bounds(max_distance: int) -> list[tuple[int, int]]:
     widths = [BITS // blocks + (1 if i < BITS % blocks else 0) for i in range(blocks)]
     lows = np.cumsum([0] + widths[:-1]).tolist()
     return list(zip(lows, widths))
+
 
 def simhash_candidates(
     fingerprints: np.ndarray,

@@ -193,7 +193,9 @@ class TextNormaliser:
         for name in ("ngram", "short_below", "short_words", "short_chars"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "ngram" else 0):
-                raise ValueError(f"{name} must be a {'positive' if name == 'ngram' else 'non-negative'} int, got {value!r}")
+                raise ValueError(
+                    f"{name} must be a {'positive' if name == 'ngram' else 'non-negative'} int, got {value!r}"
+                )
         if self.shingle == "auto" and self.short_below and not (self.short_words or self.short_chars):
             raise ValueError("shingle='auto' needs short_words or short_chars for texts shorter than short_below")
 
@@ -254,10 +256,17 @@ class TextNormaliser:
         alone = {i for i, data in enumerate(done) if _SEPARATOR_BYTE in data or not _in_bmp(data)}
         together = [data for i, data in enumerate(done) if i not in alone]
         if together:
-            stripped = iter(spaces_for_non_alnum(_SEPARATOR_BYTE.join(together), _separator_table(), _bmp_alnum())
-                            .split(_SEPARATOR_BYTE))
-        return [_strip_non_alnum(data.decode("utf-8", "surrogatepass")).encode("utf-8", "surrogatepass")
-                if i in alone else next(stripped) for i, data in enumerate(done)]
+            stripped = iter(
+                spaces_for_non_alnum(_SEPARATOR_BYTE.join(together), _separator_table(), _bmp_alnum()).split(
+                    _SEPARATOR_BYTE
+                )
+            )
+        return [
+            _strip_non_alnum(data.decode("utf-8", "surrogatepass")).encode("utf-8", "surrogatepass")
+            if i in alone
+            else next(stripped)
+            for i, data in enumerate(done)
+        ]
 
     def normalise(self, text: str) -> str:
         """Apply rules 1-5 and return the normalised text."""

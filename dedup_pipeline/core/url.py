@@ -36,11 +36,10 @@ Rules of ``url/1`` (changing any of them means bumping :data:`URL_VERSION`):
   rest sorted by (name, value); an empty query loses its ``?``;
 * the fragment is dropped.
 
-:func:`canonicalize_url_strict` raises :class:`UrlError` with the reason
-(never the URL) when a rule cannot be applied: another scheme, no "//" or
-no host, a bad port, an invalid host, a lone surrogate.
-:func:`canonical_url` never raises and then returns the stripped input.
-Both are pure (no I/O) and idempotent.
+:func:`canonical_url` with ``strict=True`` raises :class:`UrlError` with the
+reason (never the URL) when a rule cannot be applied: another scheme, no "//"
+or no host, a bad port, an invalid host, a lone surrogate; by default it never
+raises and then returns the stripped input. It is pure (no I/O) and idempotent.
 """
 
 from __future__ import annotations
@@ -56,7 +55,6 @@ __all__ = [
     "URL_VERSION",
     "UrlError",
     "canonical_url",
-    "canonicalize_url_strict",
 ]
 
 URL_VERSION = "url/1"
@@ -199,21 +197,25 @@ _ESCAPE_TO_NORMAL, _BYTE_TO_ESCAPE = _build_escape_tables()
 # --- public API --------------------------------------------------------------
 
 
-def canonical_url(url: str) -> str:
-    """Return the ``url/1`` canonical form of *url*, never raising on a str.
+def canonical_url(url: str, strict: bool = False) -> str:
+    """Return the ``url/1`` canonical form of *url*.
 
-    When *url* cannot be canonicalised (not http(s), bad port, invalid
-    host, ...), return it with surrounding whitespace stripped instead, so
-    the result is always usable as a key and the function is idempotent.
+    When a rule cannot be applied (not http(s), bad port, invalid host, ...),
+    ``strict=True`` raises :class:`UrlError` with the reason (never the URL);
+    the default returns *url* with surrounding whitespace stripped instead,
+    never raising on a str, so the result is always usable as a key and the
+    function is idempotent.
     """
+    if strict:
+        return _canonicalise(url)
     try:
-        return canonicalize_url_strict(url)
+        return _canonicalise(url)
     except ValueError:  # UrlError; ValueError as a belt-and-braces guarantee
         return url.strip()
 
 
-def canonicalize_url_strict(url: str) -> str:
-    """Return the ``url/1`` canonical form of *url* or raise :class:`UrlError`.
+def _canonicalise(url: str) -> str:
+    """Return the ``url/1`` canonical form of *url* or raise :class:`UrlError` (`canonical_url`, strict).
 
     See the module docstring for the rules.  Most URLs are split and checked
     by one regex match (:data:`_SPLIT_COMMON`) and only need their host

@@ -156,7 +156,7 @@ def xxh32_slices(buffer: bytes, starts: np.ndarray, lengths: np.ndarray, seed: i
 
 @_compiled()
 def _spaces_for_non_alnum(data, ascii_table, alnum, out):
-    """Copy UTF-8 ``data`` to ``out``, every character that is not alphanumeric replaced by one space; return the length.
+    """Copy UTF-8 ``data`` to ``out``, each character that is not alphanumeric replaced by a space; return the length.
 
     ASCII bytes go through ``ascii_table``; a character of two or three bytes is kept when ``alnum`` (one flag
     per BMP code point) says so. The caller sends only text of the BMP (no four-byte characters).

@@ -8,7 +8,7 @@ the rungs) and the instance's run retries have been used up.
 """
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 import dagster as dg
 
@@ -49,7 +49,9 @@ def failure_alert(run: dg.DagsterRun, step_failures: Sequence[dg.DagsterEvent], 
 
 
 @dg.run_failure_sensor(
-    name="ladder_failure_alert", default_status=automation_status(), minimum_interval_seconds=30,
+    name="ladder_failure_alert",
+    default_status=automation_status(),
+    minimum_interval_seconds=30,
     description="Logs a clear alert (job, partition, failed steps, error) for every failed run of this code location.",
 )
 def ladder_failure_alert(context: dg.RunFailureSensorContext) -> None:

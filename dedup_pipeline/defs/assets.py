@@ -1,7 +1,7 @@
 """The four assets of the dedup ladder, cheapest rung first. Each is a few lines over `dedup_pipeline.ladder`."""
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import dagster as dg
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -9,7 +9,11 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.plots import ladder_figures
 from dedup_pipeline.defs.resources import (
-    LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource,
+    LadderResource,
+    LandingResource,
+    NearDupResource,
+    SeenSetResource,
+    WarehouseResource,
 )
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
@@ -37,23 +41,25 @@ def retried_only_if_transient() -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - re-raised as a failure that bypasses the retry policy
         raise dg.Failure(description=f"{type(exc).__name__}: {exc}", allow_retries=False) from exc
+
+
 #: The writing rungs claim a slot of this pool, so the instance bounds concurrent warehouse writers across
 #: runs and workers (`concurrency: pools:` in dagster.yaml and deploy/dagster.yaml).
 WAREHOUSE_POOL = "warehouse"
 
 
-@dg.asset(partitions_def=crawl_batches_partitions, group_name=GROUP, kinds={"python", "sql"}, retry_policy=WAREHOUSE_RETRY)
+@dg.asset(
+    partitions_def=crawl_batches_partitions, group_name=GROUP, kinds={"python", "sql"}, retry_policy=WAREHOUSE_RETRY
+)
 def raw_crawl_batches(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource
 ) -> dg.MaterializeResult:
-    """A crawl batch as it landed: one partition per JSON Lines file (optionally gzipped) in the landing folder.
+    """A crawl batch as it landed, one partition per JSON Lines file (optionally gzipped) in the landing folder:
+    the file registered (size, SHA-256, line count), and every line that is not a JSON object sent to the
+    `quarantine` table with its reason and line number. Read `lines` -> `parsed` (on to the canonical rung)
+    and `quarantined`; a spike in `quarantined` means a crawler started writing broken lines.
 
-    Registers the file (size, SHA-256, line count) and sends every line that is
-    not a JSON object to the `quarantine` table with its reason and line number.
-    Read `lines` (records in the file), `parsed` (lines that go on to be
-    canonicalised) and `quarantined` (lines stopped here). The Plots tab
-    charts each figure over the batches; a spike in `quarantined` means a
-    crawler started writing broken lines.
+    See docs/canonical.md.
     """
     with retried_only_if_transient():
         report = ingest_raw_batch(warehouse.get(), find_batch(landing.path(), context.partition_key))
@@ -61,30 +67,23 @@ def raw_crawl_batches(
 
 
 @dg.asset(
-    partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[raw_crawl_batches], kinds={"python", "sql"},
-    retry_policy=WAREHOUSE_RETRY, pool=WAREHOUSE_POOL,
+    partitions_def=crawl_batches_partitions,
+    group_name=GROUP,
+    deps=[raw_crawl_batches],
+    kinds={"python", "sql"},
+    retry_policy=WAREHOUSE_RETRY,
+    pool=WAREHOUSE_POOL,
 )
 def canonical_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource
 ) -> dg.MaterializeResult:
-    """Each parsable record in canonical form, in the `canonical_records` table.
+    """Each parsable record in canonical form in the `canonical_records` table: `url/1` URL, volatile fetch fields
+    left out, text and numbers normalised, one digest per hash version beside its version; what has no usable
+    URL or key, or that the active version cannot hash, goes to quarantine. Read `records_in` -> `canonical`,
+    `quarantined`, `unhashable[content/N]` and `workers`. Checks: `great_expectations_suite` (blocks the
+    warehouse write) and `quarantine_rate_under_bound` (warns).
 
-    Canonical URL (`url/1`: tracking parameters stripped, scheme and host
-    lowercased, default port dropped, query sorted, fragment dropped, path case
-    kept), volatile fetch fields (scraped_at, crawl_id, proxy_ip, ...) left out
-    of the identity, text NFC with whitespace collapsed, exact decimal numbers,
-    and one SHA-256 per hash version (`content/1`, `content/2`) beside its
-    version. Records without a usable URL or natural key, or that the active
-    hash version cannot hash, go to quarantine. `unhashable[content/N]` counts
-    records a non-active version could not hash (the rehash job reports them).
-
-    Figures: `records_in` (= `parsed` of the raw rung) -> `canonical`, plus
-    `quarantined` here; `workers`: processes that canonicalised the batch (a
-    batch of 20,000 lines or more is spread over them, `canonical_workers` in
-    the ladder resource). Checks: `great_expectations_suite` (key columns not
-    null, URL and digest formats, known versions, no row lost; it BLOCKS the
-    warehouse write when it fails) and `quarantine_rate_under_bound` (warns
-    when too many lines of the batch were quarantined; the reasons are listed).
+    See docs/canonical.md.
     """
     with retried_only_if_transient():
         report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings())
@@ -102,27 +101,13 @@ def canonical_records(
 def deduplicated_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, seen_set: SeenSetResource
 ) -> dg.MaterializeResult:
-    """The warehouse table `records`: one current row per natural key, one row per content.
+    """The warehouse table `records`: one current row per natural key and per content, the UNIQUE index on
+    (hash_version, content_hash) the authority. Each record of the batch is `new`, `changed` (its old content
+    kept in `record_history`) or an `exact_duplicate`, every decision in `dedup_decisions`. Read `records_in` ->
+    `survivors`, one count per decision and `collapse_rate` (a replay shows 1.0). Checks: `collapse_rate_in_band`,
+    `warehouse_integrity` (blocks the near rung), `great_expectations_suite`, `seen_set_healthy`.
 
-    Each canonical record of the batch, in file order, is one of: `exact_duplicate`
-    (its active-version digest is already stored: skipped), `changed` (its
-    natural key is stored with other content: the row is updated and the old
-    content kept in `record_history`), or `new` (inserted). A UNIQUE index on
-    (hash_version, content_hash) is the authority. Every decision is in the
-    `dedup_decisions` log (keys and digests only). `collapse_rate` is exact
-    duplicates / records in; `survivors` go on to the near-duplicate rung.
-    Re-materialising a partition changes nothing.
-
-    Figures: `records_in` -> `survivors` (new + changed), one count per
-    decision, `collapse_rate`. A replayed batch shows every record as an
-    exact duplicate (collapse rate 1.0): that is the replay, not the crawl;
-    the checks read the batch's first decisions from the decision log.
-    Checks: `collapse_rate_in_band` (against a fixed band and the trailing
-    median of earlier batches: error when it collapses toward zero, the sign
-    of a volatile field leaking into the hash; warning when it jumps far
-    above), `warehouse_integrity` (unique keys and digests, 32-byte digests,
-    known versions; BLOCKS the near-duplicate rung) and
-    `great_expectations_suite` (formats and uniqueness of the rows written).
+    See docs/exact.md.
     """
     with retried_only_if_transient():
         report = deduplicate_batch(
@@ -136,38 +121,26 @@ def deduplicated_records(
 
 
 @dg.asset(
-    partitions_def=crawl_batches_partitions, group_name=GROUP, deps=[deduplicated_records], kinds={"python", "sql"},
-    retry_policy=WAREHOUSE_RETRY, pool=WAREHOUSE_POOL,
+    partitions_def=crawl_batches_partitions,
+    group_name=GROUP,
+    deps=[deduplicated_records],
+    kinds={"python", "sql"},
+    retry_policy=WAREHOUSE_RETRY,
+    pool=WAREHOUSE_POOL,
 )
 def near_duplicate_clusters(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource
 ) -> dg.MaterializeResult:
-    """Near-duplicate clusters: MinHash + LSH over the title and description of the batch's survivors.
+    """Near-duplicate clusters over the title and description of the batch's survivors, MinHash + LSH (or SimHash)
+    against every earlier batch: pairs in `near_duplicate_links`, clusters in `near_duplicate_clusters`, the
+    records all kept. Read `sketched`, `candidate_pairs` -> `pairs`, `near_duplicates`, `largest_cluster`,
+    `capped_records`, the `largest_clusters` preview and the `funnel` of the whole ladder. Check:
+    `no_runaway_cluster` (blocks).
 
-    Each new or changed record is sketched, its LSH buckets are stored in the
-    warehouse, and candidates from every earlier batch are verified by
-    estimated Jaccard similarity (or, with `verify: exact`, the exact Jaccard of
-    the shingles). Near duplicates are kept (another source may
-    matter) and linked: `near_duplicate_links` holds each pair with its
-    similarity, `near_duplicate_clusters` each clustered record with its
-    cluster id (the smallest record id in the cluster, stable across runs).
-
-    Figures: `sketched` (records of the batch indexed), `candidate_pairs`
-    (LSH bucket matches) -> `pairs` (verified links), `near_duplicates`
-    (records of the batch linked), `clusters_touched`, `largest_cluster`,
-    `cluster_sizes` (size -> clusters this batch touched), `capped_records`
-    (records that met `max_candidates` candidates, the cap);
-    `largest_clusters` previews the biggest clusters this batch touched (ids,
-    sizes, similarity range; look the ids up in `near_duplicate_clusters`).
-    `funnel` pictures the whole ladder for the batch: lines in the file ->
-    parsed -> canonical -> new or changed -> no near duplicate, and the
-    `funnel/...` numbers are the same stages, plotted over time.
+    See docs/near.md.
     """
     with retried_only_if_transient():
-        report = cluster_batch(
-            warehouse.get(), context.partition_key, near_dup.params(), near_dup.chunk_size, near_dup.max_candidates,
-            context.run.run_id, near_dup.max_links,
-        )
+        report = cluster_batch(warehouse.get(), context.partition_key, near_dup.settings(), context.run.run_id)
     if report.capped:
         context.log.warning(
             f"{len(report.capped)} record(s) met more than {near_dup.max_candidates} records sharing a band with them "

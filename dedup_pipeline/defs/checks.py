@@ -33,9 +33,8 @@ import warnings
 import dagster as dg
 
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, near_duplicate_clusters
-from dedup_pipeline.defs.check_settings import ChecksResource
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.resources import LadderResource, NearDupResource, WarehouseResource
+from dedup_pipeline.defs.resources import ChecksResource, NearDupResource, WarehouseResource
 from dedup_pipeline.ladder.near import runaway_clusters
 from dedup_pipeline.quality import expectations, frames
 from dedup_pipeline.quality.collapse import judge_collapse
@@ -57,27 +56,35 @@ warnings.filterwarnings("ignore", message="Specifying a partitions_def on an Ass
 
 
 @dg.asset_check(
-    asset=deduplicated_records, name=COLLAPSE_CHECK, partitions_def=crawl_batches_partitions,
+    asset=deduplicated_records,
+    name=COLLAPSE_CHECK,
+    partitions_def=crawl_batches_partitions,
     description="Collapse rate (exact duplicates / records in) against a fixed band and the trailing median of "
     "earlier batches: error when it collapses toward zero (a volatile field leaked into the hash), warning "
     "when it jumps far above. History comes from the warehouse decision log (first decision per line).",
 )
 def collapse_rate_in_band(
-    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, checks: ChecksResource
+    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, checks: ChecksResource
 ) -> dg.AssetCheckResult:
-    rules = checks.collapse_rules(ladder.min_collapse_rate, ladder.max_collapse_rate, ladder.min_records_for_check)
+    rules = checks.collapse_rules()
     with warehouse.get().engine.connect() as conn:
         current, history = batch_rates(conn, context.partition_key, rules.window, rules.min_records)
     verdict = judge_collapse(current, history, rules)
     metadata = {
-        "collapse_rate": verdict.rate, "lower_bound": verdict.lower_bound, "upper_bound": verdict.upper_bound,
-        "records_in": verdict.records_in, "history_batches": len(verdict.history),
-        "fixed_band": f"[{rules.band_low:g}, {rules.band_high:g}]", "note": verdict.note,
+        "collapse_rate": verdict.rate,
+        "lower_bound": verdict.lower_bound,
+        "upper_bound": verdict.upper_bound,
+        "records_in": verdict.records_in,
+        "history_batches": len(verdict.history),
+        "fixed_band": f"[{rules.band_low:g}, {rules.band_high:g}]",
+        "note": verdict.note,
     }
     if verdict.trailing_median is not None:
         metadata.update(trailing_median=verdict.trailing_median, trailing_mad=verdict.trailing_mad)
     return dg.AssetCheckResult(
-        passed=verdict.passed, severity=_ERROR if verdict.error else _WARN, metadata=metadata,
+        passed=verdict.passed,
+        severity=_ERROR if verdict.error else _WARN,
+        metadata=metadata,
         description=f"collapse rate {verdict.rate:.3f} "
         f"{'in' if verdict.lower_bound <= verdict.rate <= verdict.upper_bound else 'outside'} "
         f"[{verdict.lower_bound:.3f}, {verdict.upper_bound:.3f}]: " + verdict.note,
@@ -85,7 +92,10 @@ def collapse_rate_in_band(
 
 
 @dg.asset_check(
-    asset=deduplicated_records, name=INTEGRITY_CHECK, partitions_def=crawl_batches_partitions, blocking=True,
+    asset=deduplicated_records,
+    name=INTEGRITY_CHECK,
+    partitions_def=crawl_batches_partitions,
+    blocking=True,
     description="The rows this batch wrote keep the warehouse invariants: unique (hash_version, content_hash), "
     "one current row per natural key, 32-byte digests, every hash version known to HASH_RULES. Blocks "
     "near_duplicate_clusters when it fails.",
@@ -94,13 +104,17 @@ def warehouse_integrity(context: dg.AssetCheckExecutionContext, warehouse: Wareh
     with warehouse.get().engine.connect() as conn:
         report = check_batch_integrity(conn, context.partition_key)
     return dg.AssetCheckResult(
-        passed=report.passed, severity=_ERROR, metadata=report.as_metadata(),
+        passed=report.passed,
+        severity=_ERROR,
+        metadata=report.as_metadata(),
         description="; ".join(report.problems) or f"{report.rows_checked} rows keep every invariant",
     )
 
 
 @dg.asset_check(
-    asset=canonical_records, name=QUARANTINE_CHECK, partitions_def=crawl_batches_partitions,
+    asset=canonical_records,
+    name=QUARANTINE_CHECK,
+    partitions_def=crawl_batches_partitions,
     description="Share of the batch's lines sent to quarantine (raw and canonical rungs) stays under "
     "`max_quarantine_rate` of the `checks` resource. Warns only: quarantined lines are kept with their reasons.",
 )
@@ -111,24 +125,36 @@ def quarantine_rate_under_bound(
         report = quarantine_report(conn, context.partition_key)
     too_small = report.lines < checks.min_lines_for_quarantine_check
     passed = too_small or report.rate <= checks.max_quarantine_rate
-    reasons = "\n".join(["| rung | reason | lines |", "|---|---|---:|"]
-                        + [f"| {rung} | {reason} | {n} |" for rung, reason, n in report.top_reasons])
+    reasons = "\n".join(
+        ["| rung | reason | lines |", "|---|---|---:|"]
+        + [f"| {rung} | {reason} | {n} |" for rung, reason, n in report.top_reasons]
+    )
     metadata = {
-        "quarantine_rate": report.rate, "quarantined": report.quarantined, "lines": report.lines,
-        "bound": checks.max_quarantine_rate, "top_reasons": dg.MetadataValue.md(reasons),
+        "quarantine_rate": report.rate,
+        "quarantined": report.quarantined,
+        "lines": report.lines,
+        "bound": checks.max_quarantine_rate,
+        "top_reasons": dg.MetadataValue.md(reasons),
         **{f"quarantined/{rung}": n for rung, n in sorted(report.by_rung.items())},
     }
-    note = "batch too small to judge" if too_small and report.rate > checks.max_quarantine_rate else (
-        "under the bound" if passed else "over the bound")
+    note = (
+        "batch too small to judge"
+        if too_small and report.rate > checks.max_quarantine_rate
+        else ("under the bound" if passed else "over the bound")
+    )
     return dg.AssetCheckResult(
-        passed=passed, severity=_WARN, metadata=metadata,
+        passed=passed,
+        severity=_WARN,
+        metadata=metadata,
         description=f"{report.quarantined} of {report.lines} lines quarantined ({report.rate:.1%}, bound "
         f"{checks.max_quarantine_rate:.1%}): {note}",
     )
 
 
 @dg.asset_check(
-    asset=deduplicated_records, name=SEEN_SET_CHECK, partitions_def=crawl_batches_partitions,
+    asset=deduplicated_records,
+    name=SEEN_SET_CHECK,
+    partitions_def=crawl_batches_partitions,
     description="The exact rung's seen-set answered for every chunk of the batch (no fallback to the warehouse "
     "alone) and a Bloom filter holds at most `max_seen_set_fill` of its capacity (`checks` resource). Warns "
     "only: the seen-set is a fast path, and the warehouse decided every record either way.",
@@ -140,17 +166,24 @@ def seen_set_healthy(
         health = seen_set_health(conn, context.partition_key, context.run.run_id)
     problems = health.problems(checks.max_seen_set_fill)
     return dg.AssetCheckResult(
-        passed=not problems, severity=_WARN, metadata={**health.figures, "max_seen_set_fill": checks.max_seen_set_fill},
-        description="; ".join(problems) or (
+        passed=not problems,
+        severity=_WARN,
+        metadata={**health.figures, "max_seen_set_fill": checks.max_seen_set_fill},
+        description="; ".join(problems)
+        or (
             f"seen-set {health.figures.get('seen_set')}: answered every chunk, within its capacity"
-            if health.run_id else "the exact rung has not run on this batch"
+            if health.run_id
+            else "the exact rung has not run on this batch"
         ),
     )
 
 
 def _suite_result(report: expectations.SuiteReport, severity: dg.AssetCheckSeverity) -> dg.AssetCheckResult:
     metadata: dict = {
-        "suite": report.suite, "rows": report.rows, "evaluated": len(report.outcomes), "failed": len(report.failed),
+        "suite": report.suite,
+        "rows": report.rows,
+        "evaluated": len(report.outcomes),
+        "failed": len(report.failed),
         "results": dg.MetadataValue.md(report.markdown()),
     }
     for outcome in report.outcomes:
@@ -158,19 +191,26 @@ def _suite_result(report: expectations.SuiteReport, severity: dg.AssetCheckSever
             metadata[f"unexpected {outcome.label}"] = int(outcome.unexpected)
     failed = ", ".join(o.label for o in report.failed)
     return dg.AssetCheckResult(
-        passed=report.success, severity=severity, metadata=metadata,
+        passed=report.success,
+        severity=severity,
+        metadata=metadata,
         description=f"Great Expectations suite {report.suite!r} over {report.rows} rows: "
         + (f"failed {failed}" if failed else f"all {len(report.outcomes)} expectations met"),
     )
 
 
 @dg.asset_check(
-    asset=canonical_records, name=GE_CHECK, partitions_def=crawl_batches_partitions, blocking=True,
+    asset=canonical_records,
+    name=GE_CHECK,
+    partitions_def=crawl_batches_partitions,
+    blocking=True,
     description="Great Expectations suite on the batch's canonical records: key columns not null, canonical URL "
     "and digest formats, known URL and hash versions, one row per line, no row lost. Blocks the warehouse write "
     "(deduplicated_records) when it fails.",
 )
-def canonical_records_suite(context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource) -> dg.AssetCheckResult:
+def canonical_records_suite(
+    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource
+) -> dg.AssetCheckResult:
     with warehouse.get().engine.connect() as conn:
         frame = frames.canonical_frame(conn, context.partition_key, active_hash_version(conn))
         expected = frames.expected_canonical_rows(conn, context.partition_key)
@@ -179,11 +219,15 @@ def canonical_records_suite(context: dg.AssetCheckExecutionContext, warehouse: W
 
 
 @dg.asset_check(
-    asset=deduplicated_records, name=GE_CHECK, partitions_def=crawl_batches_partitions,
+    asset=deduplicated_records,
+    name=GE_CHECK,
+    partitions_def=crawl_batches_partitions,
     description="Great Expectations suite on the warehouse rows this batch wrote: key columns not null, formats, "
     "known versions, one row per natural key and per (hash_version, content_hash). Reports without blocking.",
 )
-def deduplicated_records_suite(context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource) -> dg.AssetCheckResult:
+def deduplicated_records_suite(
+    context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource
+) -> dg.AssetCheckResult:
     with warehouse.get().engine.connect() as conn:
         frame = frames.records_frame(conn, context.partition_key)
     report = expectations.validate(frame, "deduplicated_records", expectations.deduplicated_suite())
@@ -191,7 +235,10 @@ def deduplicated_records_suite(context: dg.AssetCheckExecutionContext, warehouse
 
 
 @dg.asset_check(
-    asset=near_duplicate_clusters, name=RUNAWAY_CHECK, partitions_def=crawl_batches_partitions, blocking=True,
+    asset=near_duplicate_clusters,
+    name=RUNAWAY_CHECK,
+    partitions_def=crawl_batches_partitions,
+    blocking=True,
     description="No near-duplicate cluster holds more than `max_cluster_share` of the batch's new or changed records "
     "(`near_dup` resource; batches under `min_records_for_cluster_check` pass). Metadata names the offending "
     "cluster ids and sizes (ids and counts only). Blocks: fails the run.",
@@ -199,9 +246,7 @@ def deduplicated_records_suite(context: dg.AssetCheckExecutionContext, warehouse
 def no_runaway_cluster(
     context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource
 ) -> dg.AssetCheckResult:
-    verdict = runaway_clusters(
-        warehouse.get(), context.partition_key, near_dup.max_cluster_share, near_dup.min_records_for_cluster_check
-    )
+    verdict = runaway_clusters(warehouse.get(), context.partition_key, near_dup.settings())
     metadata = verdict.as_metadata()
     metadata["largest_clusters"] = dg.MetadataValue.md(metadata["largest_clusters"])
     return dg.AssetCheckResult(
@@ -210,6 +255,11 @@ def no_runaway_cluster(
 
 
 ladder_checks = [
-    canonical_records_suite, quarantine_rate_under_bound,
-    collapse_rate_in_band, warehouse_integrity, deduplicated_records_suite, seen_set_healthy, no_runaway_cluster,
+    canonical_records_suite,
+    quarantine_rate_under_bound,
+    collapse_rate_in_band,
+    warehouse_integrity,
+    deduplicated_records_suite,
+    seen_set_healthy,
+    no_runaway_cluster,
 ]

@@ -1,23 +1,23 @@
 """Erasure and retention in the Dagster UI: the `erase_subject` and `prune_retention` jobs, and a daily schedule."""
 
-import os
 from datetime import datetime, timedelta
 from typing import Optional
 
 import dagster as dg
 from pydantic import Field
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.erasure import Subject, SubjectError, SubjectKind
-from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.resources import NearDupResource, SeenSetResource, WarehouseResource
 from dedup_pipeline.defs.sensors import automation_status
-from dedup_pipeline.ladder.erasure import erase_subject as run_erasure, url_seen_set_from_env
-from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention as run_retention
+from dedup_pipeline.environment import DEFAULT_ERASURE_RUN_HOURS, ERASURE_RUN_RETENTION_ENV, RETENTION_DAYS_ENV
+from dedup_pipeline.ladder.erasure import erase_subject as run_erasure
+from dedup_pipeline.ladder.erasure import url_seen_set_from_env
+from dedup_pipeline.ladder.retention import RetentionSettings
+from dedup_pipeline.ladder.retention import prune_retention as run_retention
 from dedup_pipeline.store.warehouse import utcnow
 
 ERASE_JOB = "erase_subject"
-ERASURE_RUN_RETENTION_ENV = "DEDUP_ERASURE_RUN_RETENTION_HOURS"
-DEFAULT_ERASURE_RUN_HOURS = 24
 RETENTION_CRON = "41 3 * * *"
 _FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
@@ -27,11 +27,15 @@ class EraseSubjectConfig(dg.Config):
 
     kind: str = Field(description=f"How the subject is named: one of {[k.value for k in SubjectKind]}.")
     value: str = Field(description="The natural key, URL (any variant), field value, or 64-hex content digest.")
-    field: Optional[str] = Field(default=None, description="kind 'field': the field path, e.g. seller_id or author.email.")
+    field: Optional[str] = Field(
+        default=None, description="kind 'field': the field path, e.g. seller_id or author.email."
+    )
     version: Optional[str] = Field(
         default=None, description="kind 'content_digest': the digest's hash version; empty means the active version."
     )
-    request_id: str = Field(default="", description="Your reference for the request (a ticket id; never personal data).")
+    request_id: str = Field(
+        default="", description="Your reference for the request (a ticket id; never personal data)."
+    )
 
 
 @dg.op(name="erase_data_subject")
@@ -43,11 +47,11 @@ def erase_data_subject(
     seen_set: SeenSetResource,
 ) -> dg.Output:
     """Removes every copy of the subject in one transaction and leaves tombstones that no re-crawl gets past.
+    Read `records_removed`, `removed[<table>]` and `tombstones_added` (counts, never values); the warehouse's
+    `erasure_requests` keeps the audit, and `prune_retention` deletes the finished run, whose config names the
+    subject, after DEDUP_ERASURE_RUN_RETENTION_HOURS.
 
-    Metadata holds counts per table (never values). The run's config holds the
-    subject's value: `prune_retention` deletes finished erasure runs after
-    DEDUP_ERASURE_RUN_RETENTION_HOURS (24 h); the warehouse's
-    `erasure_requests` table keeps the audit (request id, kind, counts).
+    See docs/privacy.md.
     """
     wh = warehouse.get()
     version = config.version or (wh.active_hash_version() if config.kind == SubjectKind.CONTENT_DIGEST.value else None)
@@ -67,21 +71,33 @@ def erase_data_subject(
 @dg.job(
     name=ERASE_JOB,
     tags={"dedup/kind": "erasure"},
-    description="Erase a data subject (run config: kind, value, field, version, request_id). Launch from the launchpad.",
+    description="Erase a data subject (run config: kind, value, field, version, request_id). "
+    "Launch from the launchpad.",
 )
 def erase_subject_job():
     erase_data_subject()
 
 
+def _days(what: str, setting: str) -> str:
+    """A retention field's description: what it keeps, its variable and its default."""
+    return f"{what} ({RETENTION_DAYS_ENV[setting]}, {getattr(RetentionSettings, setting)})."
+
+
 class RetentionConfig(dg.Config):
     """Empty fields take the environment's value, else the documented default."""
 
-    decision_days: Optional[int] = Field(default=None, description="Decision-log rows (DEDUP_DECISION_RETENTION_DAYS, 90). 0 keeps forever.")
-    history_days: Optional[int] = Field(default=None, description="Superseded content (DEDUP_HISTORY_RETENTION_DAYS, 365).")
-    staging_days: Optional[int] = Field(default=None, description="Staged canonical rows of old batches (DEDUP_STAGING_RETENTION_DAYS, 30).")
-    quarantine_days: Optional[int] = Field(default=None, description="Quarantined raw lines (DEDUP_QUARANTINE_RETENTION_DAYS, 30).")
+    decision_days: Optional[int] = Field(
+        default=None, description=_days("Decision-log rows", "decision_days") + " 0 keeps forever."
+    )
+    history_days: Optional[int] = Field(default=None, description=_days("Superseded content", "history_days"))
+    staging_days: Optional[int] = Field(
+        default=None, description=_days("Staged canonical rows of old batches", "staging_days")
+    )
+    quarantine_days: Optional[int] = Field(default=None, description=_days("Quarantined raw lines", "quarantine_days"))
     erasure_run_hours: Optional[int] = Field(
-        default=None, description="Finished erase_subject runs, whose config names the subject (DEDUP_ERASURE_RUN_RETENTION_HOURS, 24)."
+        default=None,
+        description="Finished erase_subject runs, whose config names the subject "
+        f"({ERASURE_RUN_RETENTION_ENV}, {DEFAULT_ERASURE_RUN_HOURS}).",
     )
 
 
@@ -89,11 +105,7 @@ def erasure_run_hours(override: int | None = None) -> int:
     """Hours finished erasure runs are kept: `override`, else $DEDUP_ERASURE_RUN_RETENTION_HOURS, else 24."""
     if override is not None:
         return override
-    raw = os.environ.get(ERASURE_RUN_RETENTION_ENV, "").strip()
-    try:
-        return int(raw) if raw else DEFAULT_ERASURE_RUN_HOURS
-    except ValueError:
-        raise ConfigurationError(f"{ERASURE_RUN_RETENTION_ENV} must be a whole number of hours, got {raw!r}") from None
+    return environment.erasure_run_hours()
 
 
 def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int, now: datetime | None = None) -> int:
@@ -116,25 +128,36 @@ def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int, now: datet
 
 
 @dg.op(name="prune_expired_rows")
-def prune_expired_rows(context: dg.OpExecutionContext, config: RetentionConfig, warehouse: WarehouseResource) -> dg.Output:
-    """Deletes decision-log rows, history, staged canonical rows and quarantined lines past their retention.
+def prune_expired_rows(
+    context: dg.OpExecutionContext, config: RetentionConfig, warehouse: WarehouseResource
+) -> dg.Output:
+    """Deletes decision-log rows, history, staged canonical rows and quarantined lines past their retention,
+    clears the key and digest of `erased` decision rows, and deletes finished `erase_subject` runs. Read
+    `rows_pruned`, `pruned[<table>]`, `erasure_runs_deleted` and the `retention_days[...]` applied.
 
-    Also clears the key and digest of `erased` decision rows, and deletes
-    finished `erase_subject` runs from the Dagster instance. Counts only.
+    See docs/privacy.md.
     """
     settings = RetentionSettings.from_env(
-        decision_days=config.decision_days, history_days=config.history_days,
-        staging_days=config.staging_days, quarantine_days=config.quarantine_days,
+        decision_days=config.decision_days,
+        history_days=config.history_days,
+        staging_days=config.staging_days,
+        quarantine_days=config.quarantine_days,
     )
     report = run_retention(warehouse.get(), settings)
     meta = report.as_metadata()
-    meta["erasure_runs_deleted"] = delete_old_erasure_runs(context.instance, erasure_run_hours(config.erasure_run_hours))
-    meta.update({f"retention_days[{name}]": getattr(settings, name) for name in
-                 ("decision_days", "history_days", "staging_days", "quarantine_days")})
+    meta["erasure_runs_deleted"] = delete_old_erasure_runs(
+        context.instance, erasure_run_hours(config.erasure_run_hours)
+    )
+    meta.update(
+        {
+            f"retention_days[{name}]": getattr(settings, name)
+            for name in ("decision_days", "history_days", "staging_days", "quarantine_days")
+        }
+    )
     return dg.Output(report.pruned, metadata=meta)
 
 
-@dg.job(name="prune_retention", description="Delete identifiers and copies past their retention (see README, Privacy and erasure).")
+@dg.job(name="prune_retention", description="Delete identifiers and copies past their retention (see docs/privacy.md).")
 def prune_retention_job():
     prune_expired_rows()
 

@@ -9,35 +9,25 @@ in Redis. The default `dedup_ladder` job keeps Dagster's default executor.
 
 Broker, result backend and queue come from the environment, read when the
 code location loads (the run worker and the celery workers must agree):
-
-- ``DEDUP_CELERY_BROKER_URL``: default ``pyamqp://guest@127.0.0.1:5672//``;
-- ``DEDUP_CELERY_BACKEND_URL``: default ``rpc://``;
-- ``DEDUP_CELERY_QUEUE``: default ``dagster`` (the queue dagster-celery workers listen on).
+``DEDUP_CELERY_BROKER_URL``, ``DEDUP_CELERY_BACKEND_URL`` and ``DEDUP_CELERY_QUEUE``
+(defaults in `dedup_pipeline.environment`).
 """
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 from dagster_celery import celery_executor
 
+from dedup_pipeline import environment
 from dedup_pipeline.defs.assets import ladder_assets
-
-BROKER_ENV = "DEDUP_CELERY_BROKER_URL"
-BACKEND_ENV = "DEDUP_CELERY_BACKEND_URL"
-QUEUE_ENV = "DEDUP_CELERY_QUEUE"
-DEFAULT_BROKER = "pyamqp://guest@127.0.0.1:5672//"
-DEFAULT_BACKEND = "rpc://"
-DEFAULT_QUEUE = "dagster"
 
 
 def celery_settings() -> dict:
     """The celery executor's config (broker, backend, queue) from the environment."""
     return {
-        "broker": os.environ.get(BROKER_ENV) or DEFAULT_BROKER,
-        "backend": os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND,
-        "config_source": {"task_default_queue": os.environ.get(QUEUE_ENV) or DEFAULT_QUEUE},
+        "broker": environment.celery_broker_url(),
+        "backend": environment.celery_backend_url(),
+        "config_source": {"task_default_queue": environment.celery_queue()},
     }
 
 

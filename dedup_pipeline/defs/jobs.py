@@ -7,5 +7,6 @@ from dedup_pipeline.defs.assets import ladder_assets
 dedup_ladder_job = dg.define_asset_job(
     "dedup_ladder",
     selection=dg.AssetSelection.assets(*ladder_assets),
-    description="The whole dedup ladder for one crawl batch: raw -> canonical -> exact dedup -> near-duplicate clusters.",
+    description="The whole dedup ladder for one crawl batch: "
+    "raw -> canonical -> exact dedup -> near-duplicate clusters.",
 )

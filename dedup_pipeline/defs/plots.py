@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import dagster as dg
 

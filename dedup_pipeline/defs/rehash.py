@@ -34,19 +34,24 @@ shard_partitions = dg.StaticPartitionsDefinition(list(SHARDS))
 class RehashResource(dg.ConfigurableResource):
     """How the rehash migration runs and what the comparison expects (editable in the launchpad)."""
 
-    chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, description="Rows read, hashed and written per page (one transaction).")
+    chunk_size: int = Field(
+        default=DEFAULT_CHUNK_SIZE, description="Rows read, hashed and written per page (one transaction)."
+    )
     max_chunks_per_run: int = Field(
         default=0, description="Stop a shard run after this many pages (0: no limit); the next run resumes it."
     )
     min_collapse_change: float = Field(
-        default=-0.01, description="The comparison check fails when the collapse-rate change (new minus old) is below this."
+        default=-0.01,
+        description="The comparison check fails when the collapse-rate change (new minus old) is below this.",
     )
     max_collapse_change: float = Field(
         default=0.05,
-        description="The comparison check fails above this: a 'small' rule change that merges many records is a red flag.",
+        description="The comparison check fails above this: "
+        "a 'small' rule change that merges many records is a red flag.",
     )
     examples: int = Field(
-        default=10, description="Merge, split and unhashable examples kept in rehash_comparisons (keys and digests only)."
+        default=10,
+        description="Merge, split and unhashable examples kept in rehash_comparisons (keys and digests only).",
     )
 
 
@@ -74,7 +79,8 @@ def _comparison_metadata(result: Comparison) -> dict:
     scalars = {k: v for k, v in f.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
     return {
         **scalars,
-        "passed": result.passed, "comparison_id": result.comparison_id,
+        "passed": result.passed,
+        "comparison_id": result.comparison_id,
         "examples": dg.MetadataValue.md(
             "The merge, split and unhashable examples (keys and digests) are in the warehouse, not here (an erasure "
             "redacts them there; it could not in Dagster's event log): `merge_examples`, `split_examples` and "
@@ -111,14 +117,14 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         pool="warehouse",
         description=(
             f"`{target}` digests beside the stored ones, one partition per shard (first hex digit of the row's "
-            f"stored digest). Each run hashes the shard's rows that lack a `{target}` digest, in keyset-paginated "
-            f"pages (one SELECT, one multi-row INSERT ... ON CONFLICT DO NOTHING per page), so a killed shard "
-            f"resumes where it stopped and a second backfill writes nothing. Rows the `{target}` rule cannot hash "
-            f"get the reason instead of a digest and are listed (keys and reasons). Read `rows_hashed`, "
-            f"`shard_rows_left` and `warehouse_rows_left`."
+            f"stored digest), written page by page so a killed shard resumes where it stopped and a second "
+            f"backfill writes nothing; a row the `{target}` rule cannot hash gets the reason instead. Read "
+            f"`rows_hashed`, `shard_rows_left` and `warehouse_rows_left`.\n\nSee docs/rehash.md."
         ),
     )
-    def hashes(context: dg.AssetExecutionContext, warehouse: WarehouseResource, rehash: RehashResource) -> dg.MaterializeResult:
+    def hashes(
+        context: dg.AssetExecutionContext, warehouse: WarehouseResource, rehash: RehashResource
+    ) -> dg.MaterializeResult:
         last = [time.monotonic()]
 
         def log_progress(report: ShardReport) -> None:
@@ -130,8 +136,13 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
                 )
 
         report = backfill_shard(
-            warehouse.get(), target, context.partition_key, rehash.chunk_size, rehash.max_chunks_per_run or None,
-            on_chunk=log_progress, examples=rehash.examples,
+            warehouse.get(),
+            target,
+            context.partition_key,
+            rehash.chunk_size,
+            rehash.max_chunks_per_run or None,
+            on_chunk=log_progress,
+            examples=rehash.examples,
         )
         context.log.info(
             f"shard {report.shard}: {report.hashed} hashed, {report.unhashable} unhashable this run; "
@@ -146,15 +157,16 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         kinds={"python", "sql"},
         check_specs=[
             dg.AssetCheckSpec(
-                COMPARISON_CHECK, asset=f"rehash_comparison_{name}",
+                COMPARISON_CHECK,
+                asset=f"rehash_comparison_{name}",
                 description="The collapse-rate change from the old rule to the new one is inside the configured band.",
             )
         ],
         description=(
-            f"`{source}` against `{target}` over every stored row hashed under both: distinct contents and "
-            f"collapse rate under each, the change, groups that merge under `{target}` (several rows, one new "
-            f"digest) and, over the staged lines of `canonical_records`, groups that split. Keys and digests only. "
-            f"Stored in `rehash_comparisons`; `switch_hash_version` refuses while the latest one failed."
+            f"`{source}` against `{target}` over every stored row hashed under both, kept in `rehash_comparisons`: "
+            f"read `collapse_rate_source`, `collapse_rate_target` and their change (checked against the band), "
+            f"`rows_merged_away` and `split_groups`. `switch_hash_version` refuses while the latest one failed."
+            f"\n\nSee docs/rehash.md."
         ),
     )
     def comparison(warehouse: WarehouseResource, rehash: RehashResource) -> dg.MaterializeResult:
@@ -170,13 +182,18 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
             passed=result.passed and not empty,
             severity=dg.AssetCheckSeverity.WARN if empty else dg.AssetCheckSeverity.ERROR,
             description=(
-                f"nothing compared: no stored row is hashed under both {source} and {target}" if empty else
-                f"collapse rate {f['collapse_rate_source']:.4f} under {source}, {f['collapse_rate_target']:.4f} "
+                f"nothing compared: no stored row is hashed under both {source} and {target}"
+                if empty
+                else f"collapse rate {f['collapse_rate_source']:.4f} under {source}, {f['collapse_rate_target']:.4f} "
                 f"under {target}: change {f['collapse_rate_change']:+.4f}, band [{f['band_low']}, {f['band_high']}]"
             ),
             metadata={
-                "collapse_rate_change": f["collapse_rate_change"], "band_low": f["band_low"], "band_high": f["band_high"],
-                "rows_merged_away": f["rows_merged_away"], "split_groups": f["split_groups"], "rows_left": f["rows_left"],
+                "collapse_rate_change": f["collapse_rate_change"],
+                "band_low": f["band_low"],
+                "band_high": f["band_high"],
+                "rows_merged_away": f["rows_merged_away"],
+                "split_groups": f["split_groups"],
+                "rows_left": f["rows_left"],
                 "comparison_id": result.comparison_id,
             },
         )
@@ -195,7 +212,10 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         ),
     )
     compare_job = dg.define_asset_job(
-        f"compare_{name}", selection=[comparison], tags=tags, executor_def=dg.in_process_executor,
+        f"compare_{name}",
+        selection=[comparison],
+        tags=tags,
+        executor_def=dg.in_process_executor,
         description=f"Compare `{source}` and `{target}` over the migrated rows and check the collapse-rate change.",
     )
 
@@ -204,7 +224,8 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         job=compare_job,
         minimum_interval_seconds=15,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and complete and no "
+        description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and complete "
+        "and no "
         "migration run is queued or running.",
     )
     def sensor(context: dg.SensorEvaluationContext):
@@ -214,7 +235,10 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
 
 
 _ACTIVE_RUN_STATUSES = [
-    dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
 ]
 
 
@@ -252,12 +276,14 @@ def comparison_request(context: dg.SensorEvaluationContext, hashes_key: dg.Asset
 
 # ---------------------------------------------------------------- switch and retire
 
+
 class SwitchConfig(dg.Config):
     target: str = Field(description="The hash version to make active, e.g. content/2.")
     force: bool = Field(default=False, description="Switch although rows lack the target or the comparison failed.")
     reason: str = Field(default="", description="Why (required with force); stored in hash_version_events.")
     overlap_hours: float = Field(
-        default=24.0, description="Overlap window (one crawl cycle): retiring the old version is refused before it ends."
+        default=24.0,
+        description="Overlap window (one crawl cycle): retiring the old version is refused before it ends.",
     )
 
 
@@ -272,22 +298,37 @@ def _refused(context: dg.OpExecutionContext, exc: MigrationRefused | ValueError)
     failure that says what to change, not a traceback."""
     context.log.error(str(exc))
     problems = exc.problems if isinstance(exc, MigrationRefused) else [str(exc)]
-    return dg.Failure(description=str(exc), metadata={"problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems))})
+    return dg.Failure(
+        description=str(exc), metadata={"problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems))}
+    )
 
 
-@dg.op(description="Make the target hash version active (refused while rows lack it or the comparison failed, unless forced).")
-def switch_active_hash_version(context: dg.OpExecutionContext, config: SwitchConfig, warehouse: WarehouseResource) -> dg.Output:
+@dg.op(
+    description="Make the target hash version active "
+    "(refused while rows lack it or the comparison failed, unless forced)."
+)
+def switch_active_hash_version(
+    context: dg.OpExecutionContext, config: SwitchConfig, warehouse: WarehouseResource
+) -> dg.Output:
     try:
         report = switch_hash_version(
-            warehouse.get(), config.target, force=config.force, reason=config.reason, run_id=context.run_id,
+            warehouse.get(),
+            config.target,
+            force=config.force,
+            reason=config.reason,
+            run_id=context.run_id,
             overlap_hours=config.overlap_hours,
         )
     except (MigrationRefused, ValueError) as exc:
         raise _refused(context, exc) from None
     if report.forced:
-        context.log.warning(f"FORCED switch {report.from_version} -> {report.to_version}: {report.reason} ({'; '.join(report.problems)})")
+        context.log.warning(
+            f"FORCED switch {report.from_version} -> {report.to_version}: {report.reason} "
+            f"({'; '.join(report.problems)})"
+        )
     context.log.info(
-        f"active hash version is now {report.to_version}: {report.promoted} rows rewritten, {report.kept_merged} merged "
+        f"active hash version is now {report.to_version}: {report.promoted} rows rewritten, "
+        f"{report.kept_merged} merged "
         f"and {report.kept_unhashable} unhashable rows keep {report.from_version} until it is retired "
         f"(not before {report.overlap_until.isoformat()})"
     )
@@ -296,11 +337,18 @@ def switch_active_hash_version(context: dg.OpExecutionContext, config: SwitchCon
 
 @dg.op(description="Drop an old hash version's digests after the overlap window; merged rows go to record_history.")
 def retire_old_hash_version(
-    context: dg.OpExecutionContext, config: RetireConfig, warehouse: WarehouseResource, near_dup: NearDupResource,
+    context: dg.OpExecutionContext,
+    config: RetireConfig,
+    warehouse: WarehouseResource,
+    near_dup: NearDupResource,
 ) -> dg.Output:
     try:
         report = retire_hash_version(
-            warehouse.get(), config.version, force=config.force, reason=config.reason, run_id=context.run_id,
+            warehouse.get(),
+            config.version,
+            force=config.force,
+            reason=config.reason,
+            run_id=context.run_id,
             representative=near_dup.representative,
         )
     except (MigrationRefused, ValueError) as exc:
@@ -311,7 +359,8 @@ def retire_old_hash_version(
 
 
 @dg.job(
-    name="switch_hash_version", tags={MIGRATION_TAG: "switch"},
+    name="switch_hash_version",
+    tags={MIGRATION_TAG: "switch"},
     description="Switch the active hash version (run config: target, force, reason, overlap_hours).",
 )
 def switch_job():
@@ -319,7 +368,8 @@ def switch_job():
 
 
 @dg.job(
-    name="retire_hash_version", tags={MIGRATION_TAG: "retire"},
+    name="retire_hash_version",
+    tags={MIGRATION_TAG: "retire"},
     description="Retire an old hash version after the overlap window (run config: version, force, reason).",
 )
 def retire_job():

@@ -1,4 +1,8 @@
-"""Resources: where the warehouse and the landing folder are, and how the ladder behaves."""
+"""Resources: where the warehouse and the landing folder are, how the ladder behaves, how strict the checks are.
+
+Each setting's default is held once, by the settings object the resource builds (`LadderSettings`,
+`NearSettings` and `NearDupParams`, `CollapseRules`, `DuplicatePolicy`); the fields below read it from there.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,12 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from dedup_pipeline.core.hashing import HASH_RULES
-from dedup_pipeline.core.near import DEFAULT_THRESHOLD, NearDupParams, make_params
-from dedup_pipeline.core.policy import DuplicatePolicy
+from dedup_pipeline import environment
+from dedup_pipeline.core.exact import DuplicatePolicy
+from dedup_pipeline.core.near import NearDupParams, make_params
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
-from dedup_pipeline.ladder.near import (
-    DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_CLUSTER_SHARE, DEFAULT_MAX_LINKS, DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK,
-)
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.quality.collapse import CollapseRules
 from dedup_pipeline.store.seen_set import SeenSet, seen_set_from_env
 from dedup_pipeline.store.warehouse import Warehouse, default_database_url
 
@@ -43,9 +45,12 @@ class WarehouseResource(dg.ConfigurableResource):
 class LandingResource(dg.ConfigurableResource):
     """The landing folder crawlers drop batch files into."""
 
-    folder: Optional[str] = Field(default=None, description="Folder path; empty means $DEDUP_LANDING_DIR or .dedup/landing.")
+    folder: Optional[str] = Field(
+        default=None, description="Folder path; empty means $DEDUP_LANDING_DIR or .dedup/landing."
+    )
     settle_seconds: float = Field(
-        default=DEFAULT_SETTLE_SECONDS, description="A file modified more recently than this is still being written and is left alone."
+        default=DEFAULT_SETTLE_SECONDS,
+        description="A file modified more recently than this is still being written and is left alone.",
     )
 
     def path(self) -> Path:
@@ -53,19 +58,27 @@ class LandingResource(dg.ConfigurableResource):
 
 
 class LadderResource(dg.ConfigurableResource):
-    """How records move down the ladder (see the README, 'Duplicate classes')."""
+    """How records move down the ladder (see docs/exact.md, duplicate classes)."""
 
-    chunk_size: int = Field(default=2000, description="Records per transaction and per set-based statement.")
-    natural_key: list[str] = Field(default=["canonical_url"], description="Fields that identify the same thing.")
-    hash_versions: list[str] = Field(default=list(HASH_RULES), description="Hash versions computed per record.")
-    on_changed: str = Field(default="upsert", description="'upsert' (keep old content in history) or 'keep_first'.")
-    keep_history: bool = Field(default=True, description="Keep superseded content in record_history.")
-    min_collapse_rate: float = Field(default=0.01, description="Collapse-rate check fails below this.")
-    max_collapse_rate: float = Field(default=0.95, description="Collapse-rate check fails above this.")
-    min_records_for_check: int = Field(default=100, description="Smaller batches pass the collapse-rate check.")
+    chunk_size: int = Field(
+        default=LadderSettings.chunk_size, description="Records per transaction and per set-based statement."
+    )
+    natural_key: list[str] = Field(
+        default=list(LadderSettings.natural_key), description="Fields that identify the same thing."
+    )
+    hash_versions: list[str] = Field(
+        default=list(LadderSettings.hash_versions), description="Hash versions computed per record."
+    )
+    on_changed: str = Field(
+        default=DuplicatePolicy.on_changed, description="'upsert' (keep old content in history) or 'keep_first'."
+    )
+    keep_history: bool = Field(
+        default=DuplicatePolicy.keep_history, description="Keep superseded content in record_history."
+    )
     canonical_workers: int = Field(
-        default=0,
-        description="Processes that canonicalise a batch of 20,000 lines or more: 0 is one per CPU, 1 keeps it in the step's process.",
+        default=LadderSettings.canonical_workers,
+        description="Processes that canonicalise a batch of 20,000 lines or more: "
+        "0 is one per CPU, 1 keeps it in the step's process.",
     )
 
     def settings(self) -> LadderSettings:
@@ -81,67 +94,162 @@ class LadderResource(dg.ConfigurableResource):
 class NearDupResource(dg.ConfigurableResource):
     """Near-duplicate detection settings. Changing a sketch setting needs a new index (it is refused otherwise)."""
 
-    method: str = Field(default="minhash", description="'minhash' (MinHash + LSH) or 'simhash'.")
-    threshold: float = Field(default=DEFAULT_THRESHOLD, description="Estimated Jaccard similarity that links two records.")
-    num_perm: int = Field(default=128, description="MinHash permutations.")
+    method: str = Field(default=NearDupParams.method, description="'minhash' (MinHash + LSH) or 'simhash'.")
+    threshold: float = Field(
+        default=NearDupParams.threshold, description="Estimated Jaccard similarity that links two records."
+    )
+    num_perm: int = Field(default=NearDupParams.num_perm, description="MinHash permutations.")
     shingle: Optional[str] = Field(
-        default=None, description="'word' or 'char' n-grams; empty means the method's default (MinHash word, SimHash char)."
+        default=None,
+        description="'auto' (by the text's length), 'word' or 'char' n-grams; empty means the method's default "
+        "(MinHash auto, SimHash char).",
     )
     ngram: Optional[int] = Field(
         default=None, description="n-gram size; empty means the method's default (MinHash 3, SimHash 4)."
     )
-    simhash_max_distance: int = Field(default=3, description="SimHash: differing bits that still count as near.")
-    verify: str = Field(
-        default="auto",
-        description="MinHash: 'estimate' (signatures), 'exact' (Jaccard of the shingles, from the payloads), or 'auto' "
-        "(the estimate, and the exact Jaccard where the estimate is within two standard errors of the threshold)."
+    simhash_max_distance: int = Field(
+        default=NearDupParams.simhash_max_distance, description="SimHash: differing bits that still count as near."
     )
-    representative: str = Field(default="oldest", description="Cluster representative: 'oldest' or 'longest'.")
-    chunk_size: int = Field(default=2000, description="Records sketched and linked per transaction.")
+    verify: str = Field(
+        default=NearDupParams.verify,
+        description="MinHash: 'estimate' (signatures), 'exact' (Jaccard of the shingles, from the payloads), or 'auto' "
+        "(the estimate, and the exact Jaccard where the estimate is within two standard errors of the threshold).",
+    )
+    representative: str = Field(
+        default=NearDupParams.representative, description="Cluster representative: 'oldest' or 'longest'."
+    )
+    chunk_size: int = Field(default=NearSettings.chunk_size, description="Records sketched and linked per transaction.")
     max_candidates: Optional[int] = Field(
-        default=DEFAULT_MAX_CANDIDATES,
-        description="A record meets at most this many (first stored) records sharing a band with it; empty means no cap.",
+        default=NearSettings.max_candidates,
+        description="A record meets at most this many (first stored) records sharing a band with it; empty: no cap.",
     )
     max_links: int = Field(
-        default=DEFAULT_MAX_LINKS, description="Links a record keeps: to its nearest earlier-landed near duplicates."
+        default=NearSettings.max_links,
+        description="Links a record keeps: to its nearest earlier-landed near duplicates.",
     )
     max_cluster_share: float = Field(
-        default=DEFAULT_MAX_CLUSTER_SHARE, description="Runaway-cluster check fails when one cluster holds more of a batch."
+        default=NearSettings.max_cluster_share,
+        description="Runaway-cluster check fails when one cluster holds more of a batch.",
     )
     min_records_for_cluster_check: int = Field(
-        default=DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK, description="Smaller batches pass the runaway-cluster check."
+        default=NearSettings.min_records_for_cluster_check,
+        description="Smaller batches pass the runaway-cluster check.",
     )
 
     def params(self) -> NearDupParams:
         text = {k: v for k, v in (("shingle", self.shingle), ("ngram", self.ngram)) if v is not None}
         return make_params(
-            self.threshold, self.method, num_perm=self.num_perm, simhash_max_distance=self.simhash_max_distance,
-            verify=self.verify, representative=self.representative, **text,
+            self.threshold,
+            self.method,
+            num_perm=self.num_perm,
+            simhash_max_distance=self.simhash_max_distance,
+            verify=self.verify,
+            representative=self.representative,
+            **text,
+        )
+
+    def settings(self) -> NearSettings:
+        return NearSettings(
+            params=self.params(),
+            chunk_size=self.chunk_size,
+            max_candidates=self.max_candidates,
+            max_links=self.max_links,
+            max_cluster_share=self.max_cluster_share,
+            min_records_for_cluster_check=self.min_records_for_cluster_check,
         )
 
 
 class SeenSetResource(dg.ConfigurableResource):
     """The exact rung's fast path. It only says "maybe seen"; the warehouse's UNIQUE index decides."""
 
-    kind: str = Field(default="auto", description="'auto' (Redis if $DEDUP_REDIS_URL is set, else Bloom), 'redis', 'bloom' or 'none'.")
-    ttl_seconds: Optional[int] = Field(default=None, description="Redis key TTL; empty means $DEDUP_SEEN_TTL_SECONDS or 30 days.")
+    kind: str = Field(
+        default="auto", description="'auto' (Redis if $DEDUP_REDIS_URL is set, else Bloom), 'redis', 'bloom' or 'none'."
+    )
+    ttl_seconds: Optional[int] = Field(
+        default=None,
+        description=f"Redis key TTL; empty means ${environment.SEEN_TTL_ENV} "
+        f"or {environment.DEFAULT_TTL_SECONDS // 86400} days.",
+    )
     bloom_capacity: Optional[int] = Field(
         default=None,
-        description="Digests the Bloom filter is sized for (per hash version); empty means $DEDUP_BLOOM_CAPACITY or 10,000,000.",
+        description="Digests the Bloom filter is sized for (per hash version); empty means "
+        f"${environment.BLOOM_CAPACITY_ENV} or {environment.DEFAULT_BLOOM_CAPACITY:,}.",
     )
     bloom_error_rate: Optional[float] = Field(
         default=None,
-        description="The Bloom filter's false-positive rate at capacity; empty means $DEDUP_BLOOM_ERROR_RATE or 0.001.",
+        description="The Bloom filter's false-positive rate at capacity; empty means "
+        f"${environment.BLOOM_ERROR_RATE_ENV} or {environment.DEFAULT_BLOOM_ERROR_RATE:g}.",
     )
 
     def get(self) -> SeenSet:
         return seen_set_from_env(
-            self.kind, ttl_seconds=self.ttl_seconds, bloom_capacity=self.bloom_capacity, bloom_error_rate=self.bloom_error_rate
+            self.kind,
+            ttl_seconds=self.ttl_seconds,
+            bloom_capacity=self.bloom_capacity,
+            bloom_error_rate=self.bloom_error_rate,
+        )
+
+
+class ChecksResource(dg.ConfigurableResource):
+    """How strict the asset checks are (the `checks` resource, editable in the launchpad): the collapse-rate band
+    and history, the quarantine bound, the seen-set's fill."""
+
+    min_collapse_rate: float = Field(
+        default=CollapseRules.band_low, description="Collapse-rate check fails below this."
+    )
+    max_collapse_rate: float = Field(
+        default=CollapseRules.band_high, description="Collapse-rate check fails above this."
+    )
+    min_records_for_check: int = Field(
+        default=CollapseRules.min_records, description="Smaller batches pass the collapse-rate check."
+    )
+    history_window: int = Field(
+        default=CollapseRules.window, description="Earlier batches the collapse rate is compared against."
+    )
+    min_history: int = Field(
+        default=CollapseRules.min_history, description="Batches of history needed before the trailing median is used."
+    )
+    collapse_ratio: float = Field(
+        default=CollapseRules.collapse_ratio,
+        description="Collapse-rate check fails (error) below this fraction of the trailing median.",
+    )
+    jump_delta: float = Field(
+        default=CollapseRules.jump_delta,
+        description="Warn when the rate is more than this above the trailing median...",
+    )
+    jump_mads: float = Field(
+        default=CollapseRules.jump_mads,
+        description="...and more than this many robust deviations (1.4826 x MAD) above it.",
+    )
+    max_quarantine_rate: float = Field(
+        default=0.05, description="Quarantine-rate check fails above this share of a batch's lines."
+    )
+    min_lines_for_quarantine_check: int = Field(
+        default=20, description="Smaller batches pass the quarantine-rate check."
+    )
+    max_seen_set_fill: float = Field(
+        default=0.9, description="Seen-set check warns when a Bloom filter holds more than this share of its capacity."
+    )
+
+    def collapse_rules(self) -> CollapseRules:
+        return CollapseRules(
+            band_low=self.min_collapse_rate,
+            band_high=self.max_collapse_rate,
+            min_records=self.min_records_for_check,
+            window=self.history_window,
+            min_history=self.min_history,
+            collapse_ratio=self.collapse_ratio,
+            jump_delta=self.jump_delta,
+            jump_mads=self.jump_mads,
         )
 
 
 def default_resources() -> dict:
     return {
-        "warehouse": WarehouseResource(), "landing": LandingResource(), "ladder": LadderResource(),
-        "near_dup": NearDupResource(), "seen_set": SeenSetResource(),
+        "warehouse": WarehouseResource(),
+        "landing": LandingResource(),
+        "ladder": LadderResource(),
+        "near_dup": NearDupResource(),
+        "seen_set": SeenSetResource(),
+        "checks": ChecksResource(),
     }

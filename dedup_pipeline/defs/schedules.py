@@ -25,8 +25,11 @@ CATCH_UP_CRON = "17 * * * *"
 #: At most this many runs per tick; the rest wait for the next sweep (the run queue limits concurrency too).
 MAX_RUNS_PER_TICK = 50
 _UNFINISHED = [
-    dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING,
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
 ]
 PARTITION_TAG = "dagster/partition"
 
@@ -37,7 +40,9 @@ def _in_flight(instance: dg.DagsterInstance) -> set[str]:
 
 
 @dg.schedule(
-    job=dedup_ladder_job, cron_schedule=CATCH_UP_CRON, name="ladder_catch_up",
+    job=dedup_ladder_job,
+    cron_schedule=CATCH_UP_CRON,
+    name="ladder_catch_up",
     default_status=dg.DefaultScheduleStatus(automation_status().value),
     description="Hourly: registers landed batch files and runs the ladder for every batch not yet materialised.",
 )
@@ -58,6 +63,10 @@ def ladder_catch_up(context: dg.ScheduleEvaluationContext, landing: LandingResou
         return dg.SkipReason(f"all {len(present)} landed batches are materialised or running")
     tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "manual"
     return [
-        dg.RunRequest(partition_key=key, run_key=f"{key}@{tick}", tags={"dedup/trigger": "catch-up", SOURCE_TAG: batch_source(key)})
+        dg.RunRequest(
+            partition_key=key,
+            run_key=f"{key}@{tick}",
+            tags={"dedup/trigger": "catch-up", SOURCE_TAG: batch_source(key)},
+        )
         for key in todo
     ]

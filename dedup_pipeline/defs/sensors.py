@@ -1,27 +1,25 @@
 """The landing sensor: every new batch file becomes a partition and a run of the ladder."""
 
-
-import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 
+from dedup_pipeline import environment
 from dedup_pipeline.defs.jobs import dedup_ladder_job
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import LandingResource
 from dedup_pipeline.landing import SOURCE_TAG, batch_source, scan_landing
 
-AUTOMATION_ENV = "DEDUP_AUTOMATION"
-
 
 def automation_status() -> dg.DefaultSensorStatus:
     """Sensors start running when DEDUP_AUTOMATION=on, else they wait to be switched on in the UI."""
-    enabled = os.environ.get(AUTOMATION_ENV, "").lower() in ("1", "on", "true", "yes")
-    return dg.DefaultSensorStatus.RUNNING if enabled else dg.DefaultSensorStatus.STOPPED
+    return dg.DefaultSensorStatus.RUNNING if environment.automation_enabled() else dg.DefaultSensorStatus.STOPPED
 
 
 @dg.sensor(
-    job=dedup_ladder_job, minimum_interval_seconds=30, default_status=automation_status(),
+    job=dedup_ladder_job,
+    minimum_interval_seconds=30,
+    default_status=automation_status(),
     description="Adds a partition for each new, fully written batch file in the landing folder and requests its "
     "run, tagged with the batch's source. Files still being written, files that are no batch and keys that two "
     "files map to are left alone and named in the tick's log.",
@@ -42,7 +40,7 @@ def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource
     new_keys = [batch.key for batch in scan.batches if batch.key not in known]
     if not new_keys:
         return dg.SensorResult(skip_reason="no new batch files")
-    registered = datetime.now(timezone.utc).isoformat()
+    registered = datetime.now(UTC).isoformat()
     return dg.SensorResult(
         dynamic_partitions_requests=[crawl_batches_partitions.build_add_request(new_keys)],
         run_requests=[

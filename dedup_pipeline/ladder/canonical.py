@@ -3,27 +3,26 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from sqlalchemy import delete, select
 
 from dedup_pipeline.core.erasure import WITHHELD
-from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
-
 from dedup_pipeline.core.parallel import available_cpus, can_start_processes, ordered_map
-from dedup_pipeline.landing import BatchFileError, Fingerprint, TruncatedBatch, file_sha256, iter_lines
+from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
 from dedup_pipeline.ladder.canonical_lines import COLUMNS, CanonicalLines, canonicalise_lines
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.landing import BatchFileError, FileDigest, TruncatedBatch, file_sha256, iter_lines
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import copy_rows
-from dedup_pipeline.store.erasure import erased_positions
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import canonical_records, crawl_batches
+from dedup_pipeline.store.tombstones import erased_positions
 from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, analyze_new_batch, lock_batch
 
 RUNG = "canonical"
@@ -47,8 +46,14 @@ class CanonicalReport:
         self.hash_errors.update(chunk.hash_errors)
 
     def as_metadata(self) -> dict:
-        meta = {"batch_id": self.batch_id, "records_in": self.records_in, "canonical": self.canonical,
-                "quarantined": self.quarantined, "workers": self.workers, "withheld": self.withheld}
+        meta = {
+            "batch_id": self.batch_id,
+            "records_in": self.records_in,
+            "canonical": self.canonical,
+            "quarantined": self.quarantined,
+            "workers": self.workers,
+            "withheld": self.withheld,
+        }
         meta.update({f"unhashable[{v}]": n for v, n in sorted(self.hash_errors.items())})
         return meta
 
@@ -63,8 +68,9 @@ class RegisteredFile:
 def registered_file(warehouse: Warehouse, batch_id: str) -> RegisteredFile:
     with warehouse.engine.connect() as conn:
         row = conn.execute(
-            select(crawl_batches.c.file_path, crawl_batches.c.file_sha256, crawl_batches.c.lines)
-            .where(crawl_batches.c.batch_id == batch_id)
+            select(crawl_batches.c.file_path, crawl_batches.c.file_sha256, crawl_batches.c.lines).where(
+                crawl_batches.c.batch_id == batch_id
+            )
         ).one_or_none()
     if row is None:
         raise BatchFileError(f"batch {batch_id!r} is not registered: materialise raw_crawl_batches first")
@@ -107,7 +113,7 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
         conn.execute(delete(canonical_records).where(canonical_records.c.batch_id == batch_id))
         clear_quarantine(conn, batch_id, RUNG)
         bad = QuarantineWriter(conn, batch_id, RUNG)
-        read = Fingerprint()
+        read = FileDigest()
         work = partial(
             canonicalise_lines, batch_id=batch_id, versions=versions, active=active, key_fields=settings.natural_key
         )
@@ -142,8 +148,14 @@ class _StagedRecords(Sequence):
 
     def __getitem__(self, position: int) -> CanonicalRecord:
         _, line_no, natural_key, canonical_url, _, hashes, hash_errors, payload, _ = self.rows[position]
-        return CanonicalRecord(line_no, canonical_url, natural_key, EncodedJson(payload), json_text.loads(hashes),
-                               json_text.loads(hash_errors))
+        return CanonicalRecord(
+            line_no,
+            canonical_url,
+            natural_key,
+            EncodedJson(payload),
+            json_text.loads(hashes),
+            json_text.loads(hash_errors),
+        )
 
 
 #: What a withheld staged line holds instead of its data: placeholders the canonical suite accepts, and no digest.
@@ -159,17 +171,24 @@ def _withheld(row: tuple, versions: Sequence[str]) -> tuple:
     """
     batch_id, line_no = row[0], row[1]
     return (
-        batch_id, line_no, f"withheld:{line_no}", _WITHHELD_URL, URL_VERSION,
+        batch_id,
+        line_no,
+        f"withheld:{line_no}",
+        _WITHHELD_URL,
+        URL_VERSION,
         json_text.dumps({version: _NO_DIGEST for version in versions}),
-        json_text.dumps({WITHHELD: "the line names an erased subject"}), "{}", None,
+        json_text.dumps({WITHHELD: "the line names an erased subject"}),
+        "{}",
+        None,
     )
 
 
-def _line_chunks(path: Path, read: Fingerprint, size: int) -> Iterator[list[tuple[int, bytes]]]:
+def _line_chunks(path: Path, read: FileDigest, size: int) -> Iterator[list[tuple[int, bytes]]]:
     """(line number, raw line) pairs `size` at a time; `read` gets the bytes they came from.
 
     A truncated tail ends the batch: the raw rung has already quarantined it.
     """
+
     def lines() -> Iterator[tuple[int, bytes]]:
         try:
             for line in iter_lines(path, read):

@@ -7,8 +7,8 @@ process imports only the core rules and the JSON codec, not the database layer.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import URL_VERSION, canonicalise_records, parse_line
@@ -16,7 +16,15 @@ from dedup_pipeline.store import json_text
 
 #: Columns of `canonical_records` in the order of `CanonicalLines.rows`.
 COLUMNS = (
-    "batch_id", "line_no", "natural_key", "canonical_url", "url_version", "hashes", "hash_errors", "payload", "crawled_at",
+    "batch_id",
+    "line_no",
+    "natural_key",
+    "canonical_url",
+    "url_version",
+    "hashes",
+    "hash_errors",
+    "payload",
+    "crawled_at",
 )
 
 
@@ -59,10 +67,19 @@ def canonicalise_lines(
             out.quarantine.append((line_no, str(canonical), raw))
             continue
         out.hash_errors.update(canonical.hash_errors.keys())
-        out.rows.append((
-            batch_id, line_no, canonical.natural_key, canonical.canonical_url, URL_VERSION,
-            dumps(canonical.hashes), dumps(canonical.hash_errors), dumps(canonical.payload), canonical.crawled_at,
-        ))
+        out.rows.append(
+            (
+                batch_id,
+                line_no,
+                canonical.natural_key,
+                canonical.canonical_url,
+                URL_VERSION,
+                dumps(canonical.hashes),
+                dumps(canonical.hash_errors),
+                dumps(canonical.payload),
+                canonical.crawled_at,
+            )
+        )
     return out
 
 

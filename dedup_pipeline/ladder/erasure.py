@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 
 from sqlalchemy.exc import OperationalError
 
+from dedup_pipeline import environment
+from dedup_pipeline.core.clustering import DEFAULT_RULE
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.store.erasure import erase, record_seen_set_removals
-from dedup_pipeline.store.seen_set import REDIS_URL_ENV
 from dedup_pipeline.store.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
@@ -30,9 +30,15 @@ class ErasureReport:
     seen_set_errors: list[str] = field(default_factory=list)
 
     def as_metadata(self) -> dict:
-        meta = {"erasure_id": self.erasure_id, "request_id": self.request_id, "subject_kind": self.subject_kind,
-                "tombstones_added": self.tombstones_added, "clusters_recomputed": self.clusters_recomputed,
-                "seen_set": self.seen_set, "records_removed": self.removed.get("records", 0)}
+        meta = {
+            "erasure_id": self.erasure_id,
+            "request_id": self.request_id,
+            "subject_kind": self.subject_kind,
+            "tombstones_added": self.tombstones_added,
+            "clusters_recomputed": self.clusters_recomputed,
+            "seen_set": self.seen_set,
+            "records_removed": self.removed.get("records", 0),
+        }
         meta.update({f"removed[{table}]": n for table, n in sorted(self.removed.items())})
         if self.seen_set_errors:
             meta["seen_set_errors"] = "; ".join(self.seen_set_errors)
@@ -41,7 +47,7 @@ class ErasureReport:
 
 def url_seen_set_from_env():
     """The crawlers' URL seen-set (dedup_pipeline.crawler) when Redis is configured, else None."""
-    if not os.environ.get(REDIS_URL_ENV):
+    if not environment.redis_url():
         return None
     from dedup_pipeline.crawler import UrlSeenSet
 
@@ -53,7 +59,7 @@ def erase_subject(
     subject: Subject,
     request_id: str = "",
     seen_set=None,
-    representative: str = "oldest",
+    representative: str = DEFAULT_RULE,
     url_seen_set=None,
 ) -> ErasureReport:
     """Erase every copy of `subject` and leave its tombstones; then drop it from the seen-sets.
@@ -68,14 +74,22 @@ def erase_subject(
     """
     result = _erase_with_retries(warehouse, subject, request_id, representative)
     report = ErasureReport(
-        result.erasure_id, request_id, subject.kind.value, dict(result.removed), result.tombstones_added,
+        result.erasure_id,
+        request_id,
+        subject.kind.value,
+        dict(result.removed),
+        result.tombstones_added,
         result.clusters_recomputed,
     )
     cleared: dict[str, int] = {}
     if seen_set is not None:
         report.seen_set = getattr(seen_set, "kind", type(seen_set).__name__)
-        _clear(report, cleared, "seen_set",
-               lambda: sum(seen_set.forget(v, sorted(ds)) for v, ds in sorted(result.digests.items())))
+        _clear(
+            report,
+            cleared,
+            "seen_set",
+            lambda: sum(seen_set.forget(v, sorted(ds)) for v, ds in sorted(result.digests.items())),
+        )
     if url_seen_set is not None and result.urls:
         _clear(report, cleared, "url_seen_set", lambda: url_seen_set.forget(sorted(result.urls)))
     if cleared:
@@ -86,7 +100,9 @@ def erase_subject(
     return report
 
 
-def _erase_with_retries(warehouse: Warehouse, subject: Subject, request_id: str, representative: str, attempts: int = 5):
+def _erase_with_retries(
+    warehouse: Warehouse, subject: Subject, request_id: str, representative: str, attempts: int = 5
+):
     """One transaction; on SQLite, a concurrent writer that committed first makes it fail whole, so it is retried."""
     for attempt in range(1, attempts + 1):
         try:

@@ -6,29 +6,45 @@ import logging
 import random
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable, Iterator
 
-from sqlalchemy import Connection, Select, Text, cast, func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from dedup_pipeline import decision_log
-from dedup_pipeline.core.policy import Decision, plan_chunk
+from dedup_pipeline.core.exact import Decision, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.settings import LadderSettings
-from dedup_pipeline.metrics import SKIPPED
-from dedup_pipeline.store import json_text
-from dedup_pipeline.store.erasure import erased_positions
-from dedup_pipeline.store.exact import ChunkConflict, apply_plan, load_state, other_versions_held
-from dedup_pipeline.store.json_text import EncodedJson
+from dedup_pipeline.metrics import seed_figures
+from dedup_pipeline.store.exact import (
+    ChunkConflict,
+    apply_plan,
+    decided_by_unfinished_runs,
+    decisions_through,
+    iter_canonical_chunks,
+    landed_at,
+    load_state,
+    other_versions_held,
+    quarantined_lines,
+    staged_without,
+)
 from dedup_pipeline.store.schema import (
-    canonical_records, crawl_batches, dedup_decisions, exact_rung_runs, quarantine, record_hashes, records,
+    exact_rung_runs,
+    record_hashes,
+    records,
 )
 from dedup_pipeline.store.seen_set import NoSeenSet, SeenSet, SeenSetUnavailable, fallback_warning
+from dedup_pipeline.store.tombstones import erased_positions
 from dedup_pipeline.store.warehouse import (
-    Warehouse, active_hash_version, analyze_grown, analyze_new_batch, as_utc, batch_rung_held, record_rung_run, utcnow,
+    Warehouse,
+    active_hash_version,
+    analyze_grown,
+    analyze_new_batch,
+    batch_rung_held,
+    record_rung_run,
+    utcnow,
 )
 
 log = logging.getLogger(__name__)
@@ -49,12 +65,12 @@ class ExactReport:
     quarantined: int = 0
     decisions: Counter = field(default_factory=Counter)
     chunk_retries: int = 0
-    seen_set_hits: int = 0             # fast-path hits the warehouse confirmed
+    seen_set_hits: int = 0  # fast-path hits the warehouse confirmed
     seen_set_false_positives: int = 0  # hits the warehouse did not confirm (Bloom false positive, stale key)
-    seen_set_cold_misses: int = 0      # chunks whose misses the UNIQUE index caught (cold or flushed seen-set)
-    seen_set_fallbacks: int = 0        # chunks the seen-set failed (down, hung) for, once each; plus a failed final save
+    seen_set_cold_misses: int = 0  # chunks whose misses the UNIQUE index caught (cold or flushed seen-set)
+    seen_set_fallbacks: int = 0  # chunks the seen-set failed (down, hung) for, once each; plus a failed final save
     seen_set_fill: float | None = None  # a Bloom filter's digests over its capacity after the batch (None: no capacity)
-    seen_set_bypassed: bool = False    # a rehash migration's overlap: every digest was looked up in the warehouse
+    seen_set_bypassed: bool = False  # a rehash migration's overlap: every digest was looked up in the warehouse
 
     @property
     def duplicates(self) -> int:
@@ -88,108 +104,31 @@ class ExactReport:
 
     def as_metadata(self) -> dict:
         meta = {
-            "batch_id": self.batch_id, "hash_version": self.hash_version, "records_in": self.records_in,
-            "quarantined": self.quarantined, "survivors": self.survivors, "collapse_rate": self.collapse_rate,
-            "chunk_retries": self.chunk_retries, "seen_set": self.seen_set, "seen_set_hits": self.seen_set_hits,
+            "batch_id": self.batch_id,
+            "hash_version": self.hash_version,
+            "records_in": self.records_in,
+            "quarantined": self.quarantined,
+            "survivors": self.survivors,
+            "collapse_rate": self.collapse_rate,
+            "chunk_retries": self.chunk_retries,
+            "seen_set": self.seen_set,
+            "seen_set_hits": self.seen_set_hits,
             "seen_set_false_positives": self.seen_set_false_positives,
-            "seen_set_cold_misses": self.seen_set_cold_misses, "seen_set_fallbacks": self.seen_set_fallbacks,
+            "seen_set_cold_misses": self.seen_set_cold_misses,
+            "seen_set_fallbacks": self.seen_set_fallbacks,
             "seen_set_bypassed": self.seen_set_bypassed,
         }
         if self.seen_set_fill is not None:
             meta["seen_set_fill"] = self.seen_set_fill
-        meta.update({decision.value: self.decisions[decision.value] for decision in Decision if decision != Decision.QUARANTINED})
-        # The same figures under the seeds' metric names (dedup_pipeline.metrics exports their totals).
-        meta["scraper_records_seen"] = self.records_in + self.quarantined
-        for decision, label in SKIPPED.items():
-            meta[f'scraper_duplicates_skipped{{type="{label}"}}'] = self.decisions[decision]
-        return meta
-
-
-def canonical_chunk_query(batch_id: str, after_line: int, chunk_size: int) -> Select:
-    """The batch's next `chunk_size` canonical records after line `after_line`, in line order, JSON as text."""
-    staged = canonical_records.c
-    return (
-        select(
-            staged.line_no, staged.canonical_url, staged.natural_key, cast(staged.payload, Text),
-            cast(staged.hashes, Text), cast(staged.hash_errors, Text), staged.crawled_at,
+        meta.update(
+            {
+                decision.value: self.decisions[decision.value]
+                for decision in Decision
+                if decision != Decision.QUARANTINED
+            }
         )
-        .where(staged.batch_id == batch_id, staged.line_no > after_line)
-        .order_by(staged.line_no)
-        .limit(chunk_size)
-    )
-
-
-def iter_canonical_chunks(
-    conn: Connection, batch_id: str, chunk_size: int, after_line: int = 0
-) -> Iterator[list[CanonicalRecord]]:
-    """The batch's canonical records in file order after line `after_line`, a keyset-paginated chunk at a time.
-
-    Payloads stay the JSON text they were stored as (`EncodedJson`): the rung
-    writes them on unchanged, so decoding them would be wasted work.
-    """
-    last_line = after_line
-    while True:
-        rows = conn.execute(canonical_chunk_query(batch_id, last_line, chunk_size)).all()
-        if not rows:
-            return
-        yield [
-            CanonicalRecord(
-                line_no=line_no, canonical_url=canonical_url, natural_key=natural_key, payload=EncodedJson(payload),
-                hashes=json_text.loads(hashes), hash_errors=json_text.loads(hash_errors), crawled_at=crawled_at,
-            )
-            for line_no, canonical_url, natural_key, payload, hashes, hash_errors, crawled_at in rows
-        ]
-        last_line = rows[-1].line_no
-
-
-def _batch_time(conn: Connection, batch_id: str) -> datetime:
-    landed = conn.execute(select(crawl_batches.c.landed_at).where(crawl_batches.c.batch_id == batch_id)).scalar()
-    if landed is None:
-        raise RuntimeError(f"batch {batch_id!r} is not registered: materialise raw_crawl_batches first")
-    return as_utc(landed)
-
-
-def decided_by_unfinished_runs(conn: Connection, batch_id: str, run_id: str) -> tuple[int, Counter]:
-    """(last line, decision counts) of what runs that did not finish committed for the batch, this one included.
-
-    A run that failed or was killed part-way (or an earlier attempt of this
-    run's step) leaves the chunks it committed, each with its decisions, in
-    line order: everything up to the last line decided is done, and the next
-    run takes it over rather than decide those lines again as exact duplicates
-    of themselves. Decisions up to the last finished run of another id (its
-    `decisions_through`, or its own last decision) are that run's, and not
-    taken over: a new run of a finished batch decides every line again.
-    """
-    d, runs = dedup_decisions.c, exact_rung_runs.c
-    others = (runs.batch_id == batch_id) & (runs.run_id != run_id)
-    finished_through = max(
-        conn.execute(select(func.max(runs.stats["decisions_through"].as_integer())).where(others)).scalar() or 0,
-        conn.execute(
-            select(func.max(d.decision_id)).where(d.batch_id == batch_id, d.run_id.in_(select(runs.run_id).where(others)))
-        ).scalar() or 0,
-    )
-    rows = conn.execute(
-        select(d.decision, func.count(), func.max(d.line_no))
-        .where(d.batch_id == batch_id, d.decision_id > finished_through)
-        .group_by(d.decision)
-    ).all()
-    return max((last for _, _, last in rows), default=0), Counter({decision: n for decision, n, _ in rows})
-
-
-def _decisions_through(conn: Connection, batch_id: str) -> int:
-    """The last decision id of the batch: what the run finishing now has counted."""
-    d = dedup_decisions.c
-    return conn.execute(select(func.max(d.decision_id)).where(d.batch_id == batch_id)).scalar() or 0
-
-
-def staged_without(conn: Connection, batch_id: str, version: str) -> bool:
-    """Whether some staged canonical records of the batch carry no digest of `version`: staged before the switch to it.
-
-    (The canonical rung always hashes under the active version and quarantines what it cannot hash.)
-    """
-    staged = canonical_records.c
-    missing = staged.hashes[version].as_string().is_(None)
-    return conn.execute(select(staged.line_no).where(staged.batch_id == batch_id, missing).limit(1)).first() is not None
+        meta.update(seed_figures(self.records_in + self.quarantined, self.decisions))
+        return meta
 
 
 def deduplicate_batch(
@@ -228,24 +167,33 @@ def _deduplicate_held_batch(
         log.warning("batch %s was canonicalised before %s became active: canonicalising it again", batch_id, version)
         canonicalise_batch(warehouse, batch_id, settings)
     with warehouse.engine.connect() as reader:
-        batch_time = _batch_time(reader, batch_id)
-        quarantined = reader.execute(
-            select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)
-        ).scalar_one()
+        batch_time = landed_at(reader, batch_id)
+        quarantined = quarantined_lines(reader, batch_id)
         done_until, done = decided_by_unfinished_runs(reader, batch_id, run_id)
         if done:
-            log.info("run %s takes batch %s over after line %d (%d records decided by runs that did not finish)",
-                     run_id, batch_id, done_until, sum(done.values()))
+            log.info(
+                "run %s takes batch %s over after line %d (%d records decided by runs that did not finish)",
+                run_id,
+                batch_id,
+                done_until,
+                sum(done.values()),
+            )
         report = deduplicate_records(
-            warehouse, batch_id, run_id, iter_canonical_chunks(reader, batch_id, settings.chunk_size, done_until),
-            settings, seen_set, batch_time, version,
+            warehouse,
+            batch_id,
+            run_id,
+            iter_canonical_chunks(reader, batch_id, settings.chunk_size, done_until),
+            settings,
+            seen_set,
+            batch_time,
+            version,
         )
         reader.rollback()
     report.decisions.update(done)
     report.records_in += sum(done.values())
     report.quarantined = quarantined
     with warehouse.engine.begin() as conn:
-        figures = {**report.as_metadata(), "decisions_through": _decisions_through(conn, batch_id)}
+        figures = {**report.as_metadata(), "decisions_through": decisions_through(conn, batch_id)}
         record_rung_run(conn, exact_rung_runs, batch_id, run_id, figures)
     return report
 
@@ -325,11 +273,22 @@ class _ChunkWriter:
                     erased = erased_positions(conn, chunk, self.batch_id)
                     state = (stored_by_key, stored, erased)
                     plan = plan_chunk(
-                        chunk, self.version, stored_by_key, stored, (self.batch_time, self.batch_id), self.settings.policy,
+                        chunk,
+                        self.version,
+                        stored_by_key,
+                        stored,
+                        (self.batch_time, self.batch_id),
+                        self.settings.policy,
                         erased=erased,
                     )
                     counts = apply_plan(
-                        conn, plan, self.version, self.batch_id, self.run_id, utcnow(), self.batch_time,
+                        conn,
+                        plan,
+                        self.version,
+                        self.batch_id,
+                        self.run_id,
+                        utcnow(),
+                        self.batch_time,
                         self.settings.policy.keep_history,
                     )
             except (ChunkConflict, IntegrityError, OperationalError) as exc:

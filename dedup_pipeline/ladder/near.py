@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 from sqlalchemy.exc import OperationalError
@@ -26,10 +26,11 @@ from dedup_pipeline.core.lsh import band_keys, fold_to_int32
 from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, pack_bbit
 from dedup_pipeline.core.near import NearDupParams, near_text
 from dedup_pipeline.core.simhash import block_bounds, simhash_fingerprints
+from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.store import near as index
 from dedup_pipeline.store import near_graph as graph
-from dedup_pipeline.store.erasure import lock_for_ingestion
 from dedup_pipeline.store.schema import near_rung_runs
+from dedup_pipeline.store.tombstones import lock_for_ingestion
 from dedup_pipeline.store.warehouse import Warehouse, analyze_grown, record_rung_run
 
 
@@ -53,7 +54,8 @@ def sketch(texts: Sequence[str], params: NearDupParams) -> Sketches:
         ]
         keys = np.stack(blocks, axis=1) if texts else np.empty((0, len(blocks)), dtype=np.int64)
         return Sketches(
-            fingerprints.astype("<u8").view(np.uint8).reshape(len(texts), 8), fold_to_int32(keys),
+            fingerprints.astype("<u8").view(np.uint8).reshape(len(texts), 8),
+            fold_to_int32(keys),
             np.array([len(s) > 0 for s in shingles], dtype=bool),
         )
     signatures = minhash_signatures_from_texts(texts, params.normaliser, params.num_perm, params.seed)
@@ -81,9 +83,15 @@ class NearReport:
         """Figures for the asset (ids and counts only). The largest clusters table comes from `defs.plots`."""
         sizes = Counter(self.clusters.values())
         return {
-            "batch_id": self.batch_id, "method": self.method, "verify": self.verify, "sketched": self.sketched,
-            "kept_sketches": self.kept_sketches, "candidate_pairs": self.candidate_pairs, "pairs": self.pairs,
-            "near_duplicates": len(self.near_duplicates), "clusters_touched": len(self.clusters),
+            "batch_id": self.batch_id,
+            "method": self.method,
+            "verify": self.verify,
+            "sketched": self.sketched,
+            "kept_sketches": self.kept_sketches,
+            "candidate_pairs": self.candidate_pairs,
+            "pairs": self.pairs,
+            "near_duplicates": len(self.near_duplicates),
+            "clusters_touched": len(self.clusters),
             "largest_cluster": max(self.clusters.values(), default=0),
             "cluster_sizes": {str(size): count for size, count in sorted(sizes.items())},
             "max_candidates": self.max_candidates if self.max_candidates is not None else "none",
@@ -93,10 +101,6 @@ class NearReport:
         }
 
 
-#: Default cap on the candidates a record meets (see `store.near.candidate_pairs`).
-DEFAULT_MAX_CANDIDATES = 200
-#: Default number of links a record keeps: to its nearest earlier-landed near duplicates.
-DEFAULT_MAX_LINKS = 3
 #: Capped record ids listed in the metadata (the count is always complete).
 CAPPED_SHOWN = 20
 #: A chunk's linking transaction that lost a lock cycle to another worker's (PostgreSQL detects it) runs again.
@@ -107,27 +111,16 @@ def _order(row) -> tuple[int, int, int]:
     return index.order_of(row.first_landed_at, row.first_seen_at, row.natural_key)
 
 
-def cluster_batch(
-    warehouse: Warehouse,
-    batch_id: str,
-    params: NearDupParams,
-    chunk_size: int = 2000,
-    max_candidates: int | None = DEFAULT_MAX_CANDIDATES,
-    run_id: str | None = None,
-    max_links: int = DEFAULT_MAX_LINKS,
-) -> NearReport:
+def cluster_batch(warehouse: Warehouse, batch_id: str, settings: NearSettings, run_id: str | None = None) -> NearReport:
     """Sketch, index, link and cluster the batch's new and changed records.
 
-    ``max_candidates`` caps the candidates a record meets (None: no cap); the
-    records capped are counted in the report. ``max_links``
+    ``settings.max_candidates`` caps the candidates a record meets (None: no
+    cap); the records capped are counted in the report. ``settings.max_links``
     bounds the links a record keeps. The run's figures are kept in
     `near_rung_runs` under ``run_id`` (the Dagster run; a fresh id when not
     given).
     """
-    if max_candidates is not None and max_candidates < 1:
-        raise ValueError("max_candidates must be at least 1 (or None for no cap)")
-    if max_links < 1:
-        raise ValueError("max_links must be at least 1")
+    params, max_candidates, max_links = settings.params, settings.max_candidates, settings.max_links
     report = NearReport(batch_id, params.method, params.verify, max_candidates)
     bands = graph.band_count(params)
     with warehouse.engine.begin() as conn:
@@ -136,7 +129,7 @@ def cluster_batch(
     after = 0
     while True:
         with warehouse.engine.connect() as conn:
-            rows = index.records_to_index(conn, batch_id, after, chunk_size, bands)
+            rows = index.records_to_index(conn, batch_id, after, settings.chunk_size, bands)
         if not rows:
             break
         after = rows[-1].record_id
@@ -151,15 +144,9 @@ def cluster_batch(
     return report
 
 
-def rebuild_index(
-    warehouse: Warehouse,
-    params: NearDupParams,
-    chunk_size: int = 2000,
-    max_candidates: int | None = DEFAULT_MAX_CANDIDATES,
-    max_links: int = DEFAULT_MAX_LINKS,
-) -> list[NearReport]:
+def rebuild_index(warehouse: Warehouse, settings: NearSettings) -> list[NearReport]:
     """Drop the near-duplicate index (an earlier layout's tables too), its links and clusters, and build it again
-    with `params`: every stored record sketched, linked and clustered, batch by batch in landing order.
+    with `settings`: every stored record sketched, linked and clustered, batch by batch in landing order.
 
     The records and every other table are left as they are; the batches' figures in `near_rung_runs` gain a
     `rebuild-...` run each.
@@ -169,7 +156,7 @@ def rebuild_index(
     with warehouse.engine.connect() as conn:
         batches = index.batches_in_landing_order(conn)
     run_id = f"rebuild-{uuid.uuid4().hex}"
-    return [cluster_batch(warehouse, batch, params, chunk_size, max_candidates, run_id, max_links) for batch in batches]
+    return [cluster_batch(warehouse, batch, settings, run_id) for batch in batches]
 
 
 def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, report, max_links, max_candidates):
@@ -193,12 +180,15 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
         index.update_digests(conn, same_text)
         mine = index.IndexRows(
             ids=np.array([rows[p].record_id for p in to_link], dtype=np.int64),
-            signatures=sketches.signatures[to_link], order=np.array([_order(rows[p]) for p in to_link], dtype=np.int64).reshape(-1, 3),
-            keys=sketches.keys[to_link], indexable=sketches.indexable[to_link],
+            signatures=sketches.signatures[to_link],
+            order=np.array([_order(rows[p]) for p in to_link], dtype=np.int64).reshape(-1, 3),
+            keys=sketches.keys[to_link],
+            indexable=sketches.indexable[to_link],
         )
         fresh_rows = [p for p in to_link if rows[p].record_id not in same_text]
-        index.write_rows(conn, mine.subset([to_link.index(p) for p in fresh_rows]),
-                         [bytes(rows[p].content_hash) for p in fresh_rows])
+        index.write_rows(
+            conn, mine.subset([to_link.index(p) for p in fresh_rows]), [bytes(rows[p].content_hash) for p in fresh_rows]
+        )
     report.kept_sketches += len([rid for rid in same_text if rid not in set(mine.ids.tolist())])
     report.sketched += len(to_link)
     if not to_link:
@@ -218,7 +208,9 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
                 lock_for_ingestion(conn)
                 index.plan_for_cached_tables(conn)
                 if changed_text:
-                    graph.remove_records(conn, changed_text, params, chunk_texts, max_links, max_candidates, keep_rows=True)
+                    graph.remove_records(
+                        conn, changed_text, params, chunk_texts, max_links, max_candidates, keep_rows=True
+                    )
                 outcome = graph.link_records(conn, mine, params, chunk_texts, batch_id, max_links, max_candidates)
                 index.mark_linked(conn, mine.ids.tolist())
             break
@@ -243,9 +235,6 @@ def _same_sketch(row, sketches: Sketches, p: int, bands: int) -> bool:
     return stored == sketches.keys[p].astype(np.int64).tolist()
 
 
-#: Defaults of the runaway-cluster check (the `near_dup` resource can change them).
-DEFAULT_MAX_CLUSTER_SHARE = 0.2
-DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK = 50
 _CLUSTERS_SHOWN = 10
 
 
@@ -271,12 +260,17 @@ class RunawayVerdict:
     def as_metadata(self) -> dict:
         share = self.largest[0][1] / self.batch_records if self.largest and self.batch_records else 0.0
         rows = "\n".join(
-            ["| cluster id | records of this batch | share of batch | records in all batches |", "|---:|---:|---:|---:|"]
+            [
+                "| cluster id | records of this batch | share of batch | records in all batches |",
+                "|---:|---:|---:|---:|",
+            ]
             + [f"| {cid} | {n} | {n / self.batch_records:.1%} | {size} |" for cid, n, size in self.largest]
         )
         return {
-            "batch_records": self.batch_records, "max_cluster_share": self.max_share,
-            "min_records_for_check": self.min_records, "largest_share": share,
+            "batch_records": self.batch_records,
+            "max_cluster_share": self.max_share,
+            "min_records_for_check": self.min_records,
+            "largest_share": share,
             "offending_clusters": [cid for cid, _, _ in self.offenders],
             "offending_sizes": [n for _, n, _ in self.offenders],
             "largest_clusters": rows if self.largest else "no clusters",
@@ -287,20 +281,17 @@ class RunawayVerdict:
             return f"batch of {self.batch_records} records is under {self.min_records}: too small to judge"
         if self.offenders:
             worst = ", ".join(f"cluster {cid}: {n} records" for cid, n, _ in self.offenders)
-            return (f"{len(self.offenders)} cluster(s) hold more than {self.max_share:.0%} of the batch's "
-                    f"{self.batch_records} records ({worst})")
+            return (
+                f"{len(self.offenders)} cluster(s) hold more than {self.max_share:.0%} of the batch's "
+                f"{self.batch_records} records ({worst})"
+            )
         return f"no cluster holds more than {self.max_share:.0%} of the batch's {self.batch_records} records"
 
 
-def runaway_clusters(
-    warehouse: Warehouse,
-    batch_id: str,
-    max_share: float = DEFAULT_MAX_CLUSTER_SHARE,
-    min_records: int = DEFAULT_MIN_RECORDS_FOR_CLUSTER_CHECK,
-) -> RunawayVerdict:
-    """Judge the batch's largest clusters against `max_share` of its records (new or changed in the batch)."""
-    if not 0.0 < max_share <= 1.0:
-        raise ValueError("max_share must be in (0, 1]")
+def runaway_clusters(warehouse: Warehouse, batch_id: str, settings: NearSettings) -> RunawayVerdict:
+    """Judge the batch's largest clusters against `settings.max_cluster_share` of its records (new or changed in
+    the batch); batches under `settings.min_records_for_cluster_check` pass."""
+    max_share, min_records = settings.max_cluster_share, settings.min_records_for_cluster_check
     shown = max(_CLUSTERS_SHOWN, int(1 / max_share) + 1)  # every offender fits in the list
     with warehouse.engine.connect() as conn:
         total, largest = index.batch_cluster_shares(conn, batch_id, shown)

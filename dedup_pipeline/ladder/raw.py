@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import Connection, delete, select
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
-from dedup_pipeline.landing import BatchFile, Fingerprint, TruncatedBatch, iter_lines
+from dedup_pipeline.landing import BatchFile, FileDigest, TruncatedBatch, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
-from dedup_pipeline.store.erasure import erased_raw_lines
 from dedup_pipeline.store.schema import crawl_batches, quarantine
+from dedup_pipeline.store.tombstones import erased_raw_lines
 from dedup_pipeline.store.warehouse import Warehouse, as_utc, lock_batch, upsert_ignore, utcnow
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,7 @@ class QuarantineWriter:
     def flush(self) -> None:
         """Write the buffered rows; a line naming an erased subject keeps its number and reason, not its bytes."""
         withheld = erased_raw_lines(self.conn, [raw for *_, raw, _ in self.rows]) if self.rows else set()
-        rows = [
-            (*row[:3], row[3] + WITHHELD, b"", row[5]) if i in withheld else row for i, row in enumerate(self.rows)
-        ]
+        rows = [(*row[:3], row[3] + WITHHELD, b"", row[5]) if i in withheld else row for i, row in enumerate(self.rows)]
         copy_rows(self.conn, quarantine, _QUARANTINE_COLUMNS, rows)
         self.rows = []
 
@@ -67,13 +65,13 @@ def clear_quarantine(conn: Connection, batch_id: str, rung: str) -> None:
 
 
 def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
-    """Read the whole file once, quarantine unparsable lines, and record the batch's fingerprint.
+    """Read the whole file once, quarantine unparsable lines, and record the batch's file digest.
 
     One transaction: re-materialising replaces the batch's raw quarantine rows
     and registration; a failure leaves the previous state untouched.
     """
     lines = parsed = 0
-    read = Fingerprint()  # exactly the bytes the lines came from, even if the file grows meanwhile
+    read = FileDigest()  # exactly the bytes the lines came from, even if the file grows meanwhile
     with warehouse.engine.begin() as conn:
         lock_batch(conn, batch.key)  # a second run of this partition waits, then rewrites it whole
         clear_quarantine(conn, batch.key, RUNG)
@@ -95,9 +93,15 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
         conn.execute(delete(crawl_batches).where(crawl_batches.c.batch_id == batch.key))
         conn.execute(
             upsert_ignore(conn, crawl_batches).values(
-                batch_id=batch.key, file_path=str(batch.path), file_sha256=sha256,
-                file_bytes=read.size, lines=lines, parsed=parsed, quarantined=bad.count,
-                landed_at=landed_at, registered_at=utcnow(),
+                batch_id=batch.key,
+                file_path=str(batch.path),
+                file_sha256=sha256,
+                file_bytes=read.size,
+                lines=lines,
+                parsed=parsed,
+                quarantined=bad.count,
+                landed_at=landed_at,
+                registered_at=utcnow(),
             )
         )
     return RawReport(batch.key, read.size, lines, parsed, bad.count)
@@ -113,8 +117,12 @@ def _first_landed_at(conn: Connection, batch: BatchFile, sha256: str) -> datetim
         select(crawl_batches.c.landed_at, crawl_batches.c.file_sha256).where(crawl_batches.c.batch_id == batch.key)
     ).first()
     if registered is None:
-        return datetime.fromtimestamp(batch.mtime, timezone.utc)
+        return datetime.fromtimestamp(batch.mtime, UTC)
     if registered.file_sha256 != sha256:
-        log.warning("batch %s: its file changed since it was registered; its lines are read again, its landing "
-                    "time (%s) is kept", batch.key, as_utc(registered.landed_at).isoformat())
+        log.warning(
+            "batch %s: its file changed since it was registered; its lines are read again, its landing "
+            "time (%s) is kept",
+            batch.key,
+            as_utc(registered.landed_at).isoformat(),
+        )
     return as_utc(registered.landed_at)

@@ -20,14 +20,19 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from queue import Empty, Queue
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.hashing import HASH_RULES, hash_rule
 from dedup_pipeline.ladder.rehash_switch import (  # noqa: F401 - the steps after the backfill, re-exported
-    MigrationRefused, RetireReport, SwitchReport, retire_hash_version, switch_hash_version,
+    MigrationRefused,
+    RetireReport,
+    SwitchReport,
+    retire_hash_version,
+    switch_hash_version,
 )
 from dedup_pipeline.store import rehash as store
 from dedup_pipeline.store.rehash_compare import staged_figures, store_comparison, warehouse_figures
@@ -38,6 +43,7 @@ T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- 1. backfill
+
 
 @dataclass
 class ShardReport:
@@ -62,17 +68,29 @@ class ShardReport:
     def as_metadata(self) -> dict:
         shard, everywhere = self.shard_progress, self.warehouse_progress
         meta = {
-            "target_version": self.target, "shard": self.shard, "complete": self.complete,
-            "rows_hashed": self.hashed, "rows_unhashable": self.unhashable, "rows_already_hashed": self.already_hashed,
-            "chunks": self.chunks, "seconds": round(self.seconds, 3), "rows_per_second": round(self.rows_per_second, 1),
-            "shard_rows": shard.rows, "shard_rows_done": shard.done, "shard_rows_left": shard.left,
+            "target_version": self.target,
+            "shard": self.shard,
+            "complete": self.complete,
+            "rows_hashed": self.hashed,
+            "rows_unhashable": self.unhashable,
+            "rows_already_hashed": self.already_hashed,
+            "chunks": self.chunks,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(self.rows_per_second, 1),
+            "shard_rows": shard.rows,
+            "shard_rows_done": shard.done,
+            "shard_rows_left": shard.left,
             "shard_rows_unhashable": shard.unhashable,
         }
         if everywhere is not None:
-            meta.update({
-                "warehouse_rows": everywhere.rows, "warehouse_rows_done": everywhere.done,
-                "warehouse_rows_left": everywhere.left, "warehouse_rows_unhashable": everywhere.unhashable,
-            })
+            meta.update(
+                {
+                    "warehouse_rows": everywhere.rows,
+                    "warehouse_rows_done": everywhere.done,
+                    "warehouse_rows_left": everywhere.left,
+                    "warehouse_rows_unhashable": everywhere.unhashable,
+                }
+            )
         return meta
 
 
@@ -219,6 +237,7 @@ def backfill(warehouse: Warehouse, target: str, chunk_size: int = DEFAULT_CHUNK_
 
 # ---------------------------------------------------------------- 2. compare
 
+
 @dataclass
 class Comparison:
     source: str
@@ -229,7 +248,12 @@ class Comparison:
 
 
 def compare_versions(
-    warehouse: Warehouse, source: str, target: str, low: float, high: float, examples: int = 10,
+    warehouse: Warehouse,
+    source: str,
+    target: str,
+    low: float,
+    high: float,
+    examples: int = 10,
 ) -> Comparison:
     """Compare the two versions over the rows hashed under both; pass when the collapse-rate change is in [low, high].
 
@@ -247,10 +271,14 @@ def compare_versions(
         remaining = store.progress(conn, target)
         unhashable, unhashable_examples = store.unhashable_rows(conn, target, limit=examples)
         conn.rollback()
-    figures.update({
-        "warehouse_rows": remaining.rows, "rows_left": remaining.left, "rows_unhashable": unhashable,
-        "unhashable_examples": [list(pair) for pair in unhashable_examples],
-    })
+    figures.update(
+        {
+            "warehouse_rows": remaining.rows,
+            "rows_left": remaining.left,
+            "rows_unhashable": unhashable,
+            "unhashable_examples": [list(pair) for pair in unhashable_examples],
+        }
+    )
     passed = low <= figures["collapse_rate_change"] <= high
     with warehouse.engine.begin() as conn:
         comparison_id = store_comparison(conn, source, target, utcnow(), passed, figures)

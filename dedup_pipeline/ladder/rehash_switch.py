@@ -20,12 +20,13 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, select, update
 
+from dedup_pipeline.core.clustering import DEFAULT_RULE
 from dedup_pipeline.core.hashing import hash_rule
 from dedup_pipeline.store import rehash_switch as store
-from dedup_pipeline.store.erasure import lock_for_erasure
 from dedup_pipeline.store.rehash import progress, unhashable_rows
 from dedup_pipeline.store.rehash_compare import latest_comparison
 from dedup_pipeline.store.schema import hash_version_events, settings
+from dedup_pipeline.store.tombstones import lock_for_erasure
 from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, Warehouse, active_hash_version, as_utc, utcnow
 
 
@@ -141,22 +142,44 @@ def switch_hash_version(
         kept_merged = len(store.merged_rows(conn, source, target))
         overlap_until = now + timedelta(hours=overlap_hours)
         details = {
-            "problems": problems, "promoted": promoted, "kept_merged": kept_merged,
-            "kept_unhashable": unhashable, "sketches_relabelled": relabelled,
+            "problems": problems,
+            "promoted": promoted,
+            "kept_merged": kept_merged,
+            "kept_unhashable": unhashable,
+            "sketches_relabelled": relabelled,
         }
         event_id = store.record_event(
-            conn, "switch", source, target, now, forced=bool(problems) and force, reason=reason or None,
-            run_id=run_id, details=details, overlap_until=overlap_until,
+            conn,
+            "switch",
+            source,
+            target,
+            now,
+            forced=bool(problems) and force,
+            reason=reason or None,
+            run_id=run_id,
+            details=details,
+            overlap_until=overlap_until,
         )
     with warehouse.engine.begin() as conn:
         store.refresh_statistics(conn)
     return SwitchReport(
-        source, target, bool(problems) and force, reason or None, problems, promoted, kept_merged, unhashable,
-        unhashable_examples, relabelled, overlap_until, event_id,
+        source,
+        target,
+        bool(problems) and force,
+        reason or None,
+        problems,
+        promoted,
+        kept_merged,
+        unhashable,
+        unhashable_examples,
+        relabelled,
+        overlap_until,
+        event_id,
     )
 
 
 # ---------------------------------------------------------------- retire
+
 
 @dataclass
 class RetireReport:
@@ -183,7 +206,7 @@ def retire_hash_version(
     reason: str = "",
     run_id: str | None = None,
     now: datetime | None = None,
-    representative: str = "oldest",
+    representative: str = DEFAULT_RULE,
 ) -> RetireReport:
     """Drop `version`'s digests once the overlap window after the switch away from it is over.
 
@@ -205,21 +228,40 @@ def retire_hash_version(
             if store.rows_stored_under(conn, version):
                 problems.append(f"no recorded switch away from {version}, so no overlap window has run")
         elif switched.overlap_until is not None and now < as_utc(switched.overlap_until):
-            problems.append(f"the overlap window after the switch to {switched.to_version} runs until {as_utc(switched.overlap_until).isoformat()}")
+            problems.append(
+                f"the overlap window after the switch to {switched.to_version} runs until "
+                f"{as_utc(switched.overlap_until).isoformat()}"
+            )
         if problems and not force:
             raise MigrationRefused("retire", problems)
         promoted = store.promote_group_leaders(conn, active)
         merged = store.merged_rows(conn, version, active)
         event_id = store.record_event(
-            conn, "retire", version, active, now, forced=bool(problems) and force, reason=reason or None,
-            run_id=run_id, details={},
+            conn,
+            "retire",
+            version,
+            active,
+            now,
+            forced=bool(problems) and force,
+            reason=reason or None,
+            run_id=run_id,
+            details={},
         )
         moved = store.move_merged_to_history(conn, merged, version, active, event_id, now, representative)
         dropped = store.drop_version_hashes(conn, version)
         kept = store.rows_stored_under(conn, version)
-        details = {"problems": problems, "promoted": promoted, "merged_moved": moved, "hashes_dropped": dropped,
-                   "kept_unhashable": kept}
-        conn.execute(update(hash_version_events).where(hash_version_events.c.event_id == event_id).values(details=details))
+        details = {
+            "problems": problems,
+            "promoted": promoted,
+            "merged_moved": moved,
+            "hashes_dropped": dropped,
+            "kept_unhashable": kept,
+        }
+        conn.execute(
+            update(hash_version_events).where(hash_version_events.c.event_id == event_id).values(details=details)
+        )
     with warehouse.engine.begin() as conn:
         store.refresh_statistics(conn)
-    return RetireReport(version, active, bool(problems) and force, reason or None, problems, promoted, moved, dropped, kept, event_id)
+    return RetireReport(
+        version, active, bool(problems) and force, reason or None, problems, promoted, moved, dropped, kept, event_id
+    )

@@ -15,23 +15,16 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, delete, select, tuple_, update
 
-from dedup_pipeline.core.errors import ConfigurationError
-from dedup_pipeline.core.policy import Decision
+from dedup_pipeline import environment
+from dedup_pipeline.core.exact import Decision
+from dedup_pipeline.environment import RETENTION_DAYS_ENV
 from dedup_pipeline.store.schema import canonical_records, crawl_batches, dedup_decisions, quarantine, record_history
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
-
-RETENTION_ENV = {
-    "decision_days": ("DEDUP_DECISION_RETENTION_DAYS", 90),
-    "history_days": ("DEDUP_HISTORY_RETENTION_DAYS", 365),
-    "staging_days": ("DEDUP_STAGING_RETENTION_DAYS", 30),
-    "quarantine_days": ("DEDUP_QUARANTINE_RETENTION_DAYS", 30),
-}
 
 
 @dataclass(frozen=True)
@@ -45,21 +38,18 @@ class RetentionSettings:
     batch_size: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in RETENTION_ENV:
+        for name in RETENTION_DAYS_ENV:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (keep forever) or a number of days")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
 
     @classmethod
-    def from_env(cls, **overrides) -> "RetentionSettings":
+    def from_env(cls, **overrides) -> RetentionSettings:
         values = {}
-        for name, (variable, default) in RETENTION_ENV.items():
-            raw = os.environ.get(variable, "").strip()
-            try:
-                values[name] = int(raw) if raw else default
-            except ValueError:
-                raise ConfigurationError(f"{variable} must be a whole number of days, got {raw!r}") from None
+        for name in RETENTION_DAYS_ENV:
+            days = environment.retention_days(name)
+            values[name] = getattr(cls, name) if days is None else days
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

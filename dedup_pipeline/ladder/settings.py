@@ -1,12 +1,21 @@
-"""Settings of the ladder, as plain data so that core, store and the Dagster layer share them."""
+"""Settings of the ladder's rungs, as plain data: the only holders of their defaults.
+
+The Dagster resources (`dedup_pipeline.defs.resources`) read their defaults from here and build these
+objects; core, store and the rungs take them as they are.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dedup_pipeline.core.exact import DuplicatePolicy
 from dedup_pipeline.core.hashing import HASH_RULES
-from dedup_pipeline.core.policy import DuplicatePolicy
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.core.records import DEFAULT_NATURAL_KEY
+
+#: Records per transaction and per set-based statement in the canonical, exact and near rungs (memory is bounded
+#: by it).
+CHUNK_SIZE = 2000
 
 
 @dataclass(frozen=True)
@@ -20,7 +29,7 @@ class LadderSettings:
     - ``canonical_workers``: processes that canonicalise a large batch's chunks (0: one per CPU; 1: inline).
     """
 
-    chunk_size: int = 2000
+    chunk_size: int = CHUNK_SIZE
     natural_key: tuple[str, ...] = DEFAULT_NATURAL_KEY
     hash_versions: tuple[str, ...] = tuple(HASH_RULES)
     policy: DuplicatePolicy = field(default_factory=DuplicatePolicy)
@@ -34,3 +43,34 @@ class LadderSettings:
         unknown = set(self.hash_versions) - set(HASH_RULES)
         if unknown:
             raise ValueError(f"unknown hash versions {sorted(unknown)}; known: {sorted(HASH_RULES)}")
+
+
+@dataclass(frozen=True)
+class NearSettings:
+    """How the near rung runs, and what its runaway-cluster check allows.
+
+    - ``params``: the sketch, verification and representative settings (`NearDupParams`).
+    - ``chunk_size``: records sketched and linked per transaction.
+    - ``max_candidates``: a record meets at most this many (the first stored) of the records sharing a band key
+      with it; None: no cap.
+    - ``max_links``: links a record keeps, to its nearest earlier-landed near duplicates.
+    - ``max_cluster_share``: the runaway-cluster check fails when one cluster holds more of a batch.
+    - ``min_records_for_cluster_check``: smaller batches pass that check.
+    """
+
+    params: NearDupParams = field(default_factory=NearDupParams)
+    chunk_size: int = CHUNK_SIZE
+    max_candidates: int | None = 200
+    max_links: int = 3
+    max_cluster_share: float = 0.2
+    min_records_for_cluster_check: int = 50
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise ValueError("chunk_size must be at least 1")
+        if self.max_candidates is not None and self.max_candidates < 1:
+            raise ValueError("max_candidates must be at least 1 (or None for no cap)")
+        if self.max_links < 1:
+            raise ValueError("max_links must be at least 1")
+        if not 0.0 < self.max_cluster_share <= 1.0:
+            raise ValueError("max_cluster_share must be in (0, 1]")

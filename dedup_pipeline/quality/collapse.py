@@ -21,9 +21,9 @@ the history, as are batches whose rate is unknown.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Sequence
 
 #: Scale factor that makes the median absolute deviation comparable to a standard deviation.
 MAD_TO_SIGMA = 1.4826
@@ -106,9 +106,14 @@ def judge_collapse(current: BatchRate, history: Sequence[BatchRate], rules: Coll
                 "(a volatile field may have leaked into the hash)"
             )
         else:
-            reasons.append(f"below the fixed band: {rate:.3f} < {rules.band_low:g}" + (
-                "" if m is not None else " (no history of this source yet to tell a first crawl from a leaked field)"
-            ))
+            reasons.append(
+                f"below the fixed band: {rate:.3f} < {rules.band_low:g}"
+                + (
+                    ""
+                    if m is not None
+                    else " (no history of this source yet to tell a first crawl from a leaked field)"
+                )
+            )
     elif rate > upper:
         if m is not None and upper < rules.band_high:
             reasons.append(f"jumped far above the trailing median {m:.3f}: {rate:.3f} > {upper:.3f}")
@@ -117,7 +122,15 @@ def judge_collapse(current: BatchRate, history: Sequence[BatchRate], rules: Coll
     passed = too_small or lower <= rate <= upper
     collapsed = m is not None and rate < m * rules.collapse_ratio  # the leak's signature: only history shows it
     return CollapseVerdict(
-        batch_id=current.batch_id, rate=rate, records_in=current.records_in, lower_bound=lower, upper_bound=upper,
-        history=tuple(usable), trailing_median=m, trailing_mad=mad, passed=passed,
-        error=not passed and collapsed, reasons=reasons,
+        batch_id=current.batch_id,
+        rate=rate,
+        records_in=current.records_in,
+        lower_bound=lower,
+        upper_bound=upper,
+        history=tuple(usable),
+        trailing_median=m,
+        trailing_mad=mad,
+        passed=passed,
+        error=not passed and collapsed,
+        reasons=reasons,
     )

@@ -20,12 +20,13 @@ What the suites expect of the key columns:
 
 from __future__ import annotations
 
-import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.hashing import HASH_RULES
 from dedup_pipeline.core.url import URL_VERSION
 
@@ -52,8 +53,10 @@ class Expect:
 
 def canonical_suite(expected_rows: int | None = None) -> list[Expect]:
     """Expectations on a batch's `canonical_records` rows (see `frames.canonical_frame`)."""
-    suite = [Expect("ExpectColumnValuesToNotBeNull", {"column": c})
-             for c in ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash")]
+    suite = [
+        Expect("ExpectColumnValuesToNotBeNull", {"column": c})
+        for c in ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash")
+    ]
     suite += [
         Expect("ExpectColumnValuesToBeUnique", {"column": "line_no"}),
         Expect("ExpectColumnValuesToMatchRegex", {"column": "canonical_url", "regex": CANONICAL_URL}),
@@ -67,9 +70,14 @@ def canonical_suite(expected_rows: int | None = None) -> list[Expect]:
 
 
 def deduplicated_suite() -> list[Expect]:
-    """Expectations on the warehouse rows dated to a batch: stored or re-crawled unchanged by it (see `frames.records_frame`)."""
-    suite = [Expect("ExpectColumnValuesToNotBeNull", {"column": c})
-             for c in ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash")]
+    """Expectations on the warehouse rows dated to a batch: stored or re-crawled unchanged by it.
+
+    See `frames.records_frame`.
+    """
+    suite = [
+        Expect("ExpectColumnValuesToNotBeNull", {"column": c})
+        for c in ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash")
+    ]
     return suite + [
         Expect("ExpectColumnValuesToBeUnique", {"column": "natural_key"}),
         Expect("ExpectCompoundColumnsToBeUnique", {"column_list": ["hash_version", "content_hash"]}),
@@ -111,20 +119,25 @@ class SuiteReport:
         lines = ["| expectation | result | unexpected | observed |", "|---|---|---:|---|"]
         for o in self.outcomes:
             result = "passed" if o.success else ("error: " + o.error if o.error else "FAILED")
-            observed = ", ".join(map(str, o.examples)) if o.examples else ("" if o.observed is None else str(o.observed))
+            observed = (
+                ", ".join(map(str, o.examples)) if o.examples else ("" if o.observed is None else str(o.observed))
+            )
             lines.append(f"| `{o.label}` | {result} | {'' if o.unexpected is None else o.unexpected} | {observed} |")
         return "\n".join(lines)
 
 
 def _context():
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    environment.quiet_great_expectations()
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
-        DataContextConfig, InMemoryStoreBackendDefaults, ProgressBarsConfig,
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
     )
 
     config = DataContextConfig(
-        analytics_enabled=False, progress_bars=ProgressBarsConfig(globally=False),
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False),
         store_backend_defaults=InMemoryStoreBackendDefaults(),
     )
     return gx, gx.get_context(mode="ephemeral", project_config=config)
@@ -140,8 +153,12 @@ def _outcome(spec: Expect, result) -> Outcome:
         examples = sorted({str(v) for v in details.get("partial_unexpected_list") or []})[:5]
     observed = details.get("observed_value")
     return Outcome(
-        spec.label, bool(result.success), details.get("unexpected_count"), details.get("unexpected_percent"),
-        observed if isinstance(observed, (int, float, str)) else None, examples,
+        spec.label,
+        bool(result.success),
+        details.get("unexpected_count"),
+        details.get("unexpected_percent"),
+        observed if isinstance(observed, (int, float, str)) else None,
+        examples,
     )
 
 

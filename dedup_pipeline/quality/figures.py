@@ -8,14 +8,19 @@ counts and similarities only.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from sqlalchemy import Connection, case, func, select
 
-from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.quality.history import first_decision_counts
 from dedup_pipeline.store.schema import (
-    canonical_records, crawl_batches, dedup_decisions, near_duplicate_clusters, near_duplicate_links, records,
+    canonical_records,
+    crawl_batches,
+    dedup_decisions,
+    near_duplicate_clusters,
+    near_duplicate_links,
+    records,
 )
 
 SURVIVING = (Decision.NEW.value, Decision.CHANGED.value)
@@ -44,14 +49,18 @@ def batch_funnel(conn: Connection, batch_id: str) -> dict[str, int]:
     clustered = conn.execute(
         select(func.count(records.c.record_id.distinct()))
         .select_from(
-            dedup_decisions.join(records, records.c.natural_key == d.natural_key)
-            .join(near_duplicate_clusters, near_duplicate_clusters.c.record_id == records.c.record_id)
+            dedup_decisions.join(records, records.c.natural_key == d.natural_key).join(
+                near_duplicate_clusters, near_duplicate_clusters.c.record_id == records.c.record_id
+            )
         )
         .where(d.batch_id == batch_id, d.decision.in_(SURVIVING))
     ).scalar_one()
     return {
-        "lines": int(lines), "parsed": int(parsed), "canonical": int(canonical),
-        "exact_survivors": survivors, "near_distinct": max(survivors - int(clustered), 0),
+        "lines": int(lines),
+        "parsed": int(parsed),
+        "canonical": int(canonical),
+        "exact_survivors": survivors,
+        "near_distinct": max(survivors - int(clustered), 0),
     }
 
 
@@ -63,7 +72,8 @@ def cluster_preview(conn: Connection, cluster_ids: Iterable[int]) -> list[dict]:
     c = near_duplicate_clusters.c
     members = conn.execute(
         select(
-            c.cluster_id, func.count().label("records"),
+            c.cluster_id,
+            func.count().label("records"),
             func.max(case((c.is_representative, c.record_id), else_=None)).label("representative"),
             func.count(records.c.first_batch_id.distinct()).label("batches"),
         )
@@ -83,7 +93,9 @@ def cluster_preview(conn: Connection, cluster_ids: Iterable[int]) -> list[dict]:
     }
     rows = [
         {
-            "cluster_id": int(cid), "records": int(n), "representative": int(rep) if rep is not None else None,
+            "cluster_id": int(cid),
+            "records": int(n),
+            "representative": int(rep) if rep is not None else None,
             "batches": int(batches),
             "min_similarity": round(float(similarity.get(cid, (0.0, 0.0))[0] or 0.0), 3),
             "max_similarity": round(float(similarity.get(cid, (0.0, 0.0))[1] or 0.0), 3),

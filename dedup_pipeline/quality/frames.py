@@ -21,7 +21,8 @@ def canonical_frame(conn: Connection, batch_id: str, active_version: str) -> pd.
     c = canonical_records.c
     rows = conn.execute(
         select(c.line_no, c.natural_key, c.canonical_url, c.url_version, c.hashes)
-        .where(c.batch_id == batch_id).order_by(c.line_no)
+        .where(c.batch_id == batch_id)
+        .order_by(c.line_no)
     )
     data = [
         (line_no, key, url, url_version, active_version, (hashes or {}).get(active_version))
@@ -47,7 +48,8 @@ def records_frame(conn: Connection, batch_id: str) -> pd.DataFrame:
     r = records.c
     rows = conn.execute(
         select(r.record_id, r.natural_key, r.canonical_url, r.url_version, r.hash_version, r.content_hash)
-        .where(r.last_batch_id == batch_id).order_by(r.record_id)
+        .where(r.last_batch_id == batch_id)
+        .order_by(r.record_id)
     )
     data = [(*row[:5], row[5].hex() if row[5] is not None else None) for row in rows]
     return pd.DataFrame(data, columns=RECORD_COLUMNS)

@@ -15,11 +15,11 @@ Set-based: one query for the trailing batches, one aggregate over their decision
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import Connection, and_, func, or_, select
 
-from dedup_pipeline.core.policy import Decision
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.landing import named_source
 from dedup_pipeline.quality.collapse import BatchRate
 from dedup_pipeline.store.schema import crawl_batches, dedup_decisions
@@ -81,7 +81,9 @@ def batch_rates(
     for start in range(0, len(candidates), 4 * window):
         part = candidates[start : start + 4 * window]
         counts = first_decision_counts(conn, part)
-        history += [rate for rate in (rate_of(b, counts[b]) for b in part if b in counts) if rate.records_in >= min_records]
+        history += [
+            rate for rate in (rate_of(b, counts[b]) for b in part if b in counts) if rate.records_in >= min_records
+        ]
         if len(history) >= window:
             break
     return current, history[:window]

@@ -1,4 +1,4 @@
-"""Warehouse integrity for the rows dated to a batch (stored or re-crawled unchanged by it), against the whole warehouse.
+"""Warehouse integrity for the rows dated to a batch (stored or re-crawled unchanged by it), against the warehouse.
 
 The invariants (rule 2 of the design: the database is the authority):
 - one row per content: `(hash_version, content_hash)` is unique in `records`;
@@ -17,8 +17,8 @@ cost follows the batch size, not the warehouse size.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
 
 from sqlalchemy import Connection, and_, func, or_, select
 
@@ -56,7 +56,9 @@ def _count(conn: Connection, statement) -> int:
     return int(conn.execute(statement).scalar_one() or 0)
 
 
-def check_batch_integrity(conn: Connection, batch_id: str, known_versions: Iterable[str] = HASH_RULES) -> IntegrityReport:
+def check_batch_integrity(
+    conn: Connection, batch_id: str, known_versions: Iterable[str] = HASH_RULES
+) -> IntegrityReport:
     """Count every violation among the rows `batch_id` last wrote (and its decision-log lines)."""
     known = sorted(known_versions)
     report = IntegrityReport(batch_id)
@@ -65,17 +67,22 @@ def check_batch_integrity(conn: Connection, batch_id: str, known_versions: Itera
 
     r, other = records.alias("r"), records.alias("other")
     same_content = and_(
-        other.c.hash_version == r.c.hash_version, other.c.content_hash == r.c.content_hash,
+        other.c.hash_version == r.c.hash_version,
+        other.c.content_hash == r.c.content_hash,
         other.c.record_id != r.c.record_id,
     )
     report.duplicate_content = _count(
-        conn, select(func.count(r.c.record_id.distinct())).select_from(r.join(other, same_content))
-        .where(r.c.last_batch_id == batch_id)
+        conn,
+        select(func.count(r.c.record_id.distinct()))
+        .select_from(r.join(other, same_content))
+        .where(r.c.last_batch_id == batch_id),
     )
     same_key = and_(other.c.natural_key == r.c.natural_key, other.c.record_id != r.c.record_id)
     report.duplicate_keys = _count(
-        conn, select(func.count(r.c.record_id.distinct())).select_from(r.join(other, same_key))
-        .where(r.c.last_batch_id == batch_id)
+        conn,
+        select(func.count(r.c.record_id.distinct()))
+        .select_from(r.join(other, same_key))
+        .where(r.c.last_batch_id == batch_id),
     )
 
     def bad_digest(column):
@@ -85,18 +92,39 @@ def check_batch_integrity(conn: Connection, batch_id: str, known_versions: Itera
     decisions = dedup_decisions.c
     report.malformed_hashes = (
         _count(conn, select(func.count()).select_from(records).where(mine, bad_digest(records.c.content_hash)))
-        + _count(conn, select(func.count()).select_from(hashes_of_mine).where(
-            mine, record_hashes.c.error.is_(None), bad_digest(record_hashes.c.content_hash)))
-        + _count(conn, select(func.count()).select_from(dedup_decisions).where(
-            decisions.batch_id == batch_id, decisions.content_hash.is_not(None),
-            func.length(decisions.content_hash) != DIGEST_BYTES))
+        + _count(
+            conn,
+            select(func.count())
+            .select_from(hashes_of_mine)
+            .where(mine, record_hashes.c.error.is_(None), bad_digest(record_hashes.c.content_hash)),
+        )
+        + _count(
+            conn,
+            select(func.count())
+            .select_from(dedup_decisions)
+            .where(
+                decisions.batch_id == batch_id,
+                decisions.content_hash.is_not(None),
+                func.length(decisions.content_hash) != DIGEST_BYTES,
+            ),
+        )
     )
     report.unknown_versions = (
         _count(conn, select(func.count()).select_from(records).where(mine, records.c.hash_version.not_in(known)))
-        + _count(conn, select(func.count()).select_from(hashes_of_mine).where(
-            mine, record_hashes.c.hash_version.not_in(known)))
-        + _count(conn, select(func.count()).select_from(dedup_decisions).where(
-            decisions.batch_id == batch_id, decisions.hash_version.is_not(None), decisions.hash_version.not_in(known)))
+        + _count(
+            conn,
+            select(func.count()).select_from(hashes_of_mine).where(mine, record_hashes.c.hash_version.not_in(known)),
+        )
+        + _count(
+            conn,
+            select(func.count())
+            .select_from(dedup_decisions)
+            .where(
+                decisions.batch_id == batch_id,
+                decisions.hash_version.is_not(None),
+                decisions.hash_version.not_in(known),
+            ),
+        )
     )
     report.active_version = read_setting(conn, ACTIVE_HASH_VERSION)
     report.active_version_known = report.active_version in known

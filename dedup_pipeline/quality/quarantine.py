@@ -28,7 +28,10 @@ def quarantine_report(conn: Connection, batch_id: str, top: int = 5) -> Quaranti
     q = quarantine.c
     by_rung = dict(conn.execute(select(q.rung, func.count()).where(q.batch_id == batch_id).group_by(q.rung)).all())
     reasons = conn.execute(
-        select(q.rung, q.reason, func.count().label("n")).where(q.batch_id == batch_id)
-        .group_by(q.rung, q.reason).order_by(func.count().desc(), q.rung, q.reason).limit(top)
+        select(q.rung, q.reason, func.count().label("n"))
+        .where(q.batch_id == batch_id)
+        .group_by(q.rung, q.reason)
+        .order_by(func.count().desc(), q.rung, q.reason)
+        .limit(top)
     ).all()
     return QuarantineReport(batch_id, int(lines), sum(by_rung.values()), by_rung, [tuple(r) for r in reasons])

@@ -8,7 +8,8 @@ handful of statements whatever its size.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from sqlalchemy import JSON, Column, Connection, MetaData, Table
 from sqlalchemy.schema import CreateTable
@@ -42,7 +43,9 @@ def copy_rows(
     Values of JSON columns are encoded here, unless `json_as_text` says the
     rows hold them as JSON text already (a worker process encoded them).
     """
-    json_positions = [] if json_as_text else [i for i, name in enumerate(columns) if isinstance(table.c[name].type, JSON)]
+    json_positions = (
+        [] if json_as_text else [i for i, name in enumerate(columns) if isinstance(table.c[name].type, JSON)]
+    )
     rows = list(_json_encoded(rows, json_positions) if json_positions else rows)
     if not rows:
         return
@@ -59,7 +62,9 @@ def copy_rows(
     )
 
 
-def staging_table(conn: Connection, like: Table, name: str, columns: Sequence[str], extra: Sequence[Column] = ()) -> Table:
+def staging_table(
+    conn: Connection, like: Table, name: str, columns: Sequence[str], extra: Sequence[Column] = ()
+) -> Table:
     """A temporary table with some of `like`'s columns, created once per connection and emptied per use.
 
     PostgreSQL drops its rows at commit (ON COMMIT DELETE ROWS); SQLite's are
@@ -68,8 +73,10 @@ def staging_table(conn: Connection, like: Table, name: str, columns: Sequence[st
     table = _temp_metadata.tables.get(name)
     if table is None:
         table = Table(
-            name, _temp_metadata,
-            *[Column(c, like.c[c].type) for c in columns], *[Column(c.name, c.type) for c in extra],
+            name,
+            _temp_metadata,
+            *[Column(c, like.c[c].type) for c in columns],
+            *[Column(c.name, c.type) for c in extra],
             prefixes=["TEMPORARY"],
             postgresql_on_commit="DELETE ROWS",
         )

@@ -11,55 +11,67 @@ fingerprints (see `dedup_pipeline.core.erasure`) of the subject, of the
 matched keys and canonical URLs, and of the erased contents' digests under
 every registered hash version. It returns counts per table, never values.
 
-`erased_positions` is the ingestion side: the exact rung asks it, once per
-chunk, which records a tombstone suppresses.
-
-Erasure and ingestion are serialised on PostgreSQL by an advisory lock:
-every exact-rung chunk holds it shared while it checks tombstones and
-writes, an erasure holds it exclusively, so a chunk either commits before
-the erasure (and is erased by it) or checks tombstones after it. On SQLite,
-both begin their write transaction before they read (BEGIN IMMEDIATE), so
-the database serialises them the same way.
+The rungs consult the tombstones through `dedup_pipeline.store.tombstones`,
+which also holds the key and the lock that serialises erasure against ingestion.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import threading
-import weakref
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterable, Sequence
 
-import numpy as np
 from sqlalchemy import (
-    JSON, Connection, Engine, String, and_, any_, bindparam, case, cast, delete, false, func, literal_column, or_, select,
-    text, tuple_, update,
+    JSON,
+    Connection,
+    String,
+    and_,
+    case,
+    cast,
+    delete,
+    false,
+    func,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+    update,
 )
 from sqlalchemy import column as sql_column
-from sqlalchemy.dialects.postgresql import BYTEA, JSONB
-from sqlalchemy.engine import make_url
+from sqlalchemy.dialects.postgresql import JSONB
 
 from dedup_pipeline.core import erasure as core
-from dedup_pipeline.core.erasure import Catalogue, RawLineMatcher, Subject, SubjectKind
-from dedup_pipeline.core.errors import ConfigurationError
-from dedup_pipeline.core.records import CanonicalRecord
+from dedup_pipeline.core.clustering import DEFAULT_RULE
+from dedup_pipeline.core.erasure import RawLineMatcher, Subject, SubjectKind
 from dedup_pipeline.core.url import URL_VERSION
-from dedup_pipeline.store import json_text
 from dedup_pipeline.store import near_graph
 from dedup_pipeline.store.bulk import chunked, delete_in
 from dedup_pipeline.store.schema import (
-    canonical_records, crawl_batches, dedup_decisions, erasure_requests, erasure_scopes, erasure_tombstones,
-    metadata, near_duplicate_clusters, near_duplicate_links, near_index, quarantine,
-    record_hashes, record_history, records, settings,
+    canonical_records,
+    crawl_batches,
+    dedup_decisions,
+    erasure_requests,
+    erasure_scopes,
+    erasure_tombstones,
+    metadata,
+    near_duplicate_clusters,
+    near_duplicate_links,
+    near_index,
+    quarantine,
+    record_hashes,
+    record_history,
+    records,
+    settings,
+)
+from dedup_pipeline.store.tombstones import (
+    checked_key,
+    existing_fingerprints,
+    load_catalogue,
+    lock_for_erasure,
+    tombstone_key,
 )
 from dedup_pipeline.store.warehouse import upsert_ignore, utcnow
 
-TOMBSTONE_KEY_ENV = "DEDUP_TOMBSTONE_KEY"
-#: Names the advisory lock that serialises erasure against ingestion (any constant works).
-_ERASURE_LOCK = 7_301_043
 ERASED = "[erased]"
 _QUARANTINE_PAGE = 1000
 _MAX_ROUNDS = 20
@@ -67,233 +79,25 @@ _MAX_ROUNDS = 20
 #: Tables this module handles by name. Any other table of the schema with a `record_id`,
 #: `natural_key` or (`hash_version`, `content_hash`) column is swept by those columns.
 _HANDLED = {
-    t.name for t in (
-        records, record_hashes, record_history, dedup_decisions, quarantine, canonical_records, near_index,
-        near_duplicate_links, near_duplicate_clusters, crawl_batches, settings, erasure_requests,
-        erasure_tombstones, erasure_scopes,
+    t.name
+    for t in (
+        records,
+        record_hashes,
+        record_history,
+        dedup_decisions,
+        quarantine,
+        canonical_records,
+        near_index,
+        near_duplicate_links,
+        near_duplicate_clusters,
+        crawl_batches,
+        settings,
+        erasure_requests,
+        erasure_tombstones,
+        erasure_scopes,
     )
 }
 
-
-class TombstoneKeyError(ConfigurationError):
-    """The tombstone key is missing, too short, or not the key the warehouse's tombstones were made with."""
-
-
-# ---------------------------------------------------------------- the key
-
-_memory_keys: dict[int, bytes] = {}
-_key_lock = threading.Lock()
-
-
-def tombstone_key(conn: Connection) -> bytes:
-    """The HMAC key: $DEDUP_TOMBSTONE_KEY, else (embedded SQLite only) a random key in a file beside the database.
-
-    A PostgreSQL warehouse without the variable is an error: production keys
-    come from the environment (a secret store), never from a file or a default.
-    """
-    configured = os.environ.get(TOMBSTONE_KEY_ENV)
-    if configured:
-        key = configured.strip().encode("utf-8")
-        if len(key) < core.MIN_KEY_BYTES:
-            raise TombstoneKeyError(f"{TOMBSTONE_KEY_ENV} must be at least {core.MIN_KEY_BYTES} bytes")
-        return key
-    url = conn.engine.url
-    if url.get_backend_name() != "sqlite":
-        raise TombstoneKeyError(
-            f"{TOMBSTONE_KEY_ENV} is not set: erasure tombstones on a {url.get_backend_name()} warehouse need a secret "
-            f"key of at least {core.MIN_KEY_BYTES} bytes from the environment (for example `openssl rand -hex 32`)"
-        )
-    if not url.database or url.database == ":memory:":
-        with _key_lock:
-            return _memory_keys.setdefault(id(conn.engine), secrets.token_hex(32).encode("ascii"))
-    return _key_file(Path(url.database).resolve().with_name(Path(url.database).name + ".tombstone-key"))
-
-
-def key_file_path(database_url: str) -> Path | None:
-    """Where the embedded default keeps its tombstone key (None for other warehouses)."""
-    url = make_url(database_url)
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
-        return None
-    return Path(url.database).resolve().with_name(Path(url.database).name + ".tombstone-key")
-
-
-def _key_file(path: Path) -> bytes:
-    if not path.exists():
-        try:
-            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass  # another process made it first
-        else:
-            with os.fdopen(handle, "w") as out:
-                out.write(secrets.token_hex(32) + "\n")
-    return path.read_text().strip().encode("ascii")
-
-
-# ---------------------------------------------------------------- locking
-
-def _sqlite_write_transaction(conn: Connection) -> None:
-    """Make what follows one SQLite write transaction, reads included.
-
-    Python's sqlite3 runs SELECTs outside any transaction until the first
-    write, so a check read there could be stale by the time the chunk writes.
-    BEGIN IMMEDIATE takes the write lock first (waiting for the busy timeout);
-    a transaction already open keeps its snapshot, and a write after a
-    concurrent commit fails and is replayed.
-    """
-    if not conn.connection.driver_connection.in_transaction:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def lock_for_ingestion(conn: Connection) -> None:
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock_shared(:key)"), {"key": _ERASURE_LOCK})
-    elif conn.dialect.name == "sqlite":
-        _sqlite_write_transaction(conn)
-
-
-def lock_for_erasure(conn: Connection) -> None:
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ERASURE_LOCK})
-    elif conn.dialect.name == "sqlite":
-        _sqlite_write_transaction(conn)
-
-
-# ---------------------------------------------------------------- ingestion side
-
-def load_catalogue(conn: Connection) -> Catalogue:
-    """The tombstone catalogue, and what identifies the tombstone set (for the in-memory prefix cache).
-
-    The set is identified by its newest erasure id and its smallest and largest
-    fingerprints, all read from indexes: any erasure that adds tombstones
-    changes the id; a warehouse restored from a backup, or dropped and
-    recreated under the same URL, changes at least one of the three.
-    """
-    t = erasure_tombstones
-    generation = [
-        select(func.max(t.c.erasure_id)).scalar_subquery().label("newest"),
-        select(t.c.fingerprint).order_by(t.c.fingerprint).limit(1).scalar_subquery().label("lowest"),
-        select(t.c.fingerprint).order_by(t.c.fingerprint.desc()).limit(1).scalar_subquery().label("highest"),
-    ]
-    rows = conn.execute(select(erasure_scopes.c.kind, erasure_scopes.c.scope, erasure_scopes.c.key_id, *generation)).all()
-    marker = (rows[0][3], bytes(rows[0][4] or b""), bytes(rows[0][5] or b"")) if rows else None
-    return Catalogue.from_rows([row[:3] for row in rows], generation=marker)
-
-
-def _checked_key(conn: Connection, catalogue: Catalogue) -> bytes:
-    key = tombstone_key(conn)
-    foreign = catalogue.key_ids - {core.key_id(key)}
-    if foreign:
-        raise TombstoneKeyError(
-            f"the warehouse holds tombstones made with another key (key id {sorted(foreign)}); "
-            f"set {TOMBSTONE_KEY_ENV} to that key. Ingestion refuses to run rather than let erased subjects back in"
-        )
-    return key
-
-
-def existing_fingerprints(conn: Connection, fingerprints: Sequence[bytes]) -> set[bytes]:
-    """Which of `fingerprints` are tombstones. One statement on PostgreSQL.
-
-    The fingerprints travel as ONE bytea parameter, cut into 32-byte pieces by
-    the server: adapting a list of thousands of bytea values costs the client
-    far more than the lookup costs the server.
-    """
-    if not fingerprints:
-        return set()
-    column = erasure_tombstones.c.fingerprint
-    if conn.dialect.name == "postgresql":
-        blob = bindparam("blob", b"".join(fingerprints), type_=BYTEA)
-        piece = func.substring(blob, text("i * 32 + 1"), 32)
-        wanted = select(piece).select_from(func.generate_series(0, len(fingerprints) - 1).alias("i"))
-        return {bytes(fp) for fp in conn.execute(select(column).where(column == any_(func.array(wanted.scalar_subquery())))).scalars()}
-    found: set[bytes] = set()
-    for part in chunked(list(fingerprints)):
-        found |= set(conn.execute(select(column).where(column.in_(part))).scalars())
-    return found
-
-
-# Per engine: (what identifies the tombstone set, sorted 64-bit prefixes of every tombstone). 8 bytes each.
-_prefix_cache: "weakref.WeakKeyDictionary[Engine, tuple[object, np.ndarray]]" = weakref.WeakKeyDictionary()
-_prefix_lock = threading.Lock()
-
-
-def _tombstone_prefixes(conn: Connection, generation) -> np.ndarray:
-    """The first 8 bytes of every tombstone, sorted; reloaded only when an erasure added tombstones."""
-    with _prefix_lock:
-        cached = _prefix_cache.get(conn.engine)
-    if cached is not None and cached[0] == generation:
-        return cached[1]
-    column = erasure_tombstones.c.fingerprint
-    raw = b"".join(bytes(head) for head in conn.execute(select(func.substr(column, 1, 8))).scalars())
-    prefixes = np.sort(np.frombuffer(raw, dtype=">u8").astype(np.uint64))
-    with _prefix_lock:
-        _prefix_cache[conn.engine] = (generation, prefixes)
-    return prefixes
-
-
-def _maybe_tombstones(prefixes: np.ndarray, fingerprints: list[bytes]) -> list[bytes]:
-    """Fingerprints whose first 8 bytes are a tombstone's: the only ones worth asking the warehouse about."""
-    if not prefixes.size or not fingerprints:
-        return []
-    heads = np.frombuffer(b"".join(fp[:8] for fp in fingerprints), dtype=">u8").astype(np.uint64)
-    at = np.minimum(np.searchsorted(prefixes, heads), prefixes.size - 1)
-    return [fp for fp, hit in zip(fingerprints, prefixes[at] == heads) if hit]
-
-
-def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_id: str | None = None) -> set[int]:
-    """Positions in `chunk` that an erasure tombstone suppresses (decision `erased`).
-
-    Call it inside the chunk's transaction, before its writes (see `_tombstoned`
-    for what it costs; the tombstone prefixes are loaded once per process and
-    reloaded only after an erasure added tombstones). A line the canonical rung
-    staged withheld (it named an erased subject then) is suppressed too. With `batch_id`, the staged `canonical_records` rows of suppressed lines
-    are deleted in the same transaction, so a re-crawl of an erased subject
-    leaves no staged copy behind.
-    """
-    erased = _tombstoned(conn, chunk, lambda key, catalogue, record: core.record_fingerprints(
-        key, catalogue, record.natural_key, record.canonical_url, json_text.decoded(record.payload), record.hashes
-    ))
-    erased |= {position for position, record in enumerate(chunk) if core.WITHHELD in record.hash_errors}
-    if erased and batch_id is not None:
-        lines = sorted({chunk[p].line_no for p in erased})
-        conn.execute(
-            delete(canonical_records).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(lines))
-        )
-    return erased
-
-
-def erased_raw_lines(conn: Connection, lines: Sequence[bytes]) -> set[int]:
-    """Positions in `lines` (raw lines on their way to quarantine) that name a subject under an erasure tombstone.
-
-    Their bytes must not be stored again: a re-crawl, or the same batch
-    materialised again, would otherwise bring back what an erasure removed
-    from the quarantine. Matched as `core.raw_line_fingerprints` reads them;
-    same lock and screening as `erased_positions`.
-    """
-    return _tombstoned(conn, lines, core.raw_line_fingerprints)
-
-
-def _tombstoned(conn: Connection, items: Sequence, fingerprints_of) -> set[int]:
-    """Positions of `items` with a fingerprint (`fingerprints_of(key, catalogue, item)`) that is a tombstone.
-
-    Takes the erasure lock shared (PostgreSQL) and reads the tiny tombstone
-    catalogue (one SELECT); with no tombstone, that is all. Otherwise the
-    fingerprints are screened in memory against the 8-byte prefixes of every
-    tombstone, and the few that pass are confirmed with one SELECT.
-    """
-    lock_for_ingestion(conn)
-    catalogue = load_catalogue(conn)
-    if not catalogue or not items:
-        return set()
-    key = _checked_key(conn, catalogue)
-    positions: dict[bytes, list[int]] = defaultdict(list)
-    for position, item in enumerate(items):
-        for fp in fingerprints_of(key, catalogue, item):
-            positions[fp].append(position)
-    candidates = _maybe_tombstones(_tombstone_prefixes(conn, catalogue.generation), list(positions))
-    return {p for fp in existing_fingerprints(conn, candidates) for p in positions[fp]}
-
-
-# ---------------------------------------------------------------- erasure side
 
 @dataclass
 class ErasureResult:
@@ -355,15 +159,21 @@ def _field_holds(column, path: Sequence[str], value: str, dialect: str):
         target = column[tuple(path)]
         only_lists = case((func.jsonb_typeof(target) == "array", target))  # elements of a scalar would be an error
         elements = func.jsonb_array_elements(only_lists).table_valued(sql_column("value", JSONB))
-        holds = select(1).select_from(elements).where(
-            func.jsonb_typeof(elements.c.value).in_(("string", "number")),
-            elements.c.value.op("#>>")(literal_column("'{}'")) == value,
+        holds = (
+            select(1)
+            .select_from(elements)
+            .where(
+                func.jsonb_typeof(elements.c.value).in_(("string", "number")),
+                elements.c.value.op("#>>")(literal_column("'{}'")) == value,
+            )
         )
     else:
         json_path = "$" + "".join(f'."{name}"' for name in path)  # names are [A-Za-z0-9_-] (Subject.parse)
         elements = func.json_each(column, json_path).table_valued("value", "type")
-        holds = select(1).select_from(elements).where(
-            elements.c.type.in_(("text", "integer", "real")), cast(elements.c.value, String) == value
+        holds = (
+            select(1)
+            .select_from(elements)
+            .where(elements.c.type.in_(("text", "integer", "real")), cast(elements.c.value, String) == value)
         )
     return or_(scalar, holds.exists())
 
@@ -406,13 +216,19 @@ def _find(conn: Connection, subject: Subject) -> _Found:
     if subject.kind is SubjectKind.CONTENT_DIGEST:
         found.add_digest(subject.scope, subject.value)
     on_records, on_history, on_staged = _subject_conditions(subject, conn.dialect.name)
-    new_records = {row.record_id: row for row in conn.execute(
-        select(records.c.record_id, records.c.natural_key, records.c.canonical_url).where(on_records))}
+    new_records = {
+        row.record_id: row
+        for row in conn.execute(
+            select(records.c.record_id, records.c.natural_key, records.c.canonical_url).where(on_records)
+        )
+    }
     found.direct_keys = {row.natural_key for row in new_records.values()}
     found.direct_urls = {row.canonical_url for row in new_records.values()}
     new_history = set(conn.execute(select(record_history.c.history_id).where(on_history)).scalars())
-    new_staged = {tuple(row) for row in conn.execute(
-        select(canonical_records.c.batch_id, canonical_records.c.line_no).where(on_staged))}
+    new_staged = {
+        tuple(row)
+        for row in conn.execute(select(canonical_records.c.batch_id, canonical_records.c.line_no).where(on_staged))
+    }
     new_record_ids = set(new_records)
     for _ in range(_MAX_ROUNDS):
         new_record_ids -= found.record_ids
@@ -422,7 +238,7 @@ def _find(conn: Connection, subject: Subject) -> _Found:
             break
         fresh: dict[str, set[bytes]] = defaultdict(set)
 
-        def absorb(version: str, digest) -> None:
+        def absorb(version: str, digest, fresh=fresh) -> None:  # this round's `fresh`
             if found.add_digest(version, digest):
                 fresh[version].add(bytes.fromhex(digest) if isinstance(digest, str) else bytes(digest))
 
@@ -431,7 +247,9 @@ def _find(conn: Connection, subject: Subject) -> _Found:
         found.staged |= new_staged
         for part in chunked(sorted(new_record_ids)):
             for row in conn.execute(
-                select(records.c.natural_key, records.c.canonical_url, records.c.payload).where(records.c.record_id.in_(part))
+                select(records.c.natural_key, records.c.canonical_url, records.c.payload).where(
+                    records.c.record_id.in_(part)
+                )
             ):
                 found.keys.add(row.natural_key)
                 found.urls.add(row.canonical_url)
@@ -455,10 +273,12 @@ def _find(conn: Connection, subject: Subject) -> _Found:
         for batch_id, lines in _group_lines(new_staged).items():
             for part in chunked(lines):
                 for row in conn.execute(
-                    select(canonical_records.c.natural_key, canonical_records.c.canonical_url, canonical_records.c.hashes,
-                           canonical_records.c.payload).where(
-                        canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part)
-                    )
+                    select(
+                        canonical_records.c.natural_key,
+                        canonical_records.c.canonical_url,
+                        canonical_records.c.hashes,
+                        canonical_records.c.payload,
+                    ).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part))
                 ):
                     found.keys.add(row.natural_key)  # a listing not deduplicated yet is erased like a stored one
                     found.urls.add(row.canonical_url)
@@ -466,26 +286,40 @@ def _find(conn: Connection, subject: Subject) -> _Found:
                         absorb(version, digest)
         # Every other copy of a content just found: current rows holding it under any version,
         # history rows of erased records or of that content, staged lines hashed to it.
-        new_record_ids = set(conn.execute(
-            select(record_hashes.c.record_id).where(
-                _digest_condition(record_hashes.c.hash_version, record_hashes.c.content_hash, fresh)
+        new_record_ids = (
+            set(
+                conn.execute(
+                    select(record_hashes.c.record_id).where(
+                        _digest_condition(record_hashes.c.hash_version, record_hashes.c.content_hash, fresh)
+                    )
+                ).scalars()
             )
-        ).scalars()) if fresh else set()
+            if fresh
+            else set()
+        )
         history_by_id = [record_history.c.record_id.in_(part) for part in chunked(sorted(found.record_ids))]
-        new_history = set(conn.execute(
-            select(record_history.c.history_id).where(
-                or_(false(), *history_by_id,
-                    _digest_condition(record_history.c.hash_version, record_history.c.content_hash, fresh))
-            )
-        ).scalars())
+        new_history = set(
+            conn.execute(
+                select(record_history.c.history_id).where(
+                    or_(
+                        false(),
+                        *history_by_id,
+                        _digest_condition(record_history.c.hash_version, record_history.c.content_hash, fresh),
+                    )
+                )
+            ).scalars()
+        )
         new_staged = set()
         for version, values in fresh.items():
             for part in chunked(sorted(v.hex() for v in values)):
-                new_staged |= {tuple(row) for row in conn.execute(
-                    select(canonical_records.c.batch_id, canonical_records.c.line_no).where(
-                        _json_text(canonical_records.c.hashes, (version,)).in_(part)
+                new_staged |= {
+                    tuple(row)
+                    for row in conn.execute(
+                        select(canonical_records.c.batch_id, canonical_records.c.line_no).where(
+                            _json_text(canonical_records.c.hashes, (version,)).in_(part)
+                        )
                     )
-                )}
+                }
     else:
         raise RuntimeError(f"erasure did not converge in {_MAX_ROUNDS} rounds of following copies")
     return found
@@ -511,7 +345,9 @@ def _remove_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
     matched: list[tuple[str, int]] = []
     after: tuple[str, int] | None = None
     while True:
-        query = select(q.c.batch_id, q.c.line_no, q.c.raw_line).order_by(q.c.batch_id, q.c.line_no).limit(_QUARANTINE_PAGE)
+        query = (
+            select(q.c.batch_id, q.c.line_no, q.c.raw_line).order_by(q.c.batch_id, q.c.line_no).limit(_QUARANTINE_PAGE)
+        )
         if after is not None:
             query = query.where(tuple_(q.c.batch_id, q.c.line_no) > tuple_(*after))
         rows = conn.execute(query).all()
@@ -529,9 +365,13 @@ def _remove_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
 def swept_tables() -> list:
     """Tables of the schema, beyond the ones handled by name, that name records by id, natural key or digest."""
     return [
-        table for table in metadata.sorted_tables
+        table
+        for table in metadata.sorted_tables
         if table.name not in _HANDLED
-        and ({"record_id", "natural_key"} & set(table.c.keys()) or {"hash_version", "content_hash"} <= set(table.c.keys()))
+        and (
+            {"record_id", "natural_key"} & set(table.c.keys())
+            or {"hash_version", "content_hash"} <= set(table.c.keys())
+        )
     ]
 
 
@@ -557,7 +397,8 @@ def _sweep_other_tables(conn: Connection, found: _Found) -> dict[str, int]:
 def redacted_tables() -> list:
     """Tables of the schema, beyond the ones handled by name, with JSON columns (reports, audits, figures)."""
     return [
-        table for table in metadata.sorted_tables
+        table
+        for table in metadata.sorted_tables
         if table.name not in _HANDLED and table.primary_key.columns and any(isinstance(c.type, JSON) for c in table.c)
     ]
 
@@ -624,10 +465,22 @@ def _tombstones(key: bytes, subject: Subject, found: _Found) -> list[tuple[bytes
     # The erasure removed broken lines naming any erased row's URL or key (RawLineMatcher); so that such lines
     # are not kept again, these are tombstoned for the quarantine only: they never suppress a record.
     quarantined_urls = {variant for url in found.urls for variant in core.page_variants(url)}
-    rows += [(core.fingerprint(key, SubjectKind.CANONICAL_URL.value, core.QUARANTINE_SCOPE, u),
-              SubjectKind.CANONICAL_URL.value, core.QUARANTINE_SCOPE) for u in sorted(quarantined_urls)]
-    rows += [(core.fingerprint(key, SubjectKind.NATURAL_KEY.value, core.QUARANTINE_SCOPE, k),
-              SubjectKind.NATURAL_KEY.value, core.QUARANTINE_SCOPE) for k in sorted(found.keys)]
+    rows += [
+        (
+            core.fingerprint(key, SubjectKind.CANONICAL_URL.value, core.QUARANTINE_SCOPE, u),
+            SubjectKind.CANONICAL_URL.value,
+            core.QUARANTINE_SCOPE,
+        )
+        for u in sorted(quarantined_urls)
+    ]
+    rows += [
+        (
+            core.fingerprint(key, SubjectKind.NATURAL_KEY.value, core.QUARANTINE_SCOPE, k),
+            SubjectKind.NATURAL_KEY.value,
+            core.QUARANTINE_SCOPE,
+        )
+        for k in sorted(found.keys)
+    ]
     return list({fp: (fp, kind, scope) for fp, kind, scope in rows}.values())
 
 
@@ -635,12 +488,12 @@ def erase(
     conn: Connection,
     subject: Subject,
     request_id: str,
-    representative: str = "oldest",
+    representative: str = DEFAULT_RULE,
 ) -> ErasureResult:
     """Remove every copy of `subject` and leave its tombstones, inside the caller's transaction."""
     lock_for_erasure(conn)  # excludes every near-rung chunk (they hold it shared), so no lock cycle with them
     key = tombstone_key(conn)
-    _checked_key(conn, load_catalogue(conn))
+    checked_key(conn, load_catalogue(conn))
     kid = core.key_id(key)
     now = utcnow()
     found = _find(conn, subject)
@@ -656,7 +509,9 @@ def erase(
     removed["records"] = delete_in(conn, records, [records.c.record_id], found.record_ids)
     removed["canonical_records"] = sum(
         conn.execute(
-            delete(canonical_records).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part))
+            delete(canonical_records).where(
+                canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part)
+            )
         ).rowcount
         for batch_id, lines in _group_lines(found.staged).items()
         for part in chunked(lines)
@@ -670,8 +525,14 @@ def erase(
 
     erasure_id = conn.execute(
         erasure_requests.insert()
-        .values(request_id=request_id, subject_kind=subject.kind.value, subject_scope=subject.scope, key_id=kid,
-                removed={}, requested_at=now)
+        .values(
+            request_id=request_id,
+            subject_kind=subject.kind.value,
+            subject_scope=subject.scope,
+            key_id=kid,
+            removed={},
+            requested_at=now,
+        )
         .returning(erasure_requests.c.erasure_id)
     ).scalar_one()
     tombstones = _tombstones(key, subject, found)
@@ -680,11 +541,22 @@ def erase(
     if added:
         conn.execute(
             upsert_ignore(conn, erasure_tombstones),
-            [{"fingerprint": fp, "kind": kind, "scope": scope, "key_id": kid, "erasure_id": erasure_id, "created_at": now}
-             for fp, kind, scope in added],
+            [
+                {
+                    "fingerprint": fp,
+                    "kind": kind,
+                    "scope": scope,
+                    "key_id": kid,
+                    "erasure_id": erasure_id,
+                    "created_at": now,
+                }
+                for fp, kind, scope in added
+            ],
         )
     scopes = {(kind, scope) for _, kind, scope in tombstones}
-    conn.execute(upsert_ignore(conn, erasure_scopes), [{"kind": k, "scope": s, "key_id": kid} for k, s in sorted(scopes)])
+    conn.execute(
+        upsert_ignore(conn, erasure_scopes), [{"kind": k, "scope": s, "key_id": kid} for k, s in sorted(scopes)]
+    )
     summary = {**removed, "tombstones_added": len(added), "clusters_recomputed": clusters_recomputed}
     conn.execute(update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed=summary))
     erased_urls = {variant for url in urls for variant in core.page_variants(url)}
@@ -693,7 +565,9 @@ def erase(
 
 def record_seen_set_removals(conn: Connection, erasure_id: int, removed: dict[str, int]) -> None:
     """Add seen-set counts to an erasure's audit row (seen-sets are cleared after the transaction commits)."""
-    row = conn.execute(select(erasure_requests.c.removed).where(erasure_requests.c.erasure_id == erasure_id)).scalar_one()
+    row = conn.execute(
+        select(erasure_requests.c.removed).where(erasure_requests.c.erasure_id == erasure_id)
+    ).scalar_one()
     conn.execute(
         update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed={**row, **removed})
     )

@@ -1,4 +1,4 @@
-"""Set-based writes of the exact rung: load the chunk's state, apply a ChunkPlan, log decisions.
+"""The exact rung in the warehouse: read a batch's staged chunks, load a chunk's state, apply its ChunkPlan.
 
 Every statement covers a whole chunk (one SELECT per lookup, executemany
 inserts), never a round trip per record. A chunk is one transaction; a lost
@@ -9,16 +9,45 @@ race (another worker inserted the same key or digest first) raises
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Sequence
 
-from sqlalchemy import Column, Connection, DateTime, Integer, String, and_, delete, insert, literal, select, true, update
+from sqlalchemy import (
+    Column,
+    Connection,
+    DateTime,
+    Integer,
+    Select,
+    String,
+    Text,
+    and_,
+    cast,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+    update,
+)
 
-from dedup_pipeline.core.policy import ChunkPlan, Decision, StoredRow
+from dedup_pipeline.core.exact import ChunkPlan, Decision, StoredRow
 from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
+from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import copy_rows, in_values, staging_table
-from dedup_pipeline.store.schema import Id, crawl_batches, dedup_decisions, record_hashes, record_history, records
+from dedup_pipeline.store.json_text import EncodedJson
+from dedup_pipeline.store.schema import (
+    Id,
+    canonical_records,
+    crawl_batches,
+    dedup_decisions,
+    exact_rung_runs,
+    quarantine,
+    record_hashes,
+    record_history,
+    records,
+)
 from dedup_pipeline.store.warehouse import as_utc, upsert_ignore
 
 
@@ -27,7 +56,10 @@ class ChunkConflict(RuntimeError):
 
 
 def load_state(
-    conn: Connection, chunk: Sequence[CanonicalRecord], version: str, check_digests: Sequence[bytes] | None = None,
+    conn: Connection,
+    chunk: Sequence[CanonicalRecord],
+    version: str,
+    check_digests: Sequence[bytes] | None = None,
     batch_order: tuple | None = None,
 ) -> tuple[dict[str, StoredRow], dict[str, set[str]]]:
     """Current rows of the chunk's natural keys, and which digests are stored by which keys (see `plan_chunk`).
@@ -55,8 +87,12 @@ def load_state(
         active_hash, and_(active_hash.c.record_id == records.c.record_id, active_hash.c.hash_version == version)
     )
     columns = (
-        records.c.natural_key, records.c.record_id, active_hash.c.content_hash,
-        records.c.last_landed_at, records.c.last_batch_id, records.c.last_line_no,
+        records.c.natural_key,
+        records.c.record_id,
+        active_hash.c.content_hash,
+        records.c.last_landed_at,
+        records.c.last_batch_id,
+        records.c.last_line_no,
     )
     by_key = {
         key: StoredRow(record_id, digest.hex() if digest else "", (as_utc(landed), batch, line))
@@ -68,7 +104,8 @@ def load_state(
         by_key = _with_first_batches(conn, by_key, batch_order)
     held = {row.content_hash for row in by_key.values() if row.content_hash}
     wanted = (
-        {record.hashes[version] for record in chunk} if check_digests is None
+        {record.hashes[version] for record in chunk}
+        if check_digests is None
         else {digest.hex() for digest in check_digests}
     )
     left: set[str] = set()
@@ -83,9 +120,11 @@ def load_state(
         if row.content_hash:
             holders.setdefault(row.content_hash, set()).add(key)
     if lookup:
-        holding = select(record_hashes.c.content_hash, records.c.natural_key).join(
-            records, records.c.record_id == record_hashes.c.record_id
-        ).where(record_hashes.c.hash_version == version, in_values(conn, record_hashes.c.content_hash, lookup))
+        holding = (
+            select(record_hashes.c.content_hash, records.c.natural_key)
+            .join(records, records.c.record_id == record_hashes.c.record_id)
+            .where(record_hashes.c.hash_version == version, in_values(conn, record_hashes.c.content_hash, lookup))
+        )
         for digest, key in conn.execute(holding):
             holders.setdefault(digest.hex(), set()).add(key)
     return by_key, holders
@@ -107,7 +146,8 @@ def _with_first_batches(conn: Connection, by_key: dict[str, StoredRow], batch_or
         record_id: (as_utc(landed), batch_id)
         for record_id, landed, batch_id in conn.execute(
             select(records.c.record_id, crawl_batches.c.landed_at, records.c.first_batch_id)
-            .select_from(first_batch).where(in_values(conn, records.c.record_id, later))
+            .select_from(first_batch)
+            .where(in_values(conn, records.c.record_id, later))
         )
     }
     return {key: replace(row, first=firsts.get(row.record_id)) for key, row in by_key.items()}
@@ -127,23 +167,50 @@ def other_versions_held(conn: Connection, version: str) -> bool:
 
 #: What a re-crawl of the stored content changes: when, and by which batch and line, the row was last crawled.
 _DATED_COLUMNS = ("last_crawled_at", "last_batch_id", "last_landed_at", "last_line_no")
-#: What an older batch, run after the one a row was first stored from, changes: when and by which batch it was first seen.
+#: What an older batch, run after the one a row was first stored from, changes: when and by which batch it was
+#: first seen.
 _FIRST_COLUMNS = ("first_seen_at", "first_batch_id")
-_ROW_COLUMNS = ("natural_key", "canonical_url", "url_version", "hash_version", "content_hash", "payload", *_DATED_COLUMNS)
+_ROW_COLUMNS = (
+    "natural_key",
+    "canonical_url",
+    "url_version",
+    "hash_version",
+    "content_hash",
+    "payload",
+    *_DATED_COLUMNS,
+)
 _HASH_COLUMNS = ("record_id", "hash_version", "content_hash", "error")
 _HISTORY_COLUMNS = (
-    "record_id", "natural_key", "hash_version", "content_hash", "payload", "valid_from", "superseded_at",
+    "record_id",
+    "natural_key",
+    "hash_version",
+    "content_hash",
+    "payload",
+    "valid_from",
+    "superseded_at",
     "superseded_by_batch_id",
 )
 _DECISION_COLUMNS = (
-    "batch_id", "line_no", "run_id", "natural_key", "hash_version", "content_hash", "decision", "decided_at",
+    "batch_id",
+    "line_no",
+    "run_id",
+    "natural_key",
+    "hash_version",
+    "content_hash",
+    "decision",
+    "decided_at",
 )
 
 
 def _row_values(record: CanonicalRecord, version: str, batch_id: str, batch_time: datetime) -> tuple:
     return (
-        record.natural_key, record.canonical_url, URL_VERSION, version, bytes.fromhex(record.hashes[version]),
-        record.payload, *_dated_values(record, batch_id, batch_time),
+        record.natural_key,
+        record.canonical_url,
+        URL_VERSION,
+        version,
+        bytes.fromhex(record.hashes[version]),
+        record.payload,
+        *_dated_values(record, batch_id, batch_time),
     )
 
 
@@ -166,9 +233,15 @@ def _insert_new(conn: Connection, plan: ChunkPlan, version: str, batch_id: str, 
     names = (*_ROW_COLUMNS, "first_seen_at")
     stage = staging_table(conn, records, "stage_new_records", names)
     first_seen = {key: _dated_values(first, batch_id, batch_time)[0] for key, first in plan.first_inserted.items()}
-    copy_rows(conn, stage, names, (
-        (*_row_values(record, version, batch_id, batch_time), first_seen[key]) for key, record in plan.inserts.items()
-    ))
+    copy_rows(
+        conn,
+        stage,
+        names,
+        (
+            (*_row_values(record, version, batch_id, batch_time), first_seen[key])
+            for key, record in plan.inserts.items()
+        ),
+    )
     moved = select(*(stage.c[name] for name in names), stage.c.last_batch_id).where(true())
     statement = (
         upsert_ignore(conn, records)
@@ -190,13 +263,20 @@ def _update_changed(conn: Connection, plan: ChunkPlan, version: str, batch_id: s
     """
     vacating = _vacating(plan, version)
     if vacating:
-        _update_stored(conn, "stage_vacated_records", ("content_hash",), (
-            (_placeholder_digest(stored.record_id), stored) for stored in vacating
-        ), len(vacating))
-    _update_stored(conn, "stage_changed_records", _ROW_COLUMNS, (
-        (*_row_values(record, version, batch_id, batch_time), stored)
-        for record, stored in plan.updates.values()
-    ), len(plan.updates))
+        _update_stored(
+            conn,
+            "stage_vacated_records",
+            ("content_hash",),
+            ((_placeholder_digest(stored.record_id), stored) for stored in vacating),
+            len(vacating),
+        )
+    _update_stored(
+        conn,
+        "stage_changed_records",
+        _ROW_COLUMNS,
+        ((*_row_values(record, version, batch_id, batch_time), stored) for record, stored in plan.updates.values()),
+        len(plan.updates),
+    )
     ids = [stored.record_id for _, stored in plan.updates.values()]
     conn.execute(delete(record_hashes).where(in_values(conn, record_hashes.c.record_id, ids)))
 
@@ -205,7 +285,8 @@ def _vacating(plan: ChunkPlan, version: str) -> list[StoredRow]:
     """The stored rows of changed keys whose digest another changed key of the chunk takes."""
     taken = {record.hashes[version] for record, _ in plan.updates.values()}
     return [
-        stored for record, stored in plan.updates.values()
+        stored
+        for record, stored in plan.updates.values()
         if stored.content_hash in taken and stored.content_hash != record.hashes[version]
     ]
 
@@ -217,18 +298,25 @@ def _placeholder_digest(record_id: int) -> bytes:
 
 def _antedate(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
     """Move the first version of rows this older batch brought (an out-of-order run) to it; the rest stays."""
-    _update_stored(conn, "stage_antedated_records", _FIRST_COLUMNS, (
-        (*_dated_values(record, batch_id, batch_time)[:2], stored)
-        for record, stored in plan.antedated.values()
-    ), len(plan.antedated), first_too=True)
+    _update_stored(
+        conn,
+        "stage_antedated_records",
+        _FIRST_COLUMNS,
+        ((*_dated_values(record, batch_id, batch_time)[:2], stored) for record, stored in plan.antedated.values()),
+        len(plan.antedated),
+        first_too=True,
+    )
 
 
 def _date_recrawled(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
     """Move the order and crawl time of rows this newer batch re-crawled unchanged to it; their content stays."""
-    _update_stored(conn, "stage_recrawled_records", _DATED_COLUMNS, (
-        (*_dated_values(record, batch_id, batch_time), stored)
-        for record, stored in plan.recrawls.values()
-    ), len(plan.recrawls))
+    _update_stored(
+        conn,
+        "stage_recrawled_records",
+        _DATED_COLUMNS,
+        ((*_dated_values(record, batch_id, batch_time), stored) for record, stored in plan.recrawls.values()),
+        len(plan.recrawls),
+    )
 
 
 def _update_stored(
@@ -244,10 +332,15 @@ def _update_stored(
     if first_too:
         guard.append(Column("old_first_batch_id", String(255)))
     stage = staging_table(conn, records, stage_name, columns, extra=guard)
-    copy_rows(conn, stage, (*columns, *(column.name for column in guard)), (
-        (*values, stored.record_id, stored.order[1], stored.order[2], *([stored.first[1]] if first_too else []))
-        for *values, stored in rows
-    ))
+    copy_rows(
+        conn,
+        stage,
+        (*columns, *(column.name for column in guard)),
+        (
+            (*values, stored.record_id, stored.order[1], stored.order[2], *([stored.first[1]] if first_too else []))
+            for *values, stored in rows
+        ),
+    )
     matched = [
         records.c.record_id == stage.c.record_id,
         records.c.last_batch_id == stage.c.old_batch_id,
@@ -264,8 +357,14 @@ def _history_of_stored(conn: Connection, plan: ChunkPlan, batch_id: str, now: da
     """Copy the stored rows this chunk supersedes into history, in one INSERT ... SELECT."""
     ids = [row.record_id for row in plan.stored_superseded]
     old = select(
-        records.c.record_id, records.c.natural_key, records.c.hash_version, records.c.content_hash,
-        records.c.payload, records.c.last_crawled_at, literal(now, DateTime(timezone=True)), literal(batch_id),
+        records.c.record_id,
+        records.c.natural_key,
+        records.c.hash_version,
+        records.c.content_hash,
+        records.c.payload,
+        records.c.last_crawled_at,
+        literal(now, DateTime(timezone=True)),
+        literal(batch_id),
     ).where(in_values(conn, records.c.record_id, ids))
     conn.execute(insert(record_history).from_select(_HISTORY_COLUMNS, old))
 
@@ -305,21 +404,153 @@ def apply_plan(
         return inserted_ids[key] if key in inserted_ids else plan.updates[key][1].record_id
 
     if keep_history and plan.chunk_superseded:
-        copy_rows(conn, record_history, _HISTORY_COLUMNS, (
-            (current_id(new.natural_key), old.natural_key, version, bytes.fromhex(old.hashes[version]), old.payload,
-             old.crawled_at or batch_time, now, batch_id)
-            for old, new in plan.chunk_superseded
-        ))
+        copy_rows(
+            conn,
+            record_history,
+            _HISTORY_COLUMNS,
+            (
+                (
+                    current_id(new.natural_key),
+                    old.natural_key,
+                    version,
+                    bytes.fromhex(old.hashes[version]),
+                    old.payload,
+                    old.crawled_at or batch_time,
+                    now,
+                    batch_id,
+                )
+                for old, new in plan.chunk_superseded
+            ),
+        )
     final = [*plan.inserts.values(), *(record for record, _ in plan.updates.values())]
-    copy_rows(conn, record_hashes, _HASH_COLUMNS, (
-        row for record in final for row in _hash_rows(current_id(record.natural_key), record)
-    ))
+    copy_rows(
+        conn,
+        record_hashes,
+        _HASH_COLUMNS,
+        (row for record in final for row in _hash_rows(current_id(record.natural_key), record)),
+    )
     counts: Counter = Counter(decision.value for _, decision in plan.decisions)
-    copy_rows(conn, dedup_decisions, _DECISION_COLUMNS, (
-        (batch_id, record.line_no, run_id, *_logged_identity(record, decision, version), decision.value, now)
-        for record, decision in plan.decisions
-    ))
+    copy_rows(
+        conn,
+        dedup_decisions,
+        _DECISION_COLUMNS,
+        (
+            (batch_id, record.line_no, run_id, *_logged_identity(record, decision, version), decision.value, now)
+            for record, decision in plan.decisions
+        ),
+    )
     return counts
 
 
 __all__ = ["ChunkConflict", "Decision", "apply_plan", "load_state", "other_versions_held"]
+
+
+# ---------------------------------------------------------------- what the rung reads of a batch
+
+
+def canonical_chunk_query(batch_id: str, after_line: int, chunk_size: int) -> Select:
+    """The batch's next `chunk_size` canonical records after line `after_line`, in line order, JSON as text."""
+    staged = canonical_records.c
+    return (
+        select(
+            staged.line_no,
+            staged.canonical_url,
+            staged.natural_key,
+            cast(staged.payload, Text),
+            cast(staged.hashes, Text),
+            cast(staged.hash_errors, Text),
+            staged.crawled_at,
+        )
+        .where(staged.batch_id == batch_id, staged.line_no > after_line)
+        .order_by(staged.line_no)
+        .limit(chunk_size)
+    )
+
+
+def iter_canonical_chunks(
+    conn: Connection, batch_id: str, chunk_size: int, after_line: int = 0
+) -> Iterator[list[CanonicalRecord]]:
+    """The batch's canonical records in file order after line `after_line`, a keyset-paginated chunk at a time.
+
+    Payloads stay the JSON text they were stored as (`EncodedJson`): the rung
+    writes them on unchanged, so decoding them would be wasted work.
+    """
+    last_line = after_line
+    while True:
+        rows = conn.execute(canonical_chunk_query(batch_id, last_line, chunk_size)).all()
+        if not rows:
+            return
+        yield [
+            CanonicalRecord(
+                line_no=line_no,
+                canonical_url=canonical_url,
+                natural_key=natural_key,
+                payload=EncodedJson(payload),
+                hashes=json_text.loads(hashes),
+                hash_errors=json_text.loads(hash_errors),
+                crawled_at=crawled_at,
+            )
+            for line_no, canonical_url, natural_key, payload, hashes, hash_errors, crawled_at in rows
+        ]
+        last_line = rows[-1].line_no
+
+
+def landed_at(conn: Connection, batch_id: str) -> datetime:
+    """When the batch landed (its registration): what orders it against other batches."""
+    landed = conn.execute(select(crawl_batches.c.landed_at).where(crawl_batches.c.batch_id == batch_id)).scalar()
+    if landed is None:
+        raise RuntimeError(f"batch {batch_id!r} is not registered: materialise raw_crawl_batches first")
+    return as_utc(landed)
+
+
+def quarantined_lines(conn: Connection, batch_id: str) -> int:
+    """How many lines of the batch the raw and canonical rungs sent to quarantine."""
+    return conn.execute(
+        select(func.count()).select_from(quarantine).where(quarantine.c.batch_id == batch_id)
+    ).scalar_one()
+
+
+def decided_by_unfinished_runs(conn: Connection, batch_id: str, run_id: str) -> tuple[int, Counter]:
+    """(last line, decision counts) of what runs that did not finish committed for the batch, this one included.
+
+    A run that failed or was killed part-way (or an earlier attempt of this
+    run's step) leaves the chunks it committed, each with its decisions, in
+    line order: everything up to the last line decided is done, and the next
+    run takes it over rather than decide those lines again as exact duplicates
+    of themselves. Decisions up to the last finished run of another id (its
+    `decisions_through`, or its own last decision) are that run's, and not
+    taken over: a new run of a finished batch decides every line again.
+    """
+    d, runs = dedup_decisions.c, exact_rung_runs.c
+    others = (runs.batch_id == batch_id) & (runs.run_id != run_id)
+    finished_through = max(
+        conn.execute(select(func.max(runs.stats["decisions_through"].as_integer())).where(others)).scalar() or 0,
+        conn.execute(
+            select(func.max(d.decision_id)).where(
+                d.batch_id == batch_id, d.run_id.in_(select(runs.run_id).where(others))
+            )
+        ).scalar()
+        or 0,
+    )
+    rows = conn.execute(
+        select(d.decision, func.count(), func.max(d.line_no))
+        .where(d.batch_id == batch_id, d.decision_id > finished_through)
+        .group_by(d.decision)
+    ).all()
+    return max((last for _, _, last in rows), default=0), Counter({decision: n for decision, n, _ in rows})
+
+
+def decisions_through(conn: Connection, batch_id: str) -> int:
+    """The last decision id of the batch: what the run finishing now has counted."""
+    d = dedup_decisions.c
+    return conn.execute(select(func.max(d.decision_id)).where(d.batch_id == batch_id)).scalar() or 0
+
+
+def staged_without(conn: Connection, batch_id: str, version: str) -> bool:
+    """Whether some staged canonical records of the batch carry no digest of `version`: staged before the switch to it.
+
+    (The canonical rung always hashes under the active version and quarantines what it cannot hash.)
+    """
+    staged = canonical_records.c
+    missing = staged.hashes[version].as_string().is_(None)
+    return conn.execute(select(staged.line_no).where(staged.batch_id == batch_id, missing).limit(1)).first() is not None

@@ -22,18 +22,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text, tuple_, update
 
+from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.core.near import NearDupParams
-from dedup_pipeline.core.policy import Decision
 from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values
 from dedup_pipeline.store.schema import (
-    MAX_BANDS, crawl_batches, dedup_decisions, near_duplicate_clusters, near_duplicate_links, near_index, near_pending,
+    MAX_BANDS,
+    crawl_batches,
+    dedup_decisions,
+    near_duplicate_clusters,
+    near_duplicate_links,
+    near_index,
+    near_pending,
     records,
     settings,
 )
@@ -91,8 +97,9 @@ def claim_index(conn: Connection, identity: str, bands: int) -> None:
 
 def save_link_settings(conn: Connection, params: NearDupParams, max_links: int, max_candidates: int | None) -> None:
     """Keep the settings the rung links with, for what changes the index outside it (erasure, the retire step)."""
-    value = json.dumps({"params": params.as_dict(), "max_links": max_links, "max_candidates": max_candidates},
-                       sort_keys=True)
+    value = json.dumps(
+        {"params": params.as_dict(), "max_links": max_links, "max_candidates": max_candidates}, sort_keys=True
+    )
     if read_setting(conn, LINK_SETTINGS) == value:
         return
     conn.execute(delete(settings).where(settings.c.name == LINK_SETTINGS))
@@ -148,18 +155,34 @@ class IndexRows:
     indexable: np.ndarray  # bool
 
     @classmethod
-    def empty(cls, width: int, bands: int) -> "IndexRows":
-        return cls(np.zeros(0, np.int64), np.zeros((0, width), np.uint8), np.zeros((0, 3), np.int64),
-                   np.zeros((0, bands), np.int32), np.zeros(0, bool))
+    def empty(cls, width: int, bands: int) -> IndexRows:
+        return cls(
+            np.zeros(0, np.int64),
+            np.zeros((0, width), np.uint8),
+            np.zeros((0, 3), np.int64),
+            np.zeros((0, bands), np.int32),
+            np.zeros(0, bool),
+        )
 
-    def subset(self, positions) -> "IndexRows":
-        return IndexRows(self.ids[positions], self.signatures[positions], self.order[positions], self.keys[positions],
-                         self.indexable[positions])
+    def subset(self, positions) -> IndexRows:
+        return IndexRows(
+            self.ids[positions],
+            self.signatures[positions],
+            self.order[positions],
+            self.keys[positions],
+            self.indexable[positions],
+        )
 
-    def concat(self, other: "IndexRows") -> "IndexRows":
-        return IndexRows(*(np.concatenate((a, b)) for a, b in zip(
-            (self.ids, self.signatures, self.order, self.keys, self.indexable),
-            (other.ids, other.signatures, other.order, other.keys, other.indexable))))
+    def concat(self, other: IndexRows) -> IndexRows:
+        return IndexRows(
+            *(
+                np.concatenate((a, b))
+                for a, b in zip(
+                    (self.ids, self.signatures, self.order, self.keys, self.indexable),
+                    (other.ids, other.signatures, other.order, other.keys, other.indexable),
+                )
+            )
+        )
 
 
 def key_order(natural_key: str) -> int:
@@ -182,9 +205,15 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
     first_landed = func.coalesce(crawl_batches.c.landed_at, records.c.first_seen_at)
     query = (
         select(
-            records.c.record_id, records.c.content_hash, records.c.payload, records.c.natural_key,
-            records.c.first_seen_at, first_landed.label("first_landed_at"), n.c.content_hash.label("indexed_hash"),
-            n.c.signature.label("indexed_signature"), near_pending.c.record_id.is_(None).label("linked"),
+            records.c.record_id,
+            records.c.content_hash,
+            records.c.payload,
+            records.c.natural_key,
+            records.c.first_seen_at,
+            first_landed.label("first_landed_at"),
+            n.c.content_hash.label("indexed_hash"),
+            n.c.signature.label("indexed_signature"),
+            near_pending.c.record_id.is_(None).label("linked"),
             *(column.label(f"i{column.name}") for column in band_columns(bands)),
         )
         .select_from(
@@ -195,7 +224,9 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
         .where(
             records.c.last_batch_id == batch_id,
             records.c.record_id > after_id,
-            (n.c.record_id.is_(None)) | (n.c.content_hash != records.c.content_hash) | near_pending.c.record_id.is_not(None),
+            (n.c.record_id.is_(None))
+            | (n.c.content_hash != records.c.content_hash)
+            | near_pending.c.record_id.is_not(None),
         )
         .order_by(records.c.record_id)
         .limit(limit)
@@ -205,7 +236,9 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
 
 def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
     """record id -> the content digest the record holds now (records that no longer exist are absent)."""
-    rows = conn.execute(select(records.c.record_id, records.c.content_hash).where(in_values(conn, records.c.record_id, ids)))
+    rows = conn.execute(
+        select(records.c.record_id, records.c.content_hash).where(in_values(conn, records.c.record_id, ids))
+    )
     return {record_id: bytes(digest) for record_id, digest in rows}
 
 
@@ -217,16 +250,27 @@ def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes], pend
     keys = rows.keys.astype(np.int64).tolist()
     values = [
         {
-            "record_id": rid, "content_hash": digest, "first_landed_us": order[0], "first_seen_us": order[1],
-            "key_order": order[2], "signature": signature.tobytes(),
+            "record_id": rid,
+            "content_hash": digest,
+            "first_landed_us": order[0],
+            "first_seen_us": order[1],
+            "key_order": order[2],
+            "signature": signature.tobytes(),
             **({f"b{b}": keys[i][b] for b in range(bands)} if indexable else {}),
         }
         for i, (rid, digest, order, signature, indexable) in enumerate(
             zip(ids, digests, rows.order.tolist(), rows.signatures, rows.indexable.tolist())
         )
     ]
-    columns = ["record_id", "content_hash", "first_landed_us", "first_seen_us", "key_order", "signature",
-               *(f"b{b}" for b in range(bands))]
+    columns = [
+        "record_id",
+        "content_hash",
+        "first_landed_us",
+        "first_seen_us",
+        "key_order",
+        "signature",
+        *(f"b{b}" for b in range(bands)),
+    ]
     copy_rows(conn, near_index, columns, ([v.get(c) for c in columns] for v in values))
     if pending:
         copy_rows(conn, near_pending, ["record_id"], ([rid] for rid in ids))
@@ -236,7 +280,9 @@ def update_digests(conn: Connection, digests: dict[int, bytes]) -> None:
     """Re-label rows whose record holds new content with the same text (a price change): nothing else changes."""
     if digests:
         conn.execute(
-            update(near_index).where(near_index.c.record_id == bindparam("rid")).values(content_hash=bindparam("digest")),
+            update(near_index)
+            .where(near_index.c.record_id == bindparam("rid"))
+            .values(content_hash=bindparam("digest")),
             [{"rid": rid, "digest": digest} for rid, digest in sorted(digests.items())],
         )
 
@@ -310,8 +356,9 @@ def candidate_pairs(
         mine, other = conn.execute(text(_candidate_sql(bands, limit is not None)), {"ids": ids, "limit": limit}).one()
         pairs = np.column_stack((np.array(mine or [], dtype=np.int64), np.array(other or [], dtype=np.int64)))
     else:
-        pairs = np.array([tuple(row) for row in _sqlite_candidates(conn, ids, bands, limit)],
-                         dtype=np.int64).reshape(-1, 2)
+        pairs = np.array([tuple(row) for row in _sqlite_candidates(conn, ids, bands, limit)], dtype=np.int64).reshape(
+            -1, 2
+        )
     if limit is None or not len(pairs):
         return pairs, set()
     order = np.argsort(pairs[:, 0], kind="stable")  # each record's candidates stay in the order they came
@@ -344,11 +391,13 @@ def _sqlite_candidates(conn: Connection, ids: Sequence[int], bands: int, limit: 
 
 
 def lock_rows(conn: Connection, ids: Sequence[int]) -> None:
-    """Row locks on the index rows of `ids`, in id order (PostgreSQL): whoever changes a record's links holds its row."""
+    """Row locks on the index rows of `ids`, in id order (PostgreSQL): who changes a record's links holds its row."""
     if conn.dialect.name == "postgresql" and len(ids):
         conn.execute(
-            select(near_index.c.record_id).where(in_values(conn, near_index.c.record_id, sorted(ids)))
-            .order_by(near_index.c.record_id).with_for_update()
+            select(near_index.c.record_id)
+            .where(in_values(conn, near_index.c.record_id, sorted(ids)))
+            .order_by(near_index.c.record_id)
+            .with_for_update()
         ).all()
 
 
@@ -357,7 +406,10 @@ def add_links(conn: Connection, links: Sequence[tuple[int, int, float]], method:
     if links:
         conn.execute(
             upsert_ignore(conn, near_duplicate_links),
-            [{"record_a": a, "record_b": b, "similarity": s, "method": method, "batch_id": batch_id} for a, b, s in links],
+            [
+                {"record_a": a, "record_b": b, "similarity": s, "method": method, "batch_id": batch_id}
+                for a, b, s in links
+            ],
         )
 
 
@@ -379,9 +431,7 @@ def prune_links(conn: Connection, owners: Sequence[int], max_links: int) -> int:
             .subquery()
         )
         doomed = select(ranked.c.record_a, ranked.c.record_b).where(ranked.c.rank > max_links)
-        removed += conn.execute(
-            delete(link).where(tuple_(link.c.record_a, link.c.record_b).in_(doomed))
-        ).rowcount
+        removed += conn.execute(delete(link).where(tuple_(link.c.record_a, link.c.record_b).in_(doomed))).rowcount
     return removed
 
 
@@ -390,7 +440,8 @@ def detach_links(conn: Connection, ids: Sequence[int]) -> tuple[int, set[int]]:
     link = near_duplicate_links
     ids = sorted(set(ids))
     owners = {
-        owner for part in chunked(ids)
+        owner
+        for part in chunked(ids)
         for owner in conn.execute(select(link.c.record_b).where(in_values(conn, link.c.record_a, part))).scalars()
     }
     return delete_in(conn, link, [link.c.record_a, link.c.record_b], ids), owners - set(ids)
@@ -404,7 +455,10 @@ def lock_clusters(conn: Connection, roots: Iterable[int]) -> None:
     keys = sorted({int(root) % (1 << 31) for root in roots})
     if conn.dialect.name == "postgresql" and keys:
         conn.execute(
-            text("SELECT count(pg_advisory_xact_lock(:a, k)) FROM (SELECT k FROM unnest(CAST(:keys AS int[])) k ORDER BY k) o"),
+            text(
+                "SELECT count(pg_advisory_xact_lock(:a, k)) "
+                "FROM (SELECT k FROM unnest(CAST(:keys AS int[])) k ORDER BY k) o"
+            ),
             {"a": _CLUSTER_LOCK_CLASS, "keys": keys},
         )
 
@@ -414,8 +468,14 @@ def cluster_of(conn: Connection, ids: Iterable[int]) -> dict[int, tuple[int, boo
     c = near_duplicate_clusters.c
     out = {}
     for part in chunked(sorted(set(ids))):
-        out.update({rid: (cid, rep) for rid, cid, rep in conn.execute(
-            select(c.record_id, c.cluster_id, c.is_representative).where(in_values(conn, c.record_id, part)))})
+        out.update(
+            {
+                rid: (cid, rep)
+                for rid, cid, rep in conn.execute(
+                    select(c.record_id, c.cluster_id, c.is_representative).where(in_values(conn, c.record_id, part))
+                )
+            }
+        )
     return out
 
 
@@ -440,8 +500,13 @@ def cluster_representatives(conn: Connection, cluster_ids: Iterable[int]) -> dic
     c = near_duplicate_clusters.c
     out = {}
     for part in chunked(sorted(set(cluster_ids))):
-        out.update(dict(conn.execute(
-            select(c.cluster_id, c.record_id).where(in_values(conn, c.cluster_id, part), c.is_representative)).all()))
+        out.update(
+            dict(
+                conn.execute(
+                    select(c.cluster_id, c.record_id).where(in_values(conn, c.cluster_id, part), c.is_representative)
+                ).all()
+            )
+        )
     return out
 
 
@@ -450,7 +515,9 @@ def relabel_clusters(conn: Connection, moves: dict[int, int]) -> None:
     c = near_duplicate_clusters
     if moves:
         conn.execute(
-            update(c).where(c.c.cluster_id == bindparam("old")).values(cluster_id=bindparam("new"), is_representative=False),
+            update(c)
+            .where(c.c.cluster_id == bindparam("old"))
+            .values(cluster_id=bindparam("new"), is_representative=False),
             [{"old": old, "new": new} for old, new in sorted(moves.items())],
         )
 
@@ -490,8 +557,13 @@ def cluster_sizes(conn: Connection, cluster_ids: Iterable[int]) -> dict[int, int
     c = near_duplicate_clusters.c
     out = {}
     for part in chunked(sorted(set(cluster_ids))):
-        out.update(dict(conn.execute(
-            select(c.cluster_id, func.count()).where(in_values(conn, c.cluster_id, part)).group_by(c.cluster_id)).all()))
+        out.update(
+            dict(
+                conn.execute(
+                    select(c.cluster_id, func.count()).where(in_values(conn, c.cluster_id, part)).group_by(c.cluster_id)
+                ).all()
+            )
+        )
     return out
 
 
@@ -504,7 +576,10 @@ def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[
     if assignment:
         conn.execute(
             near_duplicate_clusters.insert(),
-            [{"record_id": rid, "cluster_id": cid, "is_representative": rep} for rid, (cid, rep) in sorted(assignment.items())],
+            [
+                {"record_id": rid, "cluster_id": cid, "is_representative": rep}
+                for rid, (cid, rep) in sorted(assignment.items())
+            ],
         )
 
 
@@ -512,8 +587,13 @@ def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
     """record id -> stored payload, in one SELECT a part."""
     out = {}
     for part in chunked(sorted(set(ids))):
-        out.update(dict(conn.execute(
-            select(records.c.record_id, records.c.payload).where(in_values(conn, records.c.record_id, part))).all()))
+        out.update(
+            dict(
+                conn.execute(
+                    select(records.c.record_id, records.c.payload).where(in_values(conn, records.c.record_id, part))
+                ).all()
+            )
+        )
     return out
 
 

@@ -249,7 +249,9 @@ def remove_records(
         recluster(conn, survivors, params, texts)
     stay = sorted(lost_owners - set(ids))
     if stay:
-        link_records(conn, index.load_rows(conn, stay, width, bands), params, texts, "relink", max_links, max_candidates)
+        link_records(
+            conn, index.load_rows(conn, stay, width, bands), params, texts, "relink", max_links, max_candidates
+        )
     return counts, len(clusters)
 
 

@@ -16,11 +16,25 @@ the comparison queries in `rehash_compare`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from sqlalchemy import (
-    BigInteger, Connection, Integer, LargeBinary, String, Text, and_, case, cast, exists, func, literal, null, select, true,
+    BigInteger,
+    Connection,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    and_,
+    case,
+    cast,
+    exists,
+    func,
+    literal,
+    null,
+    select,
+    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql import ColumnElement
@@ -76,12 +90,7 @@ def _lacks(target: str) -> ColumnElement:
     rescanned them for every row of the page (minutes per page). As a
     per-row subplan on the primary key the cost is fixed by the page size.
     """
-    probe = (
-        select(literal(1))
-        .select_from(record_hashes)
-        .where(of_record(record_hashes, target))
-        .offset(0)
-    )
+    probe = select(literal(1)).select_from(record_hashes).where(of_record(record_hashes, target)).offset(0)
     return ~exists(probe)
 
 
@@ -103,7 +112,9 @@ def page_lacking(
 DIGEST_BYTES = 32
 
 
-def write_target_hashes(conn: Connection, target: str, rows: Sequence[tuple[int, bytes | None, str | None]]) -> set[int]:
+def write_target_hashes(
+    conn: Connection, target: str, rows: Sequence[tuple[int, bytes | None, str | None]]
+) -> set[int]:
     """Insert (record_id, digest, error) rows for `target`, skipping rows already there; returns the ids written.
 
     One statement per page. On PostgreSQL the page travels as three
@@ -119,20 +130,27 @@ def write_target_hashes(conn: Connection, target: str, rows: Sequence[tuple[int,
         ids = [rid for rid, _, _ in rows]
         errors = [error for _, _, error in rows]
         blob = b"".join(digest or bytes(DIGEST_BYTES) for _, digest, _ in rows)
-        page = func.unnest(literal(ids, ARRAY(BigInteger)), literal(errors, ARRAY(Text))).table_valued(
-            "record_id", "error", with_ordinality="n"
-        ).render_derived()
+        page = (
+            func.unnest(literal(ids, ARRAY(BigInteger)), literal(errors, ARRAY(Text)))
+            .table_valued("record_id", "error", with_ordinality="n")
+            .render_derived()
+        )
         start = cast((page.c.n - 1) * DIGEST_BYTES + 1, Integer)
         digest = func.substring(literal(blob, LargeBinary), start, DIGEST_BYTES)
         statement = upsert_ignore(conn, record_hashes).from_select(
             ["record_id", "hash_version", "content_hash", "error"],
             select(
-                page.c.record_id, literal(target, String),
-                case((page.c.error.is_(None), digest), else_=null()), page.c.error,
+                page.c.record_id,
+                literal(target, String),
+                case((page.c.error.is_(None), digest), else_=null()),
+                page.c.error,
             ),
         )
         return set(conn.execute(statement.returning(record_hashes.c.record_id)).scalars())
-    values = [{"record_id": rid, "hash_version": target, "content_hash": digest, "error": error} for rid, digest, error in rows]
+    values = [
+        {"record_id": rid, "hash_version": target, "content_hash": digest, "error": error}
+        for rid, digest, error in rows
+    ]
     return set(conn.execute(upsert_ignore(conn, record_hashes).returning(record_hashes.c.record_id), values).scalars())
 
 
@@ -175,19 +193,27 @@ def progress(conn: Connection, target: str, shard: str | None = None, *, finishe
     in_shard = [records.c.hash_version.in_(sorted(HASH_RULES)), _in_shard(shard)]
     rows = conn.execute(select(func.count()).select_from(records).where(*in_shard)).scalar_one()
     unhashable, _ = unhashable_rows(conn, target, shard, limit=0)
-    left = 0 if finished else conn.execute(
-        select(func.count()).select_from(records).where(*in_shard, _lacks(target))
-    ).scalar_one()
+    left = (
+        0
+        if finished
+        else conn.execute(select(func.count()).select_from(records).where(*in_shard, _lacks(target))).scalar_one()
+    )
     return Progress(rows, rows - left - unhashable, unhashable)
 
 
-def unhashable_rows(conn: Connection, target: str, shard: str | None = None, limit: int = 20) -> tuple[int, list[tuple[str, str]]]:
+def unhashable_rows(
+    conn: Connection, target: str, shard: str | None = None, limit: int = 20
+) -> tuple[int, list[tuple[str, str]]]:
     """How many rows `target` cannot hash, and (natural key, reason) of the first `limit` by key.
 
     Driven from the few error rows (no digest: a short range of the
     (hash_version, content_hash) index), each joined to its record by id.
     """
-    where = [record_hashes.c.hash_version == target, record_hashes.c.content_hash.is_(None), record_hashes.c.error.is_not(None)]
+    where = [
+        record_hashes.c.hash_version == target,
+        record_hashes.c.content_hash.is_(None),
+        record_hashes.c.error.is_not(None),
+    ]
     if shard is not None:
         where += [records.c.hash_version.in_(sorted(HASH_RULES)), _in_shard(shard)]
     joined = record_hashes.join(records, records.c.record_id == record_hashes.c.record_id)
@@ -195,7 +221,10 @@ def unhashable_rows(conn: Connection, target: str, shard: str | None = None, lim
     if not limit:
         return total, []
     examples = conn.execute(
-        select(records.c.natural_key, record_hashes.c.error).select_from(joined).where(*where)
-        .order_by(records.c.natural_key).limit(limit)
+        select(records.c.natural_key, record_hashes.c.error)
+        .select_from(joined)
+        .where(*where)
+        .order_by(records.c.natural_key)
+        .limit(limit)
     ).all()
     return total, [(key, reason) for key, reason in examples]

@@ -25,7 +25,8 @@ def _collapse(total: int, distinct_source: int, distinct_target: int, prefix: st
     """Collapse rate under each version and the change (new minus old)."""
     source, target = _rate(distinct_source, total), _rate(distinct_target, total)
     return {
-        f"{prefix}collapse_rate_source": source, f"{prefix}collapse_rate_target": target,
+        f"{prefix}collapse_rate_source": source,
+        f"{prefix}collapse_rate_target": target,
         f"{prefix}collapse_rate_change": target - source,
     }
 
@@ -58,9 +59,7 @@ def warehouse_figures(conn: Connection, source: str, target: str, examples: int 
         .subquery("merges")
     )
     merge_groups, rows_in_merges = conn.execute(select(func.count(), func.coalesce(func.sum(groups.c.n), 0))).one()
-    top = conn.execute(
-        select(groups.c.td, groups.c.n).order_by(groups.c.n.desc(), groups.c.td).limit(examples)
-    ).all()
+    top = conn.execute(select(groups.c.td, groups.c.n).order_by(groups.c.n.desc(), groups.c.td).limit(examples)).all()
     members = defaultdict(list)
     if top:
         for td, key, sd in conn.execute(
@@ -71,17 +70,22 @@ def warehouse_figures(conn: Connection, source: str, target: str, examples: int 
             members[td].append((key, sd))
     merge_examples = [
         {
-            "target_digest": td.hex(), "rows": n,
+            "target_digest": td.hex(),
+            "rows": n,
             "keys": [key for key, _ in members[td][:keys_per_group]],
             "source_digests": [sd.hex() for _, sd in members[td][:keys_per_group]],
         }
         for td, n in top
     ]
     return {
-        "rows_compared": rows, "distinct_source": distinct_source, "distinct_target": distinct_target,
+        "rows_compared": rows,
+        "distinct_source": distinct_source,
+        "distinct_target": distinct_target,
         **_collapse(rows, distinct_source, distinct_target),
-        "merge_groups": merge_groups, "rows_in_merge_groups": int(rows_in_merges),
-        "rows_merged_away": int(rows_in_merges) - merge_groups, "merge_examples": merge_examples,
+        "merge_groups": merge_groups,
+        "rows_in_merge_groups": int(rows_in_merges),
+        "rows_merged_away": int(rows_in_merges) - merge_groups,
+        "merge_examples": merge_examples,
     }
 
 
@@ -120,20 +124,25 @@ def staged_figures(conn: Connection, source: str, target: str, examples: int = 1
             members[s_digest].setdefault(t_digest, key)
     split_examples = [
         {
-            "source_digest": s_digest, "target_digests": n,
+            "source_digest": s_digest,
+            "target_digests": n,
             "keys": list(dict.fromkeys(members[s_digest].values()))[:keys_per_group],
             "digests": list(members[s_digest])[:keys_per_group],
         }
         for s_digest, n in top
     ]
     return {
-        "staged_lines": lines, "staged_distinct_source": distinct_source, "staged_distinct_target": distinct_target,
+        "staged_lines": lines,
+        "staged_distinct_source": distinct_source,
+        "staged_distinct_target": distinct_target,
         **_collapse(lines, distinct_source, distinct_target, prefix="staged_"),
-        "split_groups": split_groups, "split_examples": split_examples,
+        "split_groups": split_groups,
+        "split_examples": split_examples,
     }
 
 
 # ---------------------------------------------------------------- stored comparisons
+
 
 def store_comparison(conn: Connection, source: str, target: str, now: datetime, passed: bool, figures: dict) -> int:
     return conn.execute(
@@ -146,6 +155,8 @@ def store_comparison(conn: Connection, source: str, target: str, now: datetime, 
 def latest_comparison(conn: Connection, source: str, target: str):
     c = rehash_comparisons
     return conn.execute(
-        select(c).where(c.c.source_version == source, c.c.target_version == target)
-        .order_by(c.c.comparison_id.desc()).limit(1)
+        select(c)
+        .where(c.c.source_version == source, c.c.target_version == target)
+        .order_by(c.c.comparison_id.desc())
+        .limit(1)
     ).one_or_none()

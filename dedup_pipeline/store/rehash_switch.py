@@ -9,8 +9,8 @@ of two different versions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Sequence
 
 from sqlalchemy import Connection, and_, delete, exists, func, insert, select, update
 
@@ -18,7 +18,13 @@ from dedup_pipeline.store.bulk import in_values
 from dedup_pipeline.store.near_graph import remove_from_index
 from dedup_pipeline.store.rehash import of_record
 from dedup_pipeline.store.schema import (
-    hash_version_events, near_index, record_hashes, record_history, records, rehash_merged_records, settings,
+    hash_version_events,
+    near_index,
+    record_hashes,
+    record_history,
+    records,
+    rehash_merged_records,
+    settings,
 )
 from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, analyze
 
@@ -43,14 +49,11 @@ def promote_group_leaders(conn: Connection, target: str) -> int:
     )
     own = record_hashes.alias("own")
     held = records.alias("held")
-    own_digest = (
-        select(own.c.content_hash)
-        .where(of_record(own, target))
-        .scalar_subquery()
-    )
+    own_digest = select(own.c.content_hash).where(of_record(own, target)).scalar_subquery()
     already_held = exists().where(
         of_record(own, target),
-        held.c.hash_version == target, held.c.content_hash == own.c.content_hash,
+        held.c.hash_version == target,
+        held.c.content_hash == own.c.content_hash,
     )
     statement = (
         update(records)
@@ -74,16 +77,21 @@ def follow_sketches(conn: Connection, source: str, target: str) -> int:
         update(s)
         .where(
             exists().where(
-                current.c.record_id == s.c.record_id, current.c.hash_version == target,
-                of_record(old, source, s.c.record_id), old.c.content_hash == s.c.content_hash,
+                current.c.record_id == s.c.record_id,
+                current.c.hash_version == target,
+                of_record(old, source, s.c.record_id),
+                old.c.content_hash == s.c.content_hash,
             )
         )
-        .values(content_hash=select(current.c.content_hash).where(current.c.record_id == s.c.record_id).scalar_subquery())
+        .values(
+            content_hash=select(current.c.content_hash).where(current.c.record_id == s.c.record_id).scalar_subquery()
+        )
     )
     return conn.execute(statement).rowcount
 
 
 # ---------------------------------------------------------------- retire
+
 
 def merged_rows(conn: Connection, old: str, active: str) -> list[tuple[int, int]]:
     """(record_id, merged_into) for rows still stored under `old` whose `active` digest another row holds."""
@@ -103,8 +111,14 @@ def merged_rows(conn: Connection, old: str, active: str) -> list[tuple[int, int]
 
 
 def move_merged_to_history(
-    conn: Connection, merged: Sequence[tuple[int, int]], old: str, active: str, event_id: int, now: datetime,
-    representative: str, chunk: int = 5000,
+    conn: Connection,
+    merged: Sequence[tuple[int, int]],
+    old: str,
+    active: str,
+    event_id: int,
+    now: datetime,
+    representative: str,
+    chunk: int = 5000,
 ) -> int:
     """Delete merged rows still under `old` (a concurrent crawl may have rewritten them) into `record_history`.
 
@@ -118,11 +132,15 @@ def move_merged_to_history(
     moved = 0
     ids = list(into)
     for start in range(0, len(ids), chunk):
-        doomed = conn.execute(
-            select(records.c.record_id)
-            .where(in_values(conn, records.c.record_id, ids[start:start + chunk]), records.c.hash_version == old)
-            .with_for_update()
-        ).scalars().all()
+        doomed = (
+            conn.execute(
+                select(records.c.record_id)
+                .where(in_values(conn, records.c.record_id, ids[start : start + chunk]), records.c.hash_version == old)
+                .with_for_update()
+            )
+            .scalars()
+            .all()
+        )
         if not doomed:
             continue
         remove_from_index(conn, doomed, representative)
@@ -130,20 +148,42 @@ def move_merged_to_history(
             delete(records)
             .where(in_values(conn, records.c.record_id, doomed))
             .returning(
-                records.c.record_id, records.c.natural_key, records.c.hash_version, records.c.content_hash,
-                records.c.payload, records.c.last_crawled_at,
+                records.c.record_id,
+                records.c.natural_key,
+                records.c.hash_version,
+                records.c.content_hash,
+                records.c.payload,
+                records.c.last_crawled_at,
             )
         ).all()
-        conn.execute(insert(record_history), [
-            {"record_id": rid, "natural_key": key, "hash_version": version, "content_hash": digest, "payload": payload,
-             "valid_from": crawled, "superseded_at": now, "superseded_by_batch_id": f"retire:{old}"}
-            for rid, key, version, digest, payload, crawled in gone
-        ])
-        conn.execute(insert(rehash_merged_records), [
-            {"event_id": event_id, "record_id": rid, "merged_into_record_id": into[rid],
-             "reason": f"same {active} content as record {into[rid]}; retired with {old}"}
-            for rid, *_ in gone
-        ])
+        conn.execute(
+            insert(record_history),
+            [
+                {
+                    "record_id": rid,
+                    "natural_key": key,
+                    "hash_version": version,
+                    "content_hash": digest,
+                    "payload": payload,
+                    "valid_from": crawled,
+                    "superseded_at": now,
+                    "superseded_by_batch_id": f"retire:{old}",
+                }
+                for rid, key, version, digest, payload, crawled in gone
+            ],
+        )
+        conn.execute(
+            insert(rehash_merged_records),
+            [
+                {
+                    "event_id": event_id,
+                    "record_id": rid,
+                    "merged_into_record_id": into[rid],
+                    "reason": f"same {active} content as record {into[rid]}; retired with {old}",
+                }
+                for rid, *_ in gone
+            ],
+        )
         moved += len(gone)
     return moved
 
@@ -170,15 +210,32 @@ def refresh_statistics(conn: Connection) -> None:
 
 # ---------------------------------------------------------------- audit
 
+
 def record_event(
-    conn: Connection, action: str, from_version: str, to_version: str, now: datetime, *, forced: bool,
-    reason: str | None, run_id: str | None, details: dict, overlap_until: datetime | None = None,
+    conn: Connection,
+    action: str,
+    from_version: str,
+    to_version: str,
+    now: datetime,
+    *,
+    forced: bool,
+    reason: str | None,
+    run_id: str | None,
+    details: dict,
+    overlap_until: datetime | None = None,
 ) -> int:
     return conn.execute(
         insert(hash_version_events)
         .values(
-            action=action, from_version=from_version, to_version=to_version, occurred_at=now,
-            overlap_until=overlap_until, forced=forced, reason=reason, run_id=run_id, details=details,
+            action=action,
+            from_version=from_version,
+            to_version=to_version,
+            occurred_at=now,
+            overlap_until=overlap_until,
+            forced=forced,
+            reason=reason,
+            run_id=run_id,
+            details=details,
         )
         .returning(hash_version_events.c.event_id)
     ).scalar_one()

@@ -48,14 +48,19 @@ def roles_sql(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
     quote = engine.dialect.identifier_preparer.quote
     columns = [c.name for c in records.columns if c.name not in ANALYST_HIDDEN_COLUMNS]
     identifiers = {
-        "writer": quote(names.writer), "analyst": quote(names.analyst), "eraser": quote(names.eraser),
+        "writer": quote(names.writer),
+        "analyst": quote(names.analyst),
+        "eraser": quote(names.eraser),
         "monitor": quote(names.monitor),
-        "database": quote(engine.url.database), "analyst_record_columns": ", ".join(quote(c) for c in columns),
+        "database": quote(engine.url.database),
+        "analyst_record_columns": ", ".join(quote(c) for c in columns),
     }
     script = resources.files("dedup_pipeline.store").joinpath("roles.sql").read_text()
     statements = [_PLACEHOLDER.sub(lambda m: identifiers[m.group(1)], s) for s in _split(script)]
     statements += [f"GRANT SELECT, DELETE ON {quote(table.name)} TO {quote(names.eraser)}" for table in swept_tables()]
-    statements += [f"GRANT SELECT, UPDATE ON {quote(table.name)} TO {quote(names.eraser)}" for table in redacted_tables()]
+    statements += [
+        f"GRANT SELECT, UPDATE ON {quote(table.name)} TO {quote(names.eraser)}" for table in redacted_tables()
+    ]
     return statements
 
 

@@ -9,8 +9,21 @@ natural key; its UNIQUE (hash_version, content_hash) index is the authority on
 from __future__ import annotations
 
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, Column, DateTime, Float, ForeignKey, Index, Integer, LargeBinary,
-    MetaData, String, Table, Text, UniqueConstraint,
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -27,14 +40,16 @@ def _now_column(name: str, **kwargs) -> Column:
 
 
 settings = Table(
-    "dedup_settings", metadata,
+    "dedup_settings",
+    metadata,
     Column("name", String(64), primary_key=True),
     Column("value", Text, nullable=False),
     _now_column("updated_at", nullable=False),
 )
 
 crawl_batches = Table(
-    "crawl_batches", metadata,
+    "crawl_batches",
+    metadata,
     Column("batch_id", String(255), primary_key=True),
     Column("file_path", Text, nullable=False),
     Column("file_sha256", String(64), nullable=False),
@@ -47,7 +62,8 @@ crawl_batches = Table(
 )
 
 quarantine = Table(
-    "quarantine", metadata,
+    "quarantine",
+    metadata,
     Column("batch_id", String(255), primary_key=True),
     Column("line_no", Integer, primary_key=True),
     Column("rung", String(32), nullable=False),
@@ -57,7 +73,8 @@ quarantine = Table(
 )
 
 canonical_records = Table(
-    "canonical_records", metadata,
+    "canonical_records",
+    metadata,
     Column("batch_id", String(255), primary_key=True),
     Column("line_no", Integer, primary_key=True),
     Column("natural_key", Text, nullable=False),
@@ -70,7 +87,8 @@ canonical_records = Table(
 )
 
 records = Table(
-    "records", metadata,
+    "records",
+    metadata,
     Column("record_id", Id, primary_key=True, autoincrement=True),
     Column("natural_key", Text, nullable=False, unique=True),
     Column("canonical_url", Text, nullable=False),
@@ -90,7 +108,8 @@ records = Table(
 )
 
 record_hashes = Table(
-    "record_hashes", metadata,
+    "record_hashes",
+    metadata,
     Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
     Column("hash_version", String(32), primary_key=True),
     Column("content_hash", Digest),
@@ -99,7 +118,8 @@ record_hashes = Table(
 )
 
 record_history = Table(
-    "record_history", metadata,
+    "record_history",
+    metadata,
     Column("history_id", Id, primary_key=True, autoincrement=True),
     Column("record_id", Id, nullable=False, index=True),
     Column("natural_key", Text, nullable=False),
@@ -112,7 +132,8 @@ record_history = Table(
 )
 
 dedup_decisions = Table(
-    "dedup_decisions", metadata,
+    "dedup_decisions",
+    metadata,
     Column("decision_id", Id, primary_key=True, autoincrement=True),
     Column("batch_id", String(255), nullable=False),
     Column("line_no", Integer, nullable=False),
@@ -134,7 +155,8 @@ MAX_BANDS = 64
 # MinHash permutation, or the 8-byte SimHash fingerprint) and the band keys as 32-bit integers. `linked` is false
 # between the commit that makes the row visible to other workers and the one that links and clusters it.
 near_index = Table(
-    "near_index", metadata,
+    "near_index",
+    metadata,
     Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
     Column("content_hash", Digest, nullable=False),
     Column("first_landed_us", BigInteger, nullable=False),
@@ -148,14 +170,16 @@ near_index = Table(
 # transactions, or left by a chunk that stopped between them (a re-run links them). A table of its own, so that
 # linking deletes a small row instead of rewriting the index row and its band keys' index entries.
 near_pending = Table(
-    "near_pending", metadata,
+    "near_pending",
+    metadata,
     Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
 )
 
-# A record's links go to at most `max_links` earlier-landed near duplicates, its nearest (record_b is the record, record_a
-# the earlier one); its cluster may hold many more records than it links to.
+# A record's links go to at most `max_links` earlier-landed near duplicates, its nearest (record_b is the record,
+# record_a the earlier one); its cluster may hold many more records than it links to.
 near_duplicate_links = Table(
-    "near_duplicate_links", metadata,
+    "near_duplicate_links",
+    metadata,
     Column("record_a", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
     Column("record_b", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
     Column("similarity", Float, nullable=False),
@@ -165,7 +189,8 @@ near_duplicate_links = Table(
 )
 
 near_duplicate_clusters = Table(
-    "near_duplicate_clusters", metadata,
+    "near_duplicate_clusters",
+    metadata,
     Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
     Column("cluster_id", Id, nullable=False, index=True),
     Column("is_representative", Boolean, nullable=False),
@@ -175,7 +200,8 @@ near_duplicate_clusters = Table(
 def _rung_runs(name: str) -> Table:
     """Figures (counts, no keys or values) of each run of a rung over a batch, kept for the warehouse's life."""
     return Table(
-        name, metadata,
+        name,
+        metadata,
         Column("batch_id", String(255), primary_key=True),
         Column("run_id", String(64), primary_key=True),
         _now_column("finished_at", nullable=False),
@@ -193,7 +219,8 @@ near_rung_runs = _rung_runs("near_rung_runs")
 
 # Figures of each comparison; its examples name rows by key and digest (an erasure redacts them).
 rehash_comparisons = Table(
-    "rehash_comparisons", metadata,
+    "rehash_comparisons",
+    metadata,
     Column("comparison_id", Id, primary_key=True, autoincrement=True),
     Column("source_version", String(32), nullable=False),
     Column("target_version", String(32), nullable=False),
@@ -205,7 +232,8 @@ rehash_comparisons = Table(
 
 # Audit of every switch and retire of the active hash version, forced or not, with its reason (counts, no keys).
 hash_version_events = Table(
-    "hash_version_events", metadata,
+    "hash_version_events",
+    metadata,
     Column("event_id", Id, primary_key=True, autoincrement=True),
     Column("action", String(16), nullable=False),
     Column("from_version", String(32), nullable=False),
@@ -221,7 +249,8 @@ hash_version_events = Table(
 # Rows a retire moved to record_history because their content merged into another row under the new version.
 # Ids only: the key, digest and payload are in record_history, where erasure finds them.
 rehash_merged_records = Table(
-    "rehash_merged_records", metadata,
+    "rehash_merged_records",
+    metadata,
     Column("event_id", Id, primary_key=True),
     Column("record_id", Id, primary_key=True),
     Column("merged_into_record_id", Id, nullable=False),
@@ -232,7 +261,8 @@ rehash_merged_records = Table(
 
 # One row per erasure request: who asked (an operator's reference, never the subject) and what was removed (counts).
 erasure_requests = Table(
-    "erasure_requests", metadata,
+    "erasure_requests",
+    metadata,
     Column("erasure_id", Id, primary_key=True, autoincrement=True),
     Column("request_id", Text, nullable=False),
     Column("subject_kind", String(32), nullable=False),
@@ -244,7 +274,8 @@ erasure_requests = Table(
 
 # Keyed fingerprints (HMAC-SHA256) of erased identifiers, checked before every insert. Never the raw value.
 erasure_tombstones = Table(
-    "erasure_tombstones", metadata,
+    "erasure_tombstones",
+    metadata,
     Column("fingerprint", Digest, primary_key=True),
     Column("kind", String(32), nullable=False),
     Column("scope", String(255), nullable=False),
@@ -255,7 +286,8 @@ erasure_tombstones = Table(
 
 # Which (kind, scope, key) combinations have tombstones: tiny, read once per chunk by the exact rung.
 erasure_scopes = Table(
-    "erasure_scopes", metadata,
+    "erasure_scopes",
+    metadata,
     Column("kind", String(32), primary_key=True),
     Column("scope", String(255), primary_key=True),
     Column("key_id", String(16), primary_key=True),

@@ -23,42 +23,17 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from dedup_pipeline.core.errors import ConfigurationError
+from dedup_pipeline import environment
+from dedup_pipeline.environment import DEFAULT_BLOOM_CAPACITY, DEFAULT_BLOOM_ERROR_RATE, DEFAULT_REDIS_PREFIX
 
 log = logging.getLogger(__name__)
-
-REDIS_URL_ENV = "DEDUP_REDIS_URL"
-REDIS_PREFIX_ENV = "DEDUP_REDIS_PREFIX"  # one per warehouse when several share a Redis
-SEEN_TTL_ENV = "DEDUP_SEEN_TTL_SECONDS"
-DEFAULT_TTL_SECONDS = 30 * 86400  # the seeds' 30 days: about one re-crawl cycle
-KEY_PREFIX = "dedup:seen"
-BLOOM_CAPACITY_ENV = "DEDUP_BLOOM_CAPACITY"
-BLOOM_ERROR_RATE_ENV = "DEDUP_BLOOM_ERROR_RATE"
-DEFAULT_BLOOM_CAPACITY = 10_000_000
-DEFAULT_BLOOM_ERROR_RATE = 0.001
 
 
 class SeenSetUnavailable(RuntimeError):
     """The seen-set backend cannot answer now; use the database."""
-
-
-def seen_ttl(value: int | str | None = None) -> int:
-    """The TTL of seen-set keys, in seconds: `value`, else $DEDUP_SEEN_TTL_SECONDS, else 30 days.
-
-    At least 1: a seen-set key always expires (the set is never an unbounded store of identifiers), and Redis
-    refuses `EX 0`, which would make every URL look new.
-    """
-    raw = value if value not in (None, "") else os.environ.get(SEEN_TTL_ENV) or DEFAULT_TTL_SECONDS
-    try:
-        ttl = int(raw)
-    except (TypeError, ValueError):
-        ttl = 0
-    if ttl < 1:
-        raise ConfigurationError(f"{SEEN_TTL_ENV} must be a whole number of seconds, at least 1, got {raw!r}")
-    return ttl
 
 
 class CircuitBreaker:
@@ -169,8 +144,9 @@ def connect_redis(url: str, timeout: float = 1.0) -> tuple[object, bool]:
     try:
         return redis_client(url, timeout), True
     except redis_errors() as exc:
-        log.warning("redis at %s not reached (%s): the seen-set is unavailable for now", url.split("@")[-1],
-                    type(exc).__name__)
+        log.warning(
+            "redis at %s not reached (%s): the seen-set is unavailable for now", url.split("@")[-1], type(exc).__name__
+        )
         return redis_client(url, timeout, detect=False), False
 
 
@@ -193,7 +169,10 @@ def sentinel_client(url: str, options: dict):
     if not sentinels or not service or not (database or "0").isdigit():
         raise ValueError(f"expected {SENTINEL_SCHEME}host[:port][,host[:port]...]/service[/db], got {url!r}")
     return Sentinel(sentinels, sentinel_kwargs=options, **options).master_for(
-        unquote(service), db=int(database or 0), username=unquote(user) or None, password=unquote(password) or None,
+        unquote(service),
+        db=int(database or 0),
+        username=unquote(user) or None,
+        password=unquote(password) or None,
         **options,
     )
 
@@ -212,13 +191,17 @@ class RedisSeenSet(SeenSet):
     kind = "redis"
 
     def __init__(
-        self, url: str, ttl_seconds: int | None = None, timeout: float = 1.0, retry_after: float = 15.0,
-        prefix: str = KEY_PREFIX,
+        self,
+        url: str,
+        ttl_seconds: int | None = None,
+        timeout: float = 1.0,
+        retry_after: float = 15.0,
+        prefix: str = DEFAULT_REDIS_PREFIX,
     ):
         from redis.cluster import RedisCluster
 
         self.prefix = prefix
-        self.ttl_seconds = seen_ttl(ttl_seconds)
+        self.ttl_seconds = environment.seen_ttl_seconds(ttl_seconds)
         self.client, reached = connect_redis(url, timeout)
         self._breaker = CircuitBreaker(retry_after, open_now=not reached)  # not reached: that was the one timeout
         self.cluster = isinstance(self.client, RedisCluster)
@@ -243,7 +226,9 @@ class RedisSeenSet(SeenSet):
         if not digests:
             return
         keys = [self.key(version, d) for d in digests]
-        self._call(lambda: self._set_nx_ex(keys=keys, args=[self.ttl_seconds]) if not self.cluster else self._set_each(keys))
+        self._call(
+            lambda: self._set_nx_ex(keys=keys, args=[self.ttl_seconds]) if not self.cluster else self._set_each(keys)
+        )
 
     def _set_each(self, keys: list[str]) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -295,7 +280,9 @@ class BloomSeenSet(SeenSet):
         if version not in self._filters:
             path = self._path(version)
             self._filters[version] = (
-                Bloom.load(str(path), _bloom_hash) if path.exists() else Bloom(self.capacity, self.error_rate, _bloom_hash)
+                Bloom.load(str(path), _bloom_hash)
+                if path.exists()
+                else Bloom(self.capacity, self.error_rate, _bloom_hash)
             )
         return self._filters[version]
 
@@ -354,18 +341,18 @@ def seen_set_from_env(
     """
     from dedup_pipeline.store.warehouse import data_dir
 
-    url = os.environ.get(REDIS_URL_ENV)
+    url = environment.redis_url()
     if kind == "auto":
         kind = "redis" if url else "bloom"
     if kind == "redis":
         if not url:
-            raise ValueError(f"seen-set 'redis' needs {REDIS_URL_ENV}")
-        return RedisSeenSet(url, ttl_seconds, prefix=os.environ.get(REDIS_PREFIX_ENV, KEY_PREFIX))
+            raise ValueError(f"seen-set 'redis' needs {environment.REDIS_URL_ENV}")
+        return RedisSeenSet(url, ttl_seconds, prefix=environment.redis_prefix())
     if kind == "bloom":
         if bloom_capacity is None:
-            bloom_capacity = int(os.environ.get(BLOOM_CAPACITY_ENV, DEFAULT_BLOOM_CAPACITY))
+            bloom_capacity = environment.bloom_capacity()
         if bloom_error_rate is None:
-            bloom_error_rate = float(os.environ.get(BLOOM_ERROR_RATE_ENV, DEFAULT_BLOOM_ERROR_RATE))
+            bloom_error_rate = environment.bloom_error_rate()
         return BloomSeenSet(folder or data_dir() / "seen-sets", bloom_capacity, bloom_error_rate)
     if kind == "none":
         return NoSeenSet()

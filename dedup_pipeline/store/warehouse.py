@@ -4,47 +4,43 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, select, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from dedup_pipeline import environment
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.schema import metadata, records, settings
 
 log = logging.getLogger(__name__)
-DATABASE_URL_ENV = "DEDUP_DATABASE_URL"
-DATA_DIR_ENV = "DEDUP_DATA_DIR"
 ACTIVE_HASH_VERSION = "active_hash_version"
 
 
 def data_dir() -> Path:
     """Where the embedded default keeps its files: $DEDUP_DATA_DIR, else ./.dedup."""
-    return Path(os.environ.get(DATA_DIR_ENV) or Path.cwd() / ".dedup").resolve()
+    return environment.data_dir()
 
 
 def default_database_url() -> str:
     """$DEDUP_DATABASE_URL, else a SQLite file in the data folder."""
-    url = os.environ.get(DATABASE_URL_ENV)
-    if url:
-        return url
-    return f"sqlite:///{data_dir() / 'warehouse.sqlite'}"
+    return environment.database_url() or f"sqlite:///{data_dir() / 'warehouse.sqlite'}"
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def as_utc(moment: datetime) -> datetime:
     """SQLite hands back naive datetimes; everything here is UTC."""
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -73,7 +69,10 @@ def _engine(url: str, **options) -> Engine:
 #: vanished worker keeps its locks (the erasure lock among them) until the OS notices, about two hours later.
 PG_CONNECT_DEFAULTS = {
     "connect_timeout": 10,  # seconds to reach the server
-    "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,  # a silent peer: ~1 min
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,  # a silent peer: ~1 min
     "tcp_user_timeout": 60_000,  # ms: data the server has not acknowledged for a minute ends the connection
     # Server side: a transaction left idle for 10 minutes (its client gone or stuck) is ended, its locks freed.
     "options": "-c idle_in_transaction_session_timeout=600000",
@@ -114,11 +113,11 @@ def pg_connect_args(query: Mapping[str, Any]) -> dict[str, Any]:
     args = {}
     for name, value in PG_CONNECT_DEFAULTS.items():
         variable = _PG_ENVIRONMENT.get(name)
-        if name in query or (variable and os.environ.get(variable) and name != "options"):
+        if name in query or (variable and environment.libpq_setting(variable) and name != "options"):
             continue
         args[name] = value
     # Explicit options replace PGOPTIONS, and the URL's replace both: carry theirs along, adding the timeout.
-    given = query.get("options") or os.environ.get("PGOPTIONS", "")
+    given = query.get("options") or environment.libpq_setting("PGOPTIONS")
     if isinstance(given, (tuple, list)):
         given = " ".join(given)
     if "idle_in_transaction_session_timeout" in given:
@@ -139,7 +138,7 @@ class Warehouse:
         self.engine = engine or make_engine(self.url)
 
     @classmethod
-    def existing(cls, url: str | None = None) -> "Warehouse":
+    def existing(cls, url: str | None = None) -> Warehouse:
         """The warehouse at `url` (default: the configured one), for a command that must not create one.
 
         Nothing is created there, not even a SQLite file: where there is no
@@ -173,7 +172,7 @@ class Warehouse:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
-    def create_schema(self) -> "Warehouse":
+    def create_schema(self) -> Warehouse:
         """Create missing tables and initial settings; safe to call on every run, from many processes at once."""
         with self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":  # two processes creating a new warehouse's tables would collide

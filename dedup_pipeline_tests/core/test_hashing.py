@@ -44,48 +44,65 @@ def test_content1_price_text_and_number_forms_agree():
 
 
 def test_content1_matches_the_seed_rule_byte_for_byte():
-    record = {"sku": "A1", "title": "Cafe\u0301  au lait", "price": 12.5, "stock": 3, "url": "https://a.example/x", "etag": "e"}
+    record = {
+        "sku": "A1",
+        "title": "Cafe\u0301  au lait",
+        "price": 12.5,
+        "stock": 3,
+        "url": "https://a.example/x",
+        "etag": "e",
+    }
     assert content_v1_bytes(canonical_fields(record)) == seed_canonicalise(record)
     assert content_hash(record, "content/1")[0] == seed_content_hash(record)
 
 
 def ours_and_the_seeds(line: str) -> tuple[str, str]:
-    """The `content/1` digest of a line as the ladder reads it (`parse_line`), and the seeds' as they read it (`json.loads`)."""
+    """The `content/1` digest of a line as the ladder reads it (`parse_line`), and the seeds' (they `json.loads` it)."""
     return content_hash(parse_line(line.encode()), "content/1")[0], seed_content_hash(json.loads(line))
 
 
 BASE = '"url":"https://shop.example.com/p/1","title":"Kettle","currency":"EUR","seller_id":"s1"'
 
 
-@pytest.mark.parametrize("line", [
-    '{%s,"price":9.9,"sku":"K-1","stock":3,"on_sale":true,"colour":null}' % BASE,
-    '{%s,"price":10,"price_minor":990}' % BASE,  # integers as they are, on both sides
-    '{%s,"price":99999999999.9999}' % BASE,  # four decimals, below 10**11: the float's .4f is the number's
-    '{%s,"price":-12.5,"rating":4.1234}' % BASE,  # a decimal whose exact text has four decimals
-    '{%s,"price":"call for price"}' % BASE,  # price text that is no number: normalised text on both sides
-    '{"url":"https://shop.example.com/p/1","title":"  Cafe\\u0301 \\t au lait ","price":9.9,"scraped_at":"x","etag":"e"}',
-    '{%s,"price":1,"tags":["a","b"],"specs":{"w":3,"sizes":[1,2],"ok":false}}' % BASE,  # nested: nothing to change
-    '{"title":"no url","price":9.9}',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{%s,"price":9.9,"sku":"K-1","stock":3,"on_sale":true,"colour":null}' % BASE,
+        '{%s,"price":10,"price_minor":990}' % BASE,  # integers as they are, on both sides
+        '{%s,"price":99999999999.9999}' % BASE,  # four decimals, below 10**11: the float's .4f is the number's
+        '{%s,"price":-12.5,"rating":4.1234}' % BASE,  # a decimal whose exact text has four decimals
+        '{%s,"price":"call for price"}' % BASE,  # price text that is no number: normalised text on both sides
+        '{"url":"https://shop.example.com/p/1","title":"  Cafe\\u0301 \\t au lait ","price":9.9,'
+        '"scraped_at":"x","etag":"e"}',
+        '{%s,"price":1,"tags":["a","b"],"specs":{"w":3,"sizes":[1,2],"ok":false}}' % BASE,  # nested: nothing to change
+        '{"title":"no url","price":9.9}',
+    ],
+)
 def test_content1_is_the_seeds_digest_for_records_without_the_documented_differences(line):
     ours, seeds = ours_and_the_seeds(line)
     assert ours == seeds
 
 
-# Each documented difference (README, "Hashes"): our digest of the line is the seeds' digest of what we make of it.
+# Each documented difference (docs/canonical.md): our digest of the line is the seeds' digest of what we make of it.
 DIFFERENCES = {
     "numeric price text": ('{%s,"price":" 9.90 "}' % BASE, {"price": 9.9}),
     "numeric price_minor text": ('{%s,"price_minor":"990"}' % BASE, {"price_minor": 990.0}),
     "price past the float's precision": ('{%s,"price":0.00005}' % BASE, {"price": 0.0}),  # the seeds: "0.0001"
     "negative zero price": ('{%s,"price":-0.0}' % BASE, {"price": 0.0}),
     "decimal in another field": ('{%s,"price":1,"weight":1.25,"n":1e2}' % BASE, {"weight": "1.25", "n": "100"}),
-    "nested values": ('{%s,"price":1,"specs":{"w":1.50,"h":null,"unit":" c  m ","currency":"eur"},"sizes":[1.5,2.0]}' % BASE,
-                      {"specs": {"w": "1.5", "unit": "c m", "currency": "EUR"}, "sizes": ["1.5", "2"]}),
+    "nested values": (
+        '{%s,"price":1,"specs":{"w":1.50,"h":null,"unit":" c  m ","currency":"eur"},"sizes":[1.5,2.0]}' % BASE,
+        {"specs": {"w": "1.5", "unit": "c m", "currency": "EUR"}, "sizes": ["1.5", "2"]},
+    ),
     "currency case": ('{%s,"price":1,"currency":"eur"}' % BASE, {"currency": "EUR"}),
-    "more volatile fields": ('{%s,"price":1,"fetched_at":"t","request_id":"r","user_agent":"u"}' % BASE,
-                             {"fetched_at": None, "request_id": None, "user_agent": None}),
-    "url/1": ('{%s,"price":1,"url":"https://Shop.example.com/p/1?utm_source=x#top"}' % BASE,
-              {"url": "https://shop.example.com/p/1"}),
+    "more volatile fields": (
+        '{%s,"price":1,"fetched_at":"t","request_id":"r","user_agent":"u"}' % BASE,
+        {"fetched_at": None, "request_id": None, "user_agent": None},
+    ),
+    "url/1": (
+        '{%s,"price":1,"url":"https://Shop.example.com/p/1?utm_source=x#top"}' % BASE,
+        {"url": "https://shop.example.com/p/1"},
+    ),
 }
 
 
@@ -117,7 +134,9 @@ def test_content2_ignores_fields_outside_the_identity_tuple():
 
 def test_content2_price_is_exact_minor_units():
     assert content_hash({**LISTING, "price": "9.9"}) == content_hash({**LISTING, "price": Decimal("9.90")})
-    assert content_hash({**LISTING, "price": "9.9"}) == content_hash({k: v for k, v in {**LISTING, "price_minor": 990}.items() if k != "price"})
+    assert content_hash({**LISTING, "price": "9.9"}) == content_hash(
+        {k: v for k, v in {**LISTING, "price_minor": 990}.items() if k != "price"}
+    )
     assert content_hash({**LISTING, "price": "9.91"}) != content_hash(LISTING)
     jpy = {**LISTING, "currency": "JPY", "price": "990"}
     assert content_hash(jpy) == content_hash({**jpy, "price": None, "price_minor": 990})
@@ -138,7 +157,9 @@ def test_content2_refuses_a_price_whose_minor_units_exceed_the_digit_limit():
         content_hash({**LISTING, "price": int("9" * 4300)})
     with pytest.raises(RecordError, match="out of range in minor units"):
         content_hash({**LISTING, "price": Decimal("1e4298"), "currency": "KWD"})
-    at_the_limit = content_hash({**LISTING, "price": Decimal("1e4296"), "currency": "KWD"})  # 10**4299 fils: 4,300 digits
+    at_the_limit = content_hash(
+        {**LISTING, "price": Decimal("1e4296"), "currency": "KWD"}
+    )  # 10**4299 fils: 4,300 digits
     assert at_the_limit != content_hash({**LISTING, "price": Decimal("1e4295"), "currency": "KWD"})
 
 
@@ -163,8 +184,22 @@ def test_content2_a_blank_required_field_is_missing(field, blank):
 
 def test_content2_two_sites_whose_extraction_failed_are_not_one_content():
     # Same price, currency and description, empty title and seller: two listings, never one digest.
-    a = {"url": "https://a.example/p/1", "title": "", "price": "10", "currency": "EUR", "seller_id": " ", "description": "Red shoes"}
-    b = {"url": "https://b.example/x/9", "title": " ", "price": "10", "currency": "EUR", "seller_id": "", "description": "Red shoes"}
+    a = {
+        "url": "https://a.example/p/1",
+        "title": "",
+        "price": "10",
+        "currency": "EUR",
+        "seller_id": " ",
+        "description": "Red shoes",
+    }
+    b = {
+        "url": "https://b.example/x/9",
+        "title": " ",
+        "price": "10",
+        "currency": "EUR",
+        "seller_id": "",
+        "description": "Red shoes",
+    }
     digests, errors = compute_hashes(canonical_fields(a), ["content/1", "content/2"])
     assert errors == {"content/2": "content/2: missing identity field 'title'"} and set(digests) == {"content/1"}
     assert content_hash(a, "content/1") != content_hash(b, "content/1")  # content/1 hashes the URL
@@ -217,7 +252,7 @@ def test_content2_canonical_bytes_are_the_documented_json():
     expected = (
         '{"currency":"EUR","description":"Burr grinder, 40 mm","price_minor":990,'
         '"seller_id":"s-1","title":"Café crème grinder"}'
-    ).encode("utf-8")
+    ).encode()
     assert HASH_RULES["content/2"].canonical_bytes(canonical_fields(LISTING)) == expected
     assert hashlib.sha256(expected).hexdigest() == PINNED["content/2"]
 

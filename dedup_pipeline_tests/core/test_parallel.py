@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dedup_pipeline.core.parallel import available_cpus, ordered_map
+from dedup_pipeline.core.parallel import ordered_map
 
 REPO = Path(__file__).resolve().parents[2]
 

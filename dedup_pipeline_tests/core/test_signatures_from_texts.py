@@ -1,4 +1,4 @@
-"""The fast signature path (shingles as slices of one buffer, compiled XXH32 and minima) against the per-shingle reference path."""
+"""The fast signature path (shingles as slices of one buffer, compiled XXH32, minima) against the per-shingle one."""
 
 from __future__ import annotations
 
@@ -28,14 +28,22 @@ NORMALISERS = st.builds(
 # ASCII controls and separators, Unicode spaces, combining marks, ligatures, CJK, emoji, RTL: every rule has work.
 # Pure ASCII texts take their own fast path, so half the texts are drawn from ASCII alone, runs of spaces included.
 TEXT = st.one_of(
-    st.text(st.sampled_from(list("ab Z9_.,\t\n\x1c\x1f\x0b") + list("éÿ\u0301ﬁ漢字🙂\u00a0\u2003\u200fשל")), max_size=60),
-    st.text(st.sampled_from(list("ab Z9_.,!") + [" ", "\t", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1f", "\x00"]), max_size=60),
+    st.text(
+        st.sampled_from(list("ab Z9_.,\t\n\x1c\x1f\x0b") + list("éÿ\u0301ﬁ漢字🙂\u00a0\u2003\u200fשל")), max_size=60
+    ),
+    st.text(
+        st.sampled_from(list("ab Z9_.,!") + [" ", "\t", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1f", "\x00"]),
+        max_size=60,
+    ),
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.binary(max_size=300), cuts=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), max_size=40),
-       seed=st.sampled_from([0, 1, 2**32 - 1]))
+@given(
+    data=st.binary(max_size=300),
+    cuts=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), max_size=40),
+    seed=st.sampled_from([0, 1, 2**32 - 1]),
+)
 def test_xxh32_of_slices_equals_the_xxhash_package(data, cuts, seed):
     starts = np.array([min(a, len(data)) for a, _ in cuts], dtype=np.int64)
     lengths = np.array([min(b, len(data) - a) for a, (_, b) in zip(starts.tolist(), cuts)], dtype=np.int64)
@@ -64,7 +72,9 @@ def test_shingle_spans_are_the_shingles_of_every_text(normaliser, texts):
     cut = [spans.buffer[a : a + n] for a, n in zip(spans.starts.tolist(), spans.lengths.tolist())]
     assert cut == [s for text in texts for s in normaliser.shingle_bytes(text)]
     assert spans.counts.tolist() == [len(normaliser.shingle_bytes(text)) for text in texts]
-    assert [normaliser.normalised_bytes(text) for text in texts] == [normaliser.normalise(text).encode() for text in texts]
+    assert [normaliser.normalised_bytes(text) for text in texts] == [
+        normaliser.normalise(text).encode() for text in texts
+    ]
 
 
 @settings(max_examples=300, deadline=None)
@@ -90,10 +100,20 @@ def test_auto_spans_interleave_the_kinds_of_short_texts_in_text_order():
     spans = normaliser.shingle_spans(texts)
     cut = [spans.buffer[a : a + n] for a, n in zip(spans.starts.tolist(), spans.lengths.tolist())]
     assert cut == [
-        b"ab", b"cd", b"ab", b"b ", b" c", b"cd",  # short: words, then character 2-grams
-        b"one two three", b"two three four",  # long: word 3-grams
-        "é".encode(), b"x", "é ".encode(), b" x",
-        b"x", b"x",  # one character: its word and its whole text
+        b"ab",
+        b"cd",
+        b"ab",
+        b"b ",
+        b" c",
+        b"cd",  # short: words, then character 2-grams
+        b"one two three",
+        b"two three four",  # long: word 3-grams
+        "é".encode(),
+        b"x",
+        "é ".encode(),
+        b" x",
+        b"x",
+        b"x",  # one character: its word and its whole text
     ]
     assert spans.counts.tolist() == [6, 2, 0, 4, 2]
 

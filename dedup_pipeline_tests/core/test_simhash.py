@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from dedup_pipeline.core.simhash import (
     block_bounds,
     hamming_distance,
-    similarity,
     simhash_candidates,
     simhash_fingerprints,
+    similarity,
 )
 from dedup_pipeline.core.text import TextNormaliser
 

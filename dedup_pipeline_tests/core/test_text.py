@@ -34,9 +34,28 @@ def test_golden_normalisation_pins_the_rule_version():
     assert TextNormaliser(shingle="char", ngram=4).shingles("Ab, cd") == ["ab c", "b cd"]
     # text/2's default: a short text is its words, then its character 4-grams, one set of both
     assert n.shingles("Jon Smith, 12 High St") == [
-        "jon", "smith", "12", "high", "st",
-        "jon ", "on s", "n sm", " smi", "smit", "mith", "ith ", "th 1", "h 12", " 12 ", "12 h", "2 hi", " hig",
-        "high", "igh ", "gh s", "h st",
+        "jon",
+        "smith",
+        "12",
+        "high",
+        "st",
+        "jon ",
+        "on s",
+        "n sm",
+        " smi",
+        "smit",
+        "mith",
+        "ith ",
+        "th 1",
+        "h 12",
+        " 12 ",
+        "12 h",
+        "2 hi",
+        " hig",
+        "high",
+        "igh ",
+        "gh s",
+        "h st",
     ]
     # ... and a long one its word 3-grams, as text/1 shingled every text
     long_text = " ".join(f"w{i}" for i in range(n.short_below))
@@ -51,12 +70,21 @@ def test_text_1_shingles_are_reproduced_by_explicit_settings_and_keep_their_old_
     """Pinning text/1's defaults gives its shingles, and names the index text/1 built as one of its identities."""
     text = "The quick brown fox, jumps over the lazy dog; again and again"
     assert TEXT_1.shingles(text) == [
-        "the quick brown", "quick brown fox", "brown fox jumps", "fox jumps over", "jumps over the", "over the lazy",
-        "the lazy dog", "lazy dog again", "dog again and", "again and again",
+        "the quick brown",
+        "quick brown fox",
+        "brown fox jumps",
+        "fox jumps over",
+        "jumps over the",
+        "over the lazy",
+        "the lazy dog",
+        "lazy dog again",
+        "dog again and",
+        "again and again",
     ]
     assert TEXT_1.shingles("a b") == ["a b"]
     assert TEXT_1.identities() == (
-        TEXT_1.identity(), "text/1;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=word;n=3",
+        TEXT_1.identity(),
+        "text/1;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=word;n=3",
     )
     assert TextNormaliser(shingle="char", ngram=4).identities()[1].startswith("text/1;")
     assert TextNormaliser().identities() == (TextNormaliser().identity(),)  # auto is new in text/2
@@ -118,8 +146,15 @@ def test_normaliser_is_frozen_and_validates():
     with pytest.raises(dataclasses.FrozenInstanceError):
         n.ngram = 5  # type: ignore[misc]
     for bad in (
-        {"unicode_form": "NFX"}, {"digits": "drop"}, {"shingle": "line"}, {"ngram": 0}, {"ngram": True},
-        {"short_below": -1}, {"short_chars": -1}, {"short_words": 1.5}, {"short_words": 0, "short_chars": 0},
+        {"unicode_form": "NFX"},
+        {"digits": "drop"},
+        {"shingle": "line"},
+        {"ngram": 0},
+        {"ngram": True},
+        {"short_below": -1},
+        {"short_chars": -1},
+        {"short_words": 1.5},
+        {"short_words": 0, "short_chars": 0},
     ):
         with pytest.raises(ValueError):
             TextNormaliser(**bad)

@@ -2,8 +2,8 @@
 
 One test (or parametrised group) per rule of url/1, golden examples from
 fixtures/url_golden.jsonl, hypothesis properties (idempotence, never raises,
-no path-case merge, query order independence) and, when the shared data
-folder is present, agreement with the public WHATWG test vectors on the
+no path-case merge, query order independence) and agreement with the public
+WHATWG and urlcanon test vectors (fixtures/url_canon/, see its README) on the
 fields where url/1 and the WHATWG URL Standard mean the same thing.
 """
 
@@ -19,21 +19,21 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dedup_pipeline.core import url as url_module
-from dedup_pipeline.quality.expectations import CANONICAL_URL
 from dedup_pipeline.core.url import (
     TRACKING_PARAMS,
     TRACKING_PREFIXES,
     URL_VERSION,
     UrlError,
     canonical_url,
-    canonicalize_url_strict,
 )
+from dedup_pipeline.quality.expectations import CANONICAL_URL
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-URL_VECTORS = REPO_ROOT.parent / "shared" / "data" / "url_canon"
+URL_VECTORS = FIXTURES / "url_canon"
 
-strict = canonicalize_url_strict
+
+def strict(url: str) -> str:
+    return canonical_url(url, strict=True)
 
 
 def load_jsonl(path: Path) -> list[dict]:
@@ -71,7 +71,7 @@ def test_module_is_pure_python_without_io_or_dagster():
 
 
 def test_public_functions_have_docstrings():
-    for obj in (canonical_url, canonicalize_url_strict, UrlError, url_module):
+    for obj in (canonical_url, UrlError, url_module):
         assert obj.__doc__ and obj.__doc__.strip()
 
 
@@ -224,7 +224,7 @@ def test_invalid_ipv6(url, reason):
         ("a%40b:c%3Ad@example.com", "a%40b:c%3Ad@example.com"),
         ("a@b@example.com", "a%40b@example.com"),
         ("us er:p\u00e4ss\u00a0@example.com", "us%20er:p%C3%A4ss%C2%A0@example.com"),
-        ("u\x0b\x1f\"<>[]^`{|}\\@example.com", "u%0B%1F%22%3C%3E%5B%5D%5E%60%7B%7C%7D%5C@example.com"),
+        ('u\x0b\x1f"<>[]^`{|}\\@example.com', "u%0B%1F%22%3C%3E%5B%5D%5E%60%7B%7C%7D%5C@example.com"),
         ("u%zz@example.com", "u%zz@example.com"),
     ],
 )
@@ -478,7 +478,9 @@ def test_tracking_prefix_is_dropped(name):
     assert strict(f"http://h/p?{name}=x&id=1") == "http://h/p?id=1"
 
 
-@pytest.mark.parametrize("name", ["utm", "xutm_source", "gclid_x", "agclid", "gclid%20", "utm-source", "source", "referer"])
+@pytest.mark.parametrize(
+    "name", ["utm", "xutm_source", "gclid_x", "agclid", "gclid%20", "utm-source", "source", "referer"]
+)
 def test_non_tracking_names_are_kept(name):
     assert strict(f"http://h/p?{name}=x") == f"http://h/p?{name}=x"
 
@@ -669,7 +671,7 @@ def test_output_is_a_valid_ascii_url(url):
 
 
 def general_path_only(url: str) -> str:
-    """canonicalize_url_strict without its one-regex fast path (white-box)."""
+    """canonical_url(strict=True) without its one-regex fast path (white-box)."""
     s = url.strip().translate({9: None, 10: None, 13: None})
     scheme, authority, path, query = url_module._canonical_parts(s)
     return f"{scheme}://{authority}{path}?{query}" if query else f"{scheme}://{authority}{path}"
@@ -725,11 +727,7 @@ def test_query_order_and_tracking_do_not_matter(pieces, rnd):
     assert strict("http://h/p?" + "&".join(shuffled + ["utm_medium=mail", "fbclid=abc"])) == base
 
 
-# --- public vectors (optional: /work/shared/data/url_canon) -------------------------
-
-needs_vectors = pytest.mark.skipif(
-    not URL_VECTORS.is_dir(), reason=f"public URL vectors not found at {URL_VECTORS} (optional shared data)"
-)
+# --- public vectors (fixtures/url_canon) ----------------------------------------------
 
 
 def rfc3986_normalise_escapes(text: str) -> str:
@@ -781,7 +779,6 @@ def documented_refusal(raw: str) -> bool:
     )
 
 
-@needs_vectors
 def test_agrees_with_whatwg_vectors_where_the_rules_coincide():
     """whatwg_urltestdata_pairs.jsonl rows with base null, http(s), not a failure.
 
@@ -842,7 +839,6 @@ def test_agrees_with_whatwg_vectors_where_the_rules_coincide():
     assert compared["hostname"] >= 60 and compared["pathname"] >= 60 and compared["search"] >= 60, compared
 
 
-@needs_vectors
 def test_agrees_with_whatwg_dot_segment_vectors():
     """urlcanon_pairs.jsonl 'whatwg.path_dots.special': path in, path out.
 

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -16,12 +16,13 @@ from dedup_pipeline.defs.resources import LandingResource
 from dedup_pipeline.defs.schedules import ladder_catch_up
 from dedup_pipeline_tests.helpers import listing, write_batch
 
-TICK = datetime(2026, 11, 3, 10, 17, tzinfo=timezone.utc)
+TICK = datetime(2026, 11, 3, 10, 17, tzinfo=UTC)
 
 
 def schedule_context(instance, folder):
     return dg.build_schedule_context(
-        instance=instance, scheduled_execution_time=TICK,
+        instance=instance,
+        scheduled_execution_time=TICK,
         resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)},
     )
 
@@ -33,21 +34,46 @@ def test_catch_up_registers_new_files_and_runs_only_batches_not_done(tmp_path):
     with dg.instance_for_test() as instance:  # schedules need an instance with a ref, not an ephemeral one
         instance.add_dynamic_partitions(crawl_batches_partitions.name, ["a-done", "b-running", "c-failed", "gone"])
         instance.report_runless_asset_event(dg.AssetMaterialization("near_duplicate_clusters", partition="a-done"))
-        instance.add_run(dg.DagsterRun(job_name="dedup_ladder", run_id="r-b", status=dg.DagsterRunStatus.STARTED,
-                                       tags={"dagster/partition": "b-running"}))
-        instance.add_run(dg.DagsterRun(job_name="dedup_ladder", run_id="r-c", status=dg.DagsterRunStatus.FAILURE,
-                                       tags={"dagster/partition": "c-failed"}))
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="dedup_ladder",
+                run_id="r-b",
+                status=dg.DagsterRunStatus.STARTED,
+                tags={"dagster/partition": "b-running"},
+            )
+        )
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="dedup_ladder",
+                run_id="r-c",
+                status=dg.DagsterRunStatus.FAILURE,
+                tags={"dagster/partition": "c-failed"},
+            )
+        )
 
         requests = ladder_catch_up(schedule_context(instance, folder))
         assert [(r.partition_key, r.run_key) for r in requests] == [
-            ("c-failed", f"c-failed@{TICK.isoformat()}"), ("d-new", f"d-new@{TICK.isoformat()}")]
-        assert [(r.tags["dedup/trigger"], r.tags["dedup/source"]) for r in requests] == [("catch-up", "c-failed"), ("catch-up", "d-new")]
-        assert "d-new" in instance.get_dynamic_partitions(crawl_batches_partitions.name)  # "gone" has no file: left alone
+            ("c-failed", f"c-failed@{TICK.isoformat()}"),
+            ("d-new", f"d-new@{TICK.isoformat()}"),
+        ]
+        assert [(r.tags["dedup/trigger"], r.tags["dedup/source"]) for r in requests] == [
+            ("catch-up", "c-failed"),
+            ("catch-up", "d-new"),
+        ]
+        assert "d-new" in instance.get_dynamic_partitions(
+            crawl_batches_partitions.name
+        )  # "gone" has no file: left alone
 
         for key in ("c-failed", "d-new"):
             instance.report_runless_asset_event(dg.AssetMaterialization("near_duplicate_clusters", partition=key))
-        instance.add_run(dg.DagsterRun(job_name="dedup_ladder", run_id="r-b2", status=dg.DagsterRunStatus.SUCCESS,
-                                       tags={"dagster/partition": "b-running"}))
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="dedup_ladder",
+                run_id="r-b2",
+                status=dg.DagsterRunStatus.SUCCESS,
+                tags={"dagster/partition": "b-running"},
+            )
+        )
         skip = ladder_catch_up(schedule_context(instance, folder))
         assert isinstance(skip, dg.SkipReason) and "4 landed batches" in skip.skip_message  # b-running still running
 
@@ -70,7 +96,9 @@ def test_one_setting_turns_the_sensors_and_the_schedule_on():
 
     def statuses(value):
         env = {**os.environ, "DEDUP_AUTOMATION": value}
-        out = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", probe], env=env, capture_output=True, text=True, check=True
+        )
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     names = ["ladder_catch_up", "landing_sensor", "ladder_failure_alert"]

@@ -8,35 +8,45 @@ import dagster as dg
 import pytest
 from sqlalchemy import func, insert, select
 
+from dedup_pipeline.cli.demo import write_demo_crawl
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.alerts import ladder_failure_alert
-from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, ladder_assets, raw_crawl_batches
-from dedup_pipeline.defs.check_settings import ChecksResource
+from dedup_pipeline.defs.assets import (
+    COLLAPSE_CHECK,
+    canonical_records,
+    deduplicated_records,
+    ladder_assets,
+    raw_crawl_batches,
+)
 from dedup_pipeline.defs.checks import (
-    GE_CHECK, INTEGRITY_CHECK, QUARANTINE_CHECK, RUNAWAY_CHECK, SEEN_SET_CHECK, collapse_rate_in_band, ladder_checks,
+    GE_CHECK,
+    INTEGRITY_CHECK,
+    QUARANTINE_CHECK,
+    RUNAWAY_CHECK,
+    SEEN_SET_CHECK,
+    collapse_rate_in_band,
+    ladder_checks,
 )
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource
-from dedup_pipeline.demo import write_demo_crawl
+from dedup_pipeline.defs.resources import (
+    SeenSetResource,
+)
 from dedup_pipeline.landing import list_batches
 from dedup_pipeline.store.schema import dedup_decisions, records
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
-from dedup_pipeline_tests.defs.test_checks_quality import sliding_batches
+from dedup_pipeline_tests.defs.common import ladder_resources
 from dedup_pipeline_tests.helpers import listing, write_batch
-
-
-def resources(url, folder, seen_set=None, **ladder):
-    return {
-        "warehouse": WarehouseResource(database_url=url), "landing": LandingResource(folder=str(folder), settle_seconds=0),
-        "ladder": LadderResource(**ladder), "near_dup": NearDupResource(),
-        "seen_set": seen_set or SeenSetResource(kind="none"), "checks": ChecksResource(),
-    }
+from dedup_pipeline_tests.quality.common import sliding_batches
 
 
 def run(instance, url, folder, key, selection=None, seen_set=None, **ladder):
     return dg.materialize(
-        [*ladder_assets, *ladder_checks], partition_key=key, instance=instance, selection=selection,
-        resources=resources(url, folder, seen_set, **ladder), raise_on_error=False,
+        [*ladder_assets, *ladder_checks],
+        partition_key=key,
+        instance=instance,
+        selection=selection,
+        resources=ladder_resources(url, folder, seen_set, **ladder),
+        raise_on_error=False,
     )
 
 
@@ -59,10 +69,15 @@ def test_every_check_passes_on_the_demo_crawl_and_the_ui_gets_its_figures(tmp_pa
         result = run(instance, url, folder, key)
         assert result.success
         checks = evaluations(result)
-        assert set(checks) == {("canonical_records", GE_CHECK), ("canonical_records", QUARANTINE_CHECK),
-                               ("deduplicated_records", COLLAPSE_CHECK), ("deduplicated_records", INTEGRITY_CHECK),
-                               ("deduplicated_records", GE_CHECK), ("deduplicated_records", SEEN_SET_CHECK),
-                               ("near_duplicate_clusters", RUNAWAY_CHECK)}
+        assert set(checks) == {
+            ("canonical_records", GE_CHECK),
+            ("canonical_records", QUARANTINE_CHECK),
+            ("deduplicated_records", COLLAPSE_CHECK),
+            ("deduplicated_records", INTEGRITY_CHECK),
+            ("deduplicated_records", GE_CHECK),
+            ("deduplicated_records", SEEN_SET_CHECK),
+            ("near_duplicate_clusters", RUNAWAY_CHECK),
+        }
         assert all(e.passed for e in checks.values()), {k: e.description for k, e in checks.items() if not e.passed}
         assert all(e.partition == key for e in checks.values())
         collapse = checks[("deduplicated_records", COLLAPSE_CHECK)]  # a batch too small to judge passes, but its
@@ -108,12 +123,23 @@ def test_an_integrity_failure_blocks_near_duplicates_and_raises_a_clear_alert(tm
     monkeypatch.setenv("DEDUP_LANDING_DIR", str(folder))
     warehouse = Warehouse(url).create_schema()
     with warehouse.engine.begin() as conn:  # a buggy writer logged a truncated digest for this batch
-        conn.execute(insert(dedup_decisions).values(
-            batch_id="b1", line_no=0, run_id="rogue", natural_key="k", hash_version="content/1",
-            content_hash=b"\x01" * 31, decision="new", decided_at=utcnow()))
+        conn.execute(
+            insert(dedup_decisions).values(
+                batch_id="b1",
+                line_no=0,
+                run_id="rogue",
+                natural_key="k",
+                hash_version="content/1",
+                content_hash=b"\x01" * 31,
+                decision="new",
+                decided_at=utcnow(),
+            )
+        )
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b1"])
-    result = defs.resolve_job_def("dedup_ladder").execute_in_process(partition_key="b1", instance=instance, raise_on_error=False)
+    result = defs.resolve_job_def("dedup_ladder").execute_in_process(
+        partition_key="b1", instance=instance, raise_on_error=False
+    )
 
     assert not result.success
     integrity = evaluations(result)[("deduplicated_records", INTEGRITY_CHECK)]
@@ -122,14 +148,21 @@ def test_an_integrity_failure_blocks_near_duplicates_and_raises_a_clear_alert(tm
     assert not result.asset_materializations_for_node("near_duplicate_clusters")
 
     context = dg.build_run_status_sensor_context(
-        sensor_name=ladder_failure_alert.name, dagster_instance=instance, dagster_run=result.dagster_run,
+        sensor_name=ladder_failure_alert.name,
+        dagster_instance=instance,
+        dagster_run=result.dagster_run,
         dagster_event=result.get_run_failure_event(),
     ).for_run_failure()
     with caplog.at_level(logging.ERROR, logger="dedup_pipeline.alerts"):
         ladder_failure_alert(context)
     [alert] = [r.getMessage() for r in caplog.records if r.name == "dedup_pipeline.alerts"]
-    assert alert.startswith("ALERT dedup run failed: job=dedup_ladder partition=b1 step=deduplicated_records_warehouse_integrity")
-    assert "error=DagsterAssetCheckFailedError: 1 blocking asset check failed" in alert and f"run_id={result.run_id}" in alert
+    assert alert.startswith(
+        "ALERT dedup run failed: job=dedup_ladder partition=b1 step=deduplicated_records_warehouse_integrity"
+    )
+    assert (
+        "error=DagsterAssetCheckFailedError: 1 blocking asset check failed" in alert
+        and f"run_id={result.run_id}" in alert
+    )
     assert "warehouse_integrity" in alert.split("error=")[1] and alert.count("DagsterAssetCheckFailedError") == 1
 
 
@@ -158,7 +191,9 @@ def test_a_permanent_error_fails_its_step_at_once_and_the_alert_names_it(tmp_pat
 
     def alerts_for(run):
         context = dg.build_run_status_sensor_context(
-            sensor_name=ladder_failure_alert.name, dagster_instance=instance, dagster_run=run,
+            sensor_name=ladder_failure_alert.name,
+            dagster_instance=instance,
+            dagster_run=run,
             dagster_event=result.get_run_failure_event(),
         ).for_run_failure()
         caplog.clear()
@@ -174,17 +209,25 @@ def test_a_permanent_error_fails_its_step_at_once_and_the_alert_names_it(tmp_pat
 
 def test_a_noisy_batch_warns_on_its_quarantine_rate(tmp_path):
     folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
-    write_batch(folder, "noisy", [listing(n) for n in range(30)] + ["{broken"] * 8 + [{"title": "no url"}] * 2, landed=1e9)
+    write_batch(
+        folder, "noisy", [listing(n) for n in range(30)] + ["{broken"] * 8 + [{"title": "no url"}] * 2, landed=1e9
+    )
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["noisy"])
-    selection = dg.AssetSelection.assets(raw_crawl_batches, canonical_records).without_checks() | dg.AssetSelection.checks(
-        dg.AssetCheckKey(canonical_records.key, QUARANTINE_CHECK))
+    selection = dg.AssetSelection.assets(
+        raw_crawl_batches, canonical_records
+    ).without_checks() | dg.AssetSelection.checks(dg.AssetCheckKey(canonical_records.key, QUARANTINE_CHECK))
     result = run(instance, url, folder, "noisy", selection=selection)
     assert result.success
     check = evaluations(result)[("canonical_records", QUARANTINE_CHECK)]
     meta = values(check.metadata)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
-    assert (meta["quarantined"], meta["lines"], meta["quarantined/raw"], meta["quarantined/canonical"]) == (10, 40, 8, 2)
+    assert (meta["quarantined"], meta["lines"], meta["quarantined/raw"], meta["quarantined/canonical"]) == (
+        10,
+        40,
+        8,
+        2,
+    )
     assert meta["quarantine_rate"] == pytest.approx(0.25) and "| raw | malformed JSON" in meta["top_reasons"]
 
 
@@ -193,8 +236,9 @@ def test_the_seen_set_check_warns_when_a_bloom_fills_up_or_redis_is_down(tmp_pat
     write_batch(folder, "b1", [listing(n) for n in range(60)], landed=1e9)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b1"])
-    selection = dg.AssetSelection.assets(raw_crawl_batches, canonical_records, deduplicated_records).without_checks() | (
-        dg.AssetSelection.checks(dg.AssetCheckKey(deduplicated_records.key, SEEN_SET_CHECK)))
+    selection = dg.AssetSelection.assets(
+        raw_crawl_batches, canonical_records, deduplicated_records
+    ).without_checks() | (dg.AssetSelection.checks(dg.AssetCheckKey(deduplicated_records.key, SEEN_SET_CHECK)))
 
     def seen_set_check(seen_set):
         result = run(instance, url, folder, "b1", selection=selection, seen_set=seen_set)
@@ -203,7 +247,9 @@ def test_the_seen_set_check_warns_when_a_bloom_fills_up_or_redis_is_down(tmp_pat
         return check, values(check.metadata)
 
     full, figures = seen_set_check(SeenSetResource(kind="bloom", bloom_capacity=50))  # 60 digests
-    assert not full.passed and full.severity == dg.AssetCheckSeverity.WARN and "raise bloom_capacity" in full.description
+    assert (
+        not full.passed and full.severity == dg.AssetCheckSeverity.WARN and "raise bloom_capacity" in full.description
+    )
     assert figures["seen_set_fill"] > 1 and figures["max_seen_set_fill"] == 0.9
 
     roomy, figures = seen_set_check(SeenSetResource(kind="bloom", bloom_capacity=10_000))  # a new filter size
@@ -219,8 +265,9 @@ def test_the_collapse_check_errors_when_a_volatile_field_leaks_into_the_hash(tmp
     keys = sliding_batches(folder, 5, leak_in=4)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, keys)
-    selection = dg.AssetSelection.assets(raw_crawl_batches, canonical_records, deduplicated_records).without_checks() | (
-        dg.AssetSelection.checks(collapse_rate_in_band))
+    selection = dg.AssetSelection.assets(
+        raw_crawl_batches, canonical_records, deduplicated_records
+    ).without_checks() | (dg.AssetSelection.checks(collapse_rate_in_band))
     results = [run(instance, url, folder, key, selection=selection) for key in keys]
     assert all(r.success for r in results)  # the collapse check reports, it does not block
     checks = [evaluations(r)[("deduplicated_records", COLLAPSE_CHECK)] for r in results]

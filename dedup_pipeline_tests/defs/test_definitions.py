@@ -8,16 +8,16 @@ from sqlalchemy import func, select
 
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, ladder_assets
-from dedup_pipeline.defs.check_settings import ChecksResource
 from dedup_pipeline.defs.checks import ladder_checks
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import (
-    LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource,
+    LandingResource,
 )
 from dedup_pipeline.defs.sensors import landing_sensor
 from dedup_pipeline.landing import SOURCE_TAG, batch_source
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline_tests.defs.common import ladder_resources
 from dedup_pipeline_tests.helpers import listing, write_batch
 
 
@@ -25,8 +25,12 @@ def test_definitions_load():
     dg.Definitions.validate_loadable(defs)
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
     assert keys == {
-        "raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters",
-        "content_v2_hashes", "rehash_comparison_content_v2",  # the rehash migration (defs/rehash.py)
+        "raw_crawl_batches",
+        "canonical_records",
+        "deduplicated_records",
+        "near_duplicate_clusters",
+        "content_v2_hashes",
+        "rehash_comparison_content_v2",  # the rehash migration (defs/rehash.py)
     }
     assert defs.resolve_job_def("dedup_ladder") is not None
 
@@ -43,19 +47,13 @@ def test_everything_the_ui_lists_says_what_it_does():
     assert not [name for name, text in described.items() if not (text or "").strip()]
 
 
-def resources(url, folder, **ladder):
-    return {
-        "warehouse": WarehouseResource(database_url=url),
-        "landing": LandingResource(folder=str(folder), settle_seconds=0),
-        "ladder": LadderResource(**ladder),
-        "near_dup": NearDupResource(),
-        "checks": ChecksResource(),
-        "seen_set": SeenSetResource(kind="none"),
-    }
-
-
-def materialize(instance, url, folder, key, **ladder):
-    return dg.materialize([*ladder_assets, *ladder_checks], partition_key=key, instance=instance, resources=resources(url, folder, **ladder))
+def materialize(instance, url, folder, key, checks=None, **ladder):
+    return dg.materialize(
+        [*ladder_assets, *ladder_checks],
+        partition_key=key,
+        instance=instance,
+        resources=ladder_resources(url, folder, checks=checks, **ladder),
+    )
 
 
 def collapse_check(result):
@@ -69,7 +67,9 @@ def meta(result, asset):
 
 def test_whole_ladder_in_process(warehouse_url, tmp_path):
     folder = tmp_path / "landing"
-    write_batch(folder, "day1", [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)], landed=1e9)
+    write_batch(
+        folder, "day1", [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)], landed=1e9
+    )
     write_batch(folder, "day2", [listing(n) for n in range(100, 200)] + ["not json"], landed=1e9 + 86400, gz=True)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["day1", "day2"])
@@ -97,7 +97,9 @@ def test_collapse_check_fails_outside_its_band(tmp_path):
     write_batch(folder, "b", [listing(n) for n in range(120)], landed=1e9)  # no duplicates at all
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b"])
-    result = materialize(instance, f"sqlite:///{tmp_path / 'w.sqlite'}", folder, "b", min_collapse_rate=0.05)
+    result = materialize(
+        instance, f"sqlite:///{tmp_path / 'w.sqlite'}", folder, "b", checks={"min_collapse_rate": 0.05}
+    )
     check = collapse_check(result)
     assert not check.passed and check.metadata["collapse_rate"].value == 0.0
     assert result.success  # reported, not blocking: the run goes on
@@ -109,7 +111,11 @@ def test_landing_sensor_adds_partitions_and_requests_runs(tmp_path):
     write_batch(folder, "2026-11-02", [listing(2)], landed=1e9, gz=True)
     (folder / "notes.txt").write_text("not a batch")
     instance = dg.DagsterInstance.ephemeral()
-    context = dg.build_sensor_context(instance=instance, definitions=defs, resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)})
+    context = dg.build_sensor_context(
+        instance=instance,
+        definitions=defs,
+        resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)},
+    )
     result = landing_sensor(context)
     assert [r.partition_key for r in result.run_requests] == ["2026-11-01", "2026-11-02"]
     assert [r.tags[SOURCE_TAG] for r in result.run_requests] == ["2026-11-01", "2026-11-02"]  # undated: own source
@@ -117,7 +123,11 @@ def test_landing_sensor_adds_partitions_and_requests_runs(tmp_path):
 
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["2026-11-01", "2026-11-02"])
     write_batch(folder, "2026-11-03", [listing(3)])  # still being written: too fresh to take
-    context = dg.build_sensor_context(instance=instance, definitions=defs, resources={"landing": LandingResource(folder=str(folder), settle_seconds=60)})
+    context = dg.build_sensor_context(
+        instance=instance,
+        definitions=defs,
+        resources={"landing": LandingResource(folder=str(folder), settle_seconds=60)},
+    )
     assert not landing_sensor(context).run_requests
 
 
@@ -146,8 +156,14 @@ def test_a_partition_deleted_and_added_again_by_the_sensor_is_run_again(tmp_path
                 tags = {"dagster/run_key": request.run_key, "dagster/sensor_name": landing_sensor.name}
                 if instance.get_runs(dg.RunsFilter(tags=tags)):
                     continue  # the daemon: "already completed with run keys ..."
-                instance.add_run(dg.DagsterRun(job_name="dedup_ladder", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.SUCCESS,
-                                               tags={**tags, **request.tags, "dagster/partition": request.partition_key}))
+                instance.add_run(
+                    dg.DagsterRun(
+                        job_name="dedup_ladder",
+                        run_id=str(uuid.uuid4()),
+                        status=dg.DagsterRunStatus.SUCCESS,
+                        tags={**tags, **request.tags, "dagster/partition": request.partition_key},
+                    )
+                )
                 launched.append(request.partition_key)
             return launched
 
@@ -159,10 +175,18 @@ def test_a_partition_deleted_and_added_again_by_the_sensor_is_run_again(tmp_path
         assert len(instance.get_runs(dg.RunsFilter(tags={"dagster/partition": key}))) == 2
 
 
-@pytest.mark.parametrize(("key", "source"), [
-    ("2026-11-30-shop-a", "shop-a"), ("2026-11-02-syndication", "syndication"), ("20261130_shop", "shop"),
-    ("2026-11-30T06:00Z_shop-a", "shop-a"), ("shop-a", "shop-a"), ("2026-11-30", "2026-11-30"), ("2024-model-1", "2024-model-1"),
-])
+@pytest.mark.parametrize(
+    ("key", "source"),
+    [
+        ("2026-11-30-shop-a", "shop-a"),
+        ("2026-11-02-syndication", "syndication"),
+        ("20261130_shop", "shop"),
+        ("2026-11-30T06:00Z_shop-a", "shop-a"),
+        ("shop-a", "shop-a"),
+        ("2026-11-30", "2026-11-30"),
+        ("2024-model-1", "2024-model-1"),
+    ],
+)
 def test_a_batch_source_is_its_key_without_the_landing_date(key, source):
     assert batch_source(key) == source
 
@@ -172,7 +196,8 @@ def test_sensor_runs_carry_their_source_so_one_source_runs_in_landing_order(tmp_
     for key in ("2026-11-01-shop-a", "2026-11-02-shop-a", "2026-11-02-shop-b"):
         write_batch(folder, key, [listing(1)], landed=1e9)
     context = dg.build_sensor_context(
-        instance=dg.DagsterInstance.ephemeral(), definitions=defs,
+        instance=dg.DagsterInstance.ephemeral(),
+        definitions=defs,
         resources={"landing": LandingResource(folder=str(folder), settle_seconds=0)},
     )
     tags = {r.partition_key: r.tags[SOURCE_TAG] for r in landing_sensor(context).run_requests}

@@ -16,10 +16,9 @@ from dedup_pipeline.cli import main
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.erasure import ERASE_JOB, delete_old_erasure_runs, prune_retention_daily
 from dedup_pipeline.defs.sensors import automation_status
-from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import erasure_requests, erasure_tombstones
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
-
 
 SECRET = "QQV-secret-seller"
 
@@ -60,17 +59,25 @@ def test_jobs_and_schedule_are_in_the_code_location():
 def test_erasure_job_reports_counts_and_refuses_a_bad_subject_without_echoing_it(sqlite_env):
     instance = dg.DagsterInstance.ephemeral()
     job = defs.resolve_job_def(ERASE_JOB)
-    ok = job.execute_in_process(instance=instance, run_config=erase_config(kind="canonical_url", value="https://x.example/p?utm_source=1", request_id="R-1"))
+    ok = job.execute_in_process(
+        instance=instance,
+        run_config=erase_config(kind="canonical_url", value="https://x.example/p?utm_source=1", request_id="R-1"),
+    )
     [materialization] = [e for e in ok.all_events if e.event_type_value == "STEP_OUTPUT"]
     meta = {k: v.value for k, v in materialization.step_output_data.metadata.items()}
     assert meta["request_id"] == "R-1" and meta["tombstones_added"] == 8 and meta["records_removed"] == 0
-    bad = job.execute_in_process(instance=instance, raise_on_error=False,
-                                 run_config=erase_config(kind="canonical_url", value="mailto:jane.secret@example.org"))
+    bad = job.execute_in_process(
+        instance=instance,
+        raise_on_error=False,
+        run_config=erase_config(kind="canonical_url", value="mailto:jane.secret@example.org"),
+    )
     assert not bad.success
     [failure] = [e for e in bad.all_events if e.is_step_failure]
     assert "not a usable http" in failure.step_failure_data.user_failure_data.description  # a Failure: no traceback
     assert "jane.secret" not in dg.serialize_value(failure)
-    no_field = job.execute_in_process(instance=instance, raise_on_error=False, run_config=erase_config(kind="field", value="seller-3"))
+    no_field = job.execute_in_process(
+        instance=instance, raise_on_error=False, run_config=erase_config(kind="field", value="seller-3")
+    )
     assert "needs a field path" in no_field.failure_data_for_node("erase_data_subject").user_failure_data.description
     with Warehouse(sqlite_env).engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(erasure_requests)).scalar_one() == 1
@@ -79,7 +86,8 @@ def test_erasure_job_reports_counts_and_refuses_a_bad_subject_without_echoing_it
 def test_retention_deletes_finished_erasure_runs_only(sqlite_env):
     instance = dg.DagsterInstance.ephemeral()
     erased = defs.resolve_job_def(ERASE_JOB).execute_in_process(
-        instance=instance, run_config=erase_config(kind="natural_key", value="sku-1"))
+        instance=instance, run_config=erase_config(kind="natural_key", value="sku-1")
+    )
     pruned = defs.resolve_job_def("prune_retention").execute_in_process(instance=instance)
     assert pruned.success and instance.get_run_by_id(erased.run_id) is not None  # younger than 24 h
     assert delete_old_erasure_runs(instance, 24, now=utcnow() + timedelta(hours=25)) == 1
@@ -91,7 +99,8 @@ def test_the_command_line_prunes_erasure_runs_too(sqlite_env, capsys, monkeypatc
     """`dedup-pipeline prune-retention` deletes the instance's finished erase_subject runs past their retention."""
     with dg.DagsterInstance.get() as instance:  # $DAGSTER_HOME, the instance the command line uses
         erased = defs.resolve_job_def(ERASE_JOB).execute_in_process(
-            instance=instance, run_config=erase_config(kind="field", field="seller_id", value="jane@example.org"))
+            instance=instance, run_config=erase_config(kind="field", field="seller_id", value="jane@example.org")
+        )
     assert main(["prune-retention", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["erasure_runs_deleted"] == 0  # younger than 24 h
     monkeypatch.setattr("dedup_pipeline.defs.erasure.utcnow", lambda: utcnow() + timedelta(hours=25))
@@ -105,7 +114,10 @@ def test_the_command_line_prunes_erasure_runs_too(sqlite_env, capsys, monkeypatc
 
 
 def test_command_line_erase_prune_and_grant(sqlite_env, capsys, monkeypatch):
-    assert main(["erase", "--kind", "field", "--field", "seller_id", "--value", "s-1", "--request-id", "R-2", "--json"]) == 0
+    assert (
+        main(["erase", "--kind", "field", "--field", "seller_id", "--value", "s-1", "--request-id", "R-2", "--json"])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["request_id"] == "R-2" and out["tombstones_added"] == 1 and out["removed"]["records"] == 0
     monkeypatch.setattr("sys.stdin", io.StringIO("jane@example.org\n"))  # --value - keeps it out of shell history
@@ -114,7 +126,12 @@ def test_command_line_erase_prune_and_grant(sqlite_env, capsys, monkeypatch):
     assert main(["erase", "--kind", "content_digest", "--value", "xyz"]) == 2
     assert "64 hex digits" in capsys.readouterr().err
     assert main(["prune-retention", "--json", "--decision-days", "7"]) == 0
-    assert set(json.loads(capsys.readouterr().out)["pruned"]) == {"dedup_decisions", "record_history", "canonical_records", "quarantine"}
+    assert set(json.loads(capsys.readouterr().out)["pruned"]) == {
+        "dedup_decisions",
+        "record_history",
+        "canonical_records",
+        "quarantine",
+    }
     assert main(["grant-roles"]) == 2
     assert "PostgreSQL only" in capsys.readouterr().err
     with Warehouse(sqlite_env).engine.connect() as conn:
@@ -122,8 +139,9 @@ def test_command_line_erase_prune_and_grant(sqlite_env, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
-def test_a_failed_erasure_run_leaves_the_subjects_value_in_no_error_event_or_log(warehouse_url, tmp_path, monkeypatch,
-                                                                                 capfd):
+def test_a_failed_erasure_run_leaves_the_subjects_value_in_no_error_event_or_log(
+    warehouse_url, tmp_path, monkeypatch, capfd
+):
     """Breaks: a statement of an erasure run fails (a lock timeout: another session holds `records` exclusively), and
     the database error comes with the statement's bound parameters, the subject's value among them.
 
@@ -137,7 +155,10 @@ def test_a_failed_erasure_run_leaves_the_subjects_value_in_no_error_event_or_log
     with locker.connect() as conn, dg.DagsterInstance.get() as instance:
         conn.execute(text("LOCK TABLE records IN ACCESS EXCLUSIVE MODE"))
         failed = defs.resolve_job_def(ERASE_JOB).execute_in_process(
-            instance=instance, raise_on_error=False, run_config=erase_config(kind="field", field="seller_id", value=SECRET))
+            instance=instance,
+            raise_on_error=False,
+            run_config=erase_config(kind="field", field="seller_id", value=SECRET),
+        )
         conn.rollback()
         events = dg.serialize_value(list(instance.all_logs(failed.run_id)))
     locker.dispose()
@@ -154,6 +175,7 @@ def test_deleting_an_erasure_run_deletes_its_compute_logs(sqlite_env, tmp_path, 
 
     Must hold: afterwards no file of the instance's storage holds the value.
     """
+
     def failing(*args, **kwargs):
         raise RuntimeError(f"could not erase {SECRET}")
 
@@ -161,7 +183,10 @@ def test_deleting_an_erasure_run_deletes_its_compute_logs(sqlite_env, tmp_path, 
     storage = tmp_path / "dagster_home" / "storage"
     with dg.DagsterInstance.get() as instance:
         defs.resolve_job_def(ERASE_JOB).execute_in_process(
-            instance=instance, raise_on_error=False, run_config=erase_config(kind="field", field="seller_id", value=SECRET))
+            instance=instance,
+            raise_on_error=False,
+            run_config=erase_config(kind="field", field="seller_id", value=SECRET),
+        )
         assert files_holding(storage, SECRET)  # its compute logs
         assert delete_old_erasure_runs(instance, 24, now=utcnow() + timedelta(hours=25)) == 1
     assert files_holding(storage, SECRET) == []

@@ -13,7 +13,11 @@ from dedup_pipeline_tests.helpers import listing, write_batch
 
 
 def test_the_resource_leaves_each_method_its_own_shingles():
-    assert NearDupResource().params().normaliser == DEFAULT_NORMALISERS["minhash"] == TextNormaliser(shingle="auto", ngram=3)
+    assert (
+        NearDupResource().params().normaliser
+        == DEFAULT_NORMALISERS["minhash"]
+        == TextNormaliser(shingle="auto", ngram=3)
+    )
     simhash = NearDupResource(method="simhash").params()
     assert simhash.normaliser == DEFAULT_NORMALISERS["simhash"] == TextNormaliser(shingle="char", ngram=4)
     # identities are those of the library defaults, so existing indexes are not refused
@@ -21,7 +25,9 @@ def test_the_resource_leaves_each_method_its_own_shingles():
     assert simhash.identity() == NearDupParams(method="simhash").identity()
     # an explicit setting still wins, and changes the identity
     assert NearDupResource(ngram=5).params().normaliser == TextNormaliser(shingle="auto", ngram=5)
-    assert NearDupResource(method="simhash", shingle="word").params().normaliser == TextNormaliser(shingle="word", ngram=4)
+    assert NearDupResource(method="simhash", shingle="word").params().normaliser == TextNormaliser(
+        shingle="word", ngram=4
+    )
     assert NearDupResource(ngram=5).params().identity() != NearDupParams().identity()
     assert NearDupResource(verify="exact").params().verify == "exact"
 

@@ -34,45 +34,70 @@ from sqlalchemy import MetaData, select
 
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import listing, write_batch
 
 pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)]
 
 #: Where personal data lives by design (see the module docstring).
-BY_DESIGN = {("records", "payload"), ("record_history", "payload"), ("canonical_records", "payload"),
-             ("quarantine", "raw_line")}
+BY_DESIGN = {
+    ("records", "payload"),
+    ("record_history", "payload"),
+    ("canonical_records", "payload"),
+    ("quarantine", "raw_line"),
+}
 T0 = 1_700_000_000
 
 
 def markers() -> dict[str, str]:
     tag = uuid.uuid4().hex[:12]
-    return {name: f"PII{tag}{name.upper()}" for name in
-            ("seller", "seller_name", "email", "phone", "author_name", "author_email", "contact", "bad_url", "broken")}
+    return {
+        name: f"PII{tag}{name.upper()}"
+        for name in (
+            "seller",
+            "seller_name",
+            "email",
+            "phone",
+            "author_name",
+            "author_email",
+            "contact",
+            "bad_url",
+            "broken",
+        )
+    }
 
 
 def personal_records(m: dict[str, str]) -> tuple[list, list]:
-    person = dict(seller_id=m["seller"], seller_name=m["seller_name"], seller_email=f"{m['email']}@example.org",
-                  seller_phone=f"+44 {m['phone']}", author={"name": m["author_name"], "email": f"{m['author_email']}@example.com"},
-                  contact=f"mailto:{m['contact']}@example.net")
+    person = dict(
+        seller_id=m["seller"],
+        seller_name=m["seller_name"],
+        seller_email=f"{m['email']}@example.org",
+        seller_phone=f"+44 {m['phone']}",
+        author={"name": m["author_name"], "email": f"{m['author_email']}@example.com"},
+        contact=f"mailto:{m['contact']}@example.net",
+    )
     day1 = [listing(n) for n in range(8)]
     day1 += [
-        listing(50, **person),                                                   # stored
-        listing(51, **person, currency=None),                                    # content/2 cannot hash it: an error row
-        listing(52, **{**person, "seller_id": {"id": m["seller"]}}),             # content/2: seller_id not text
-        listing(53, **person, url=f"ftp://example.org/{m['bad_url']}"),          # quarantined: not http(s)
+        listing(50, **person),  # stored
+        listing(51, **person, currency=None),  # content/2 cannot hash it: an error row
+        listing(52, **{**person, "seller_id": {"id": m["seller"]}}),  # content/2: seller_id not text
+        listing(53, **person, url=f"ftp://example.org/{m['bad_url']}"),  # quarantined: not http(s)
         '{"url": "https://shop.example.com/p/54", "seller_id": "' + m["broken"] + '", "title": ',  # malformed JSON
     ]
-    day2 = [listing(50, **person, crawl_id="again", proxy_ip="10.9.9.9")]        # exact duplicate
-    day2 += [listing(51, **person, currency=None, price="99.00")]                # changed: history
+    day2 = [listing(50, **person, crawl_id="again", proxy_ip="10.9.9.9")]  # exact duplicate
+    day2 += [listing(51, **person, currency=None, price="99.00")]  # changed: history
     day2 += [listing(n, crawl_id="again") for n in range(8)]
     return day1, day2
 
 
 def run_job(name: str, instance, **kwargs) -> dg.ExecuteInProcessResult:
     result = defs.resolve_job_def(name).execute_in_process(instance=instance, raise_on_error=False, **kwargs)
-    assert result.success, [(e.message, e.step_failure_data.error.to_string() if e.is_step_failure else "") for e in result.all_events if e.is_failure]
+    assert result.success, [
+        (e.message, e.step_failure_data.error.to_string() if e.is_step_failure else "")
+        for e in result.all_events
+        if e.is_failure
+    ]
     return result
 
 
@@ -120,8 +145,12 @@ def test_no_personal_value_is_written_outside_the_records(warehouse_url, tmp_pat
     m = markers()
     needles = list(m.values())
     data_dir, landing = tmp_path / "data", tmp_path / "landing"
-    for name, value in {"DEDUP_DATABASE_URL": warehouse_url, "DEDUP_DATA_DIR": str(data_dir),
-                        "DEDUP_LANDING_DIR": str(landing), TOMBSTONE_KEY_ENV: secrets.token_hex(32)}.items():
+    for name, value in {
+        "DEDUP_DATABASE_URL": warehouse_url,
+        "DEDUP_DATA_DIR": str(data_dir),
+        "DEDUP_LANDING_DIR": str(landing),
+        TOMBSTONE_KEY_ENV: secrets.token_hex(32),
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DEDUP_REDIS_URL", raising=False)  # the Bloom seen-set, whose file is searched too
     caplog.set_level(logging.DEBUG)
@@ -139,8 +168,17 @@ def test_no_personal_value_is_written_outside_the_records(warehouse_url, tmp_pat
     assert held == BY_DESIGN  # positive control: the search does find the markers where they are meant to be
 
     def erase(field: str, value: str) -> dg.ExecuteInProcessResult:
-        return run_job("erase_subject", instance, run_config={"ops": {"erase_data_subject": {"config": {
-            "kind": "field", "field": field, "value": value, "request_id": "DSR-1"}}}})
+        return run_job(
+            "erase_subject",
+            instance,
+            run_config={
+                "ops": {
+                    "erase_data_subject": {
+                        "config": {"kind": "field", "field": field, "value": value, "request_id": "DSR-1"}
+                    }
+                }
+            },
+        )
 
     by_id = erase("seller_id", m["seller"])
     assert by_id.output_for_node("erase_data_subject")["records"] == 2  # listings 50 and 51 (and 51's history)

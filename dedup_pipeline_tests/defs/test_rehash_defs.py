@@ -9,7 +9,13 @@ from sqlalchemy import create_engine, text
 
 from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.rehash import (
-    COMPARISON_CHECK, MIGRATION_TAG, MIGRATIONS, RehashResource, rehash_migration, retire_job, switch_job,
+    COMPARISON_CHECK,
+    MIGRATION_TAG,
+    MIGRATIONS,
+    RehashResource,
+    rehash_migration,
+    retire_job,
+    switch_job,
 )
 from dedup_pipeline.defs.resources import NearDupResource, WarehouseResource
 from dedup_pipeline.store.rehash import SHARDS
@@ -38,8 +44,12 @@ def metadata(result, asset):
 
 def backfill_all(instance, url, shards=SHARDS, **rehash):
     return {
-        shard: metadata(dg.materialize([MIGRATION.hashes], partition_key=shard, instance=instance, resources=resources(url, **rehash)),
-                        MIGRATION.hashes.key.path[-1])
+        shard: metadata(
+            dg.materialize(
+                [MIGRATION.hashes], partition_key=shard, instance=instance, resources=resources(url, **rehash)
+            ),
+            MIGRATION.hashes.key.path[-1],
+        )
         for shard in shards
     }
 
@@ -47,7 +57,8 @@ def backfill_all(instance, url, shards=SHARDS, **rehash):
 def switch(url, **config):
     return switch_job.execute_in_process(
         run_config={"ops": {"switch_active_hash_version": {"config": config}}},
-        resources={"warehouse": WarehouseResource(database_url=url)}, raise_on_error=False,
+        resources={"warehouse": WarehouseResource(database_url=url)},
+        raise_on_error=False,
     )
 
 
@@ -69,12 +80,21 @@ def test_backfill_compare_switch_retire_in_dagster(legacy):
 
     refused = switch(url, target="content/2")
     assert not refused.success
-    assert "rows have no content/2 digest yet" in refused.failure_data_for_node("switch_active_hash_version").error.message
+    assert (
+        "rows have no content/2 digest yet" in refused.failure_data_for_node("switch_active_hash_version").error.message
+    )
 
-    first = dg.materialize([MIGRATION.hashes], partition_key="3", instance=instance, resources=resources(url, chunk_size=5, max_chunks_per_run=2))
+    first = dg.materialize(
+        [MIGRATION.hashes],
+        partition_key="3",
+        instance=instance,
+        resources=resources(url, chunk_size=5, max_chunks_per_run=2),
+    )
     partial = metadata(first, "content_v2_hashes")
     assert (partial["rows_hashed"] + partial["rows_unhashable"], partial["complete"]) == (10, False)
-    assert partial["shard_rows_left"] == partial["shard_rows"] - 10 and partial["warehouse_rows_left"] == want["rows"] - 10
+    assert (
+        partial["shard_rows_left"] == partial["shard_rows"] - 10 and partial["warehouse_rows_left"] == want["rows"] - 10
+    )
 
     others = backfill_all(instance, url, [s for s in SHARDS if s != "3"], chunk_size=50)
     waiting = MIGRATION.sensor(context)  # every shard materialised, but shard 3 stopped with rows left
@@ -95,7 +115,9 @@ def test_backfill_compare_switch_retire_in_dagster(legacy):
     context.update_cursor(request.cursor)
     assert isinstance(MIGRATION.sensor(context), dg.SkipReason)  # compared after the latest shard already
 
-    strict = dg.materialize([MIGRATION.comparison], instance=instance, resources=resources(url, max_collapse_change=0.0))
+    strict = dg.materialize(
+        [MIGRATION.comparison], instance=instance, resources=resources(url, max_collapse_change=0.0)
+    )
     [failed] = strict.get_asset_check_evaluations()
     assert strict.success and failed.check_name == COMPARISON_CHECK and not failed.passed
     assert "failed" in switch(url, target="content/2").failure_data_for_node("switch_active_hash_version").error.message
@@ -111,16 +133,22 @@ def test_backfill_compare_switch_retire_in_dagster(legacy):
     assert switched.success and Warehouse(url).active_hash_version() == "content/2"
     [event] = [e for e in switched.all_events if e.event_type_value == "STEP_OUTPUT"]
     switch_meta = {k: v.value for k, v in event.event_specific_data.metadata.items()}
-    assert (switch_meta["kept_merged"], switch_meta["kept_unhashable"]) == (want["rows_merged_away"], want["unhashable"])
+    assert (switch_meta["kept_merged"], switch_meta["kept_unhashable"]) == (
+        want["rows_merged_away"],
+        want["unhashable"],
+    )
     assert "https://" not in str(switch_meta)
 
     def retire(**config):
         return retire_job.execute_in_process(
             run_config={"ops": {"retire_old_hash_version": {"config": config}}},
-            resources={"warehouse": WarehouseResource(database_url=url), "near_dup": NearDupResource()}, raise_on_error=False,
+            resources={"warehouse": WarehouseResource(database_url=url), "near_dup": NearDupResource()},
+            raise_on_error=False,
         )
 
-    assert "overlap window" in retire(version="content/1").failure_data_for_node("retire_old_hash_version").error.message
+    assert (
+        "overlap window" in retire(version="content/1").failure_data_for_node("retire_old_hash_version").error.message
+    )
     assert not retire(version="content/1", force=True).success  # a forced retire needs a reason
     retired = retire(version="content/1", force=True, reason="crawl cycle finished early")
     assert retired.success
@@ -129,8 +157,10 @@ def test_backfill_compare_switch_retire_in_dagster(legacy):
 def test_launchpad_mistakes_fail_the_step_with_what_to_change_not_a_traceback(legacy):
     """Breaks: an unknown version or a force without a reason failed with a ValueError's traceback."""
     url, _ = legacy
-    for config, says in (({"target": "content/9"}, "unknown hash version 'content/9'"),
-                         ({"target": "content/2", "force": True}, "needs a reason")):
+    for config, says in (
+        ({"target": "content/9"}, "unknown hash version 'content/9'"),
+        ({"target": "content/2", "force": True}, "needs a reason"),
+    ):
         failed = switch(url, **config)
         failure = failed.failure_data_for_node("switch_active_hash_version")
         assert not failed.success and failure.user_failure_data is not None, failure.error.message

@@ -53,8 +53,13 @@ def workspace_context(tmp_path, monkeypatch):
     launcher = "\nrun_launcher:\n  module: dagster._core.test_utils\n  class: MockedRunLauncher\n"
     (home / "dagster.yaml").write_text(config + launcher)
     with fresh_database("dagster_instance") as instance_db:
-        for key, value in {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": "5432", "DAGSTER_PG_USER": "postgres",
-                           "DAGSTER_PG_PASSWORD": "unused-with-trust-auth", "DAGSTER_PG_DB": instance_db}.items():
+        for key, value in {
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": "5432",
+            "DAGSTER_PG_USER": "postgres",
+            "DAGSTER_PG_PASSWORD": "unused-with-trust-auth",
+            "DAGSTER_PG_DB": instance_db,
+        }.items():
             monkeypatch.setenv(key, value)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             instance.add_dynamic_partitions(crawl_batches_partitions.name, [OLDER, NEWER, OTHER])
@@ -73,7 +78,9 @@ def _graphql(context, query: str, variables: dict) -> dict:
 def _runs_by_partition(instance: dg.DagsterInstance) -> dict[str, dg.DagsterRun]:
     """The runs of the three batches, by partition."""
     runs = instance.get_runs()
-    return {run.tags["dagster/partition"]: run for run in runs if run.tags.get("dagster/partition") in (OLDER, NEWER, OTHER)}
+    return {
+        run.tags["dagster/partition"]: run for run in runs if run.tags.get("dagster/partition") in (OLDER, NEWER, OTHER)
+    }
 
 
 def _dequeue(context, daemon: QueuedRunCoordinatorDaemon) -> set[str]:
@@ -103,8 +110,10 @@ def test_a_backfill_from_the_ui_runs_one_batch_per_source_at_a_time(workspace_co
     if target == "assets":  # the asset graph's "Materialize" of partitions
         params["assetSelection"] = [{"path": [name]} for name in LADDER]
     else:  # the job's partitions page
-        params["selector"] = {"partitionSetName": "dedup_ladder_partition_set",
-                              "repositorySelector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}}
+        params["selector"] = {
+            "partitionSetName": "dedup_ladder_partition_set",
+            "repositorySelector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY},
+        }
     launched = _graphql(workspace_context, LAUNCH_PARTITION_BACKFILL_MUTATION, {"backfillParams": params})
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
 
@@ -120,7 +129,10 @@ def test_runs_from_the_launchpad_are_tagged_by_partition_and_others_left_alone(w
         selector = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "pipelineName": job}
         if assets is not None:  # an asset's own page: "Materialize"
             selector["assetSelection"] = [{"path": key.path} for key in assets]
-        params = {"selector": selector, "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}
+        params = {
+            "selector": selector,
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
+        }
         launched = _graphql(workspace_context, LAUNCH_PIPELINE_EXECUTION_MUTATION, {"executionParams": params})
         assert launched["__typename"] == "LaunchRunSuccess", launched
         return launched["run"]
@@ -156,7 +168,11 @@ def test_an_asset_backfill_of_migration_shards_runs_one_shard_at_a_time(workspac
     instance = workspace_context.instance
 
     def shard_runs() -> dict[str, dg.DagsterRun]:
-        return {run.tags["dagster/partition"]: run for run in instance.get_runs() if run.tags.get("dagster/partition") in shards}
+        return {
+            run.tags["dagster/partition"]: run
+            for run in instance.get_runs()
+            if run.tags.get("dagster/partition") in shards
+        }
 
     for _ in range(5):
         list(execute_backfill_iteration(workspace_context, logging.getLogger("test_source_lanes")))

@@ -53,7 +53,11 @@ class Server:
         self.log = open(log, "wb")
         self.proc = subprocess.Popen(
             [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
-            cwd=REPO, env=loopback_env(env), stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            env=loopback_env(env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
 
@@ -72,7 +76,8 @@ class Server:
 
     def graphql(self, query: str, variables: dict) -> dict:
         request = urllib.request.Request(
-            self.url + "/graphql", data=json.dumps({"query": query, "variables": variables}).encode(),
+            self.url + "/graphql",
+            data=json.dumps({"query": query, "variables": variables}).encode(),
             headers={"Content-Type": "application/json"},
         )
         with LOOPBACK.open(request, timeout=60) as response:

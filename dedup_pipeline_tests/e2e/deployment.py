@@ -19,9 +19,9 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import dagster as dg
 
@@ -68,14 +68,20 @@ class Deployment:
         self.env = {
             **base,
             "DAGSTER_HOME": str(self.home),
-            "DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": "5432", "DAGSTER_PG_USER": "postgres",
-            "DAGSTER_PG_PASSWORD": "unused-with-trust-auth", "DAGSTER_PG_DB": instance_db,
-            "DEDUP_CODE_SERVER_HOST": "127.0.0.1", "DEDUP_CODE_SERVER_PORT": str(self.port),
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": "5432",
+            "DAGSTER_PG_USER": "postgres",
+            "DAGSTER_PG_PASSWORD": "unused-with-trust-auth",
+            "DAGSTER_PG_DB": instance_db,
+            "DEDUP_CODE_SERVER_HOST": "127.0.0.1",
+            "DEDUP_CODE_SERVER_PORT": str(self.port),
             "DEDUP_DATABASE_URL": warehouse_url,
             "DEDUP_LANDING_DIR": str(landing),
             "DEDUP_DATA_DIR": str(root / "data"),
-            "DEDUP_REDIS_URL": REDIS_URL, "DEDUP_REDIS_PREFIX": self.redis_prefix,
-            "DEDUP_CELERY_BROKER_URL": BROKER_BASE, "DEDUP_CELERY_QUEUE": self.queue,
+            "DEDUP_REDIS_URL": REDIS_URL,
+            "DEDUP_REDIS_PREFIX": self.redis_prefix,
+            "DEDUP_CELERY_BROKER_URL": BROKER_BASE,
+            "DEDUP_CELERY_QUEUE": self.queue,
         }
         self.processes: dict[str, tuple[subprocess.Popen, Path]] = {}
         self.workers: list[str] = []
@@ -95,10 +101,22 @@ class Deployment:
         return self.processes[name][1].read_text(errors="replace")
 
     def start_code_server(self) -> None:
-        self._start("code_server", [
-            str(BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p", str(self.port),
-            "-m", "dedup_pipeline.definitions", "--location-name", "dedup_pipeline",
-        ])
+        self._start(
+            "code_server",
+            [
+                str(BIN / "dagster"),
+                "code-server",
+                "start",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-m",
+                "dedup_pipeline.definitions",
+                "--location-name",
+                "dedup_pipeline",
+            ],
+        )
 
     def wait_for_code_server(self, timeout: float = 120) -> None:
         from dagster._grpc.client import DagsterGrpcClient
@@ -120,15 +138,35 @@ class Deployment:
 
     def start_celery_worker(self, name: str) -> None:
         self.workers.append(name)
-        self._start(name, [
-            str(BIN / "celery"), "-A", "dedup_pipeline.defs.celery_worker", "worker", "-Q", self.queue,
-            "-c", "1", "--prefetch-multiplier=1", "-n", f"{name}@%h", "-l", "INFO", "--without-mingle",
-            "--without-gossip",
-        ])
+        self._start(
+            name,
+            [
+                str(BIN / "celery"),
+                "-A",
+                "dedup_pipeline.defs.celery_worker",
+                "worker",
+                "-Q",
+                self.queue,
+                "-c",
+                "1",
+                "--prefetch-multiplier=1",
+                "-n",
+                f"{name}@%h",
+                "-l",
+                "INFO",
+                "--without-mingle",
+                "--without-gossip",
+            ],
+        )
 
     def wait_for_workers(self, names: list[str], timeout: float = 120) -> None:
         for name in names:
-            wait_until(lambda: self._check_alive(name) or " ready." in self.log(name), timeout, f"celery worker {name}", 0.5)
+            wait_until(
+                lambda name=name: self._check_alive(name) or " ready." in self.log(name),
+                timeout,
+                f"celery worker {name}",
+                0.5,
+            )
 
     def _check_alive(self, name: str) -> bool:
         process, _ = self.processes[name]
@@ -174,7 +212,7 @@ class Deployment:
             client = redis.Redis.from_url(REDIS_URL)
             keys = list(client.scan_iter(match=f"{self.redis_prefix}*", count=1000))
             for start in range(0, len(keys), 1000):
-                client.delete(*keys[start:start + 1000])
+                client.delete(*keys[start : start + 1000])
         except redis.RedisError:
             pass
 
@@ -203,12 +241,21 @@ class Deployment:
         commands = []
         for partition, tags in runs.items():
             args = [
-                str(BIN / "dagster"), "job", "launch", "-w", str(REPO / "deploy" / "workspace.yaml"), "-j", job,
-                "--tags", json.dumps({"dagster/partition": partition, **tags}),
+                str(BIN / "dagster"),
+                "job",
+                "launch",
+                "-w",
+                str(REPO / "deploy" / "workspace.yaml"),
+                "-j",
+                job,
+                "--tags",
+                json.dumps({"dagster/partition": partition, **tags}),
             ]
             if run_config:
                 args += ["--config-json", json.dumps(run_config)]
-            commands.append(subprocess.Popen(args, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+            commands.append(
+                subprocess.Popen(args, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            )
         for command in commands:
             output, _ = command.communicate(timeout=240)
             assert command.returncode == 0, output.decode(errors="replace")
@@ -219,8 +266,10 @@ class Deployment:
         finished = [r for r in records if r.dagster_run.is_finished]
         failed = [r for r in finished if r.dagster_run.status != dg.DagsterRunStatus.SUCCESS]
         if failed:
-            raise AssertionError(f"run(s) did not succeed: {[(r.dagster_run.run_id, r.dagster_run.status) for r in failed]}\n"
-                                 + self._tails())
+            raise AssertionError(
+                f"run(s) did not succeed: {[(r.dagster_run.run_id, r.dagster_run.status) for r in failed]}\n"
+                + self._tails()
+            )
         return finished if len(finished) >= count else None
 
     def _tails(self) -> str:

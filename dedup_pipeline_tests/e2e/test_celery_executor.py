@@ -22,7 +22,11 @@ from dedup_pipeline.definitions import defs
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.store.schema import dedup_decisions
 from dedup_pipeline_tests.e2e.deployment import (
-    Deployment, assert_no_overlap, database_url, fresh_database, wait_until,
+    Deployment,
+    assert_no_overlap,
+    database_url,
+    fresh_database,
+    wait_until,
 )
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
 
@@ -38,25 +42,39 @@ def shop(host: str, n: int, **overrides) -> dict:
 
 def syndicated(host: str, original: dict, n: int) -> dict:
     """The same article on another site, lightly edited: a near duplicate, never an exact one."""
-    return shop(host, n, title=original["title"], description=original["description"] + " reposted",
-                seller_id=f"{host}-syndication")
+    return shop(
+        host,
+        n,
+        title=original["title"],
+        description=original["description"] + " reposted",
+        seller_id=f"{host}-syndication",
+    )
 
 
 def write_crawl(landing) -> dict[str, str]:
     """Four batches from three sources; returns batch -> source, in landing order."""
     shop_a = [shop("shop-a", n) for n in range(80)]
     shop_b = [shop("shop-b", n) for n in range(200, 260)]
-    write_batch(landing, "shop-a-day1", shop_a + [shop("shop-a", n, crawl_id="again") for n in range(10)] + ["{broken"],
-                landed=T0)
-    write_batch(landing, "shop-b-day1", shop_b + [syndicated("shop-b", shop_a[n], 1000 + n) for n in range(15)],
-                landed=T0 + 10)
-    write_batch(landing, "shop-c-day1", [shop("shop-c", n) for n in range(400, 460)]
-                + [syndicated("shop-c", shop_b[n], 2000 + n) for n in range(15)], landed=T0 + 20)
+    write_batch(
+        landing,
+        "shop-a-day1",
+        shop_a + [shop("shop-a", n, crawl_id="again") for n in range(10)] + ["{broken"],
+        landed=T0,
+    )
+    write_batch(
+        landing, "shop-b-day1", shop_b + [syndicated("shop-b", shop_a[n], 1000 + n) for n in range(15)], landed=T0 + 10
+    )
+    write_batch(
+        landing,
+        "shop-c-day1",
+        [shop("shop-c", n) for n in range(400, 460)] + [syndicated("shop-c", shop_b[n], 2000 + n) for n in range(15)],
+        landed=T0 + 20,
+    )
     recrawl = (
-        [shop("shop-a", n, crawl_id="day2") for n in range(60)]                      # unchanged: exact duplicates
-        + [shop("shop-a", n, price=f"{n}.49") for n in range(60, 70)]              # changed: old content to history
-        + [shop("shop-a", n) for n in range(500, 510)]                             # new
-        + [shop("shop-a", 70, price="1.00"), shop("shop-a", 70, price="2.00")]     # twice in a batch: the last wins
+        [shop("shop-a", n, crawl_id="day2") for n in range(60)]  # unchanged: exact duplicates
+        + [shop("shop-a", n, price=f"{n}.49") for n in range(60, 70)]  # changed: old content to history
+        + [shop("shop-a", n) for n in range(500, 510)]  # new
+        + [shop("shop-a", 70, price="1.00"), shop("shop-a", 70, price="2.00")]  # twice in a batch: the last wins
     )
     write_batch(landing, "shop-a-day2", recrawl, landed=T0 + 30)
     return {"shop-a-day1": "shop-a", "shop-b-day1": "shop-b", "shop-c-day1": "shop-c", "shop-a-day2": "shop-a"}
@@ -65,7 +83,9 @@ def write_crawl(landing) -> dict[str, str]:
 def decisions(url: str) -> list[tuple]:
     engine = create_engine(url)
     with engine.connect() as conn:
-        rows = sorted(conn.execute(select(dedup_decisions.c.batch_id, dedup_decisions.c.line_no, dedup_decisions.c.decision)))
+        rows = sorted(
+            conn.execute(select(dedup_decisions.c.batch_id, dedup_decisions.c.line_no, dedup_decisions.c.decision))
+        )
     engine.dispose()
     return [tuple(row) for row in rows]
 
@@ -121,8 +141,11 @@ def test_batches_in_parallel_on_celery_workers_match_a_serial_run(tmp_path, monk
     sources = write_crawl(landing)
     batches = list(sources)
 
-    with fresh_database("dagster_instance") as instance_db, fresh_database("dedup_wh_parallel") as parallel_db, \
-            fresh_database("dedup_wh_serial") as serial_db:
+    with (
+        fresh_database("dagster_instance") as instance_db,
+        fresh_database("dedup_wh_parallel") as parallel_db,
+        fresh_database("dedup_wh_serial") as serial_db,
+    ):
         deployment = Deployment(tmp_path / "deploy", instance_db, database_url(parallel_db), landing)
         try:
             deployment.instance().add_dynamic_partitions(crawl_batches_partitions.name, batches)
@@ -135,7 +158,9 @@ def test_batches_in_parallel_on_celery_workers_match_a_serial_run(tmp_path, monk
 
             # The first batch of a source is queued first, so the source's later batch waits for it.
             deployment.launch_all("dedup_ladder_celery", {batches[0]: {"dedup/source": sources[batches[0]]}})
-            deployment.launch_all("dedup_ladder_celery", {batch: {"dedup/source": sources[batch]} for batch in batches[1:]})
+            deployment.launch_all(
+                "dedup_ladder_celery", {batch: {"dedup/source": sources[batch]} for batch in batches[1:]}
+            )
             done = wait_until(lambda: deployment.runs_done(len(batches)), 420, "the celery runs")
 
             by_batch = {r.dagster_run.tags["dagster/partition"]: r for r in done}
@@ -151,7 +176,9 @@ def test_batches_in_parallel_on_celery_workers_match_a_serial_run(tmp_path, monk
         serial_run(monkeypatch, tmp_path, landing, database_url(serial_db), batches)
 
         parallel, serial = warehouse_state(database_url(parallel_db)), warehouse_state(database_url(serial_db))
-        assert len(serial["records"]) == 80 + 75 + 75 + 10 and serial["history"] and serial["links"]  # the crawl as designed
+        assert (
+            len(serial["records"]) == 80 + 75 + 75 + 10 and serial["history"] and serial["links"]
+        )  # the crawl as designed
         assert parallel["records"] == serial["records"]
         assert parallel["history"] == serial["history"]
         assert id_free(parallel) == id_free(serial)

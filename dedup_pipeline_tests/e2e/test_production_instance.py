@@ -17,7 +17,11 @@ from sqlalchemy import create_engine, func, select
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.store.schema import crawl_batches, records
 from dedup_pipeline_tests.e2e.deployment import (
-    Deployment, assert_no_overlap, database_url, fresh_database, wait_until,
+    Deployment,
+    assert_no_overlap,
+    database_url,
+    fresh_database,
+    wait_until,
 )
 from dedup_pipeline_tests.helpers import listing, write_batch
 
@@ -29,7 +33,9 @@ IN_PROCESS = {"execution": {"config": {"in_process": {}}}}  # one process per ru
 def test_partitions_run_through_the_queue_and_the_daemon(tmp_path):
     landing = tmp_path / "landing"
     older, newer = "2026-11-01-shop", "2026-11-02-shop"  # one source, "shop"
-    write_batch(landing, older, [listing(n) for n in range(60)] + [listing(n, crawl_id="again") for n in range(10)], landed=1e9)
+    write_batch(
+        landing, older, [listing(n) for n in range(60)] + [listing(n, crawl_id="again") for n in range(10)], landed=1e9
+    )
     write_batch(landing, newer, [listing(n) for n in range(40, 100)], landed=1e9 + 60)
 
     with fresh_database("dagster_instance") as instance_db, fresh_database("dedup_wh") as warehouse_db:

@@ -36,7 +36,8 @@ def backfill_status(server: Server, backfill_id: str) -> str:
 
 def latest_check(server: Server):
     data = server.graphql(
-        """query($key: AssetKeyInput!) { assetCheckExecutions(assetKey: $key, checkName: "collapse_change_in_band", limit: 1) {
+        """query($key: AssetKeyInput!) {
+           assetCheckExecutions(assetKey: $key, checkName: "collapse_change_in_band", limit: 1) {
              status evaluation { success metadataEntries { label ... on FloatMetadataEntry { floatValue }
                                                          ... on IntMetadataEntry { intValue } } } } }""",
         {"key": {"path": COMPARISON}},
@@ -51,12 +52,18 @@ def test_backfill_launched_over_graphql_runs_every_shard_then_the_comparison(war
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")  # the tag concurrency limit under test
     env = {k: v for k, v in os.environ.items() if k != "DEDUP_AUTOMATION"}
-    env.update(DAGSTER_HOME=str(home), DEDUP_DATABASE_URL=warehouse_url, DEDUP_LANDING_DIR=str(tmp_path / "landing"),
-               DEDUP_DATA_DIR=str(tmp_path / "data"), PYTHONWARNINGS="ignore")
+    env.update(
+        DAGSTER_HOME=str(home),
+        DEDUP_DATABASE_URL=warehouse_url,
+        DEDUP_LANDING_DIR=str(tmp_path / "landing"),
+        DEDUP_DATA_DIR=str(tmp_path / "data"),
+        PYTHONWARNINGS="ignore",
+    )
     server = start_server(env, tmp_path / "dagster-dev.log")
     try:
         sets = server.graphql(
-            """query($r: RepositorySelector!, $job: String!) { partitionSetsOrError(repositorySelector: $r, pipelineName: $job) {
+            """query($r: RepositorySelector!, $job: String!) {
+               partitionSetsOrError(repositorySelector: $r, pipelineName: $job) {
                  ... on PartitionSets { results { name } } } }""",
             {"r": LOCATION, "job": JOB},
         )["partitionSetsOrError"]["results"]
@@ -64,7 +71,12 @@ def test_backfill_launched_over_graphql_runs_every_shard_then_the_comparison(war
         launched = server.graphql(
             """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
                  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }""",
-            {"p": {"selector": {"partitionSetName": partition_set, "repositorySelector": LOCATION}, "allPartitions": True}},
+            {
+                "p": {
+                    "selector": {"partitionSetName": partition_set, "repositorySelector": LOCATION},
+                    "allPartitions": True,
+                }
+            },
         )["launchPartitionBackfill"]
         assert launched["__typename"] == "LaunchBackfillSuccess", launched
         backfill_id = launched["backfillId"]
@@ -72,8 +84,13 @@ def test_backfill_launched_over_graphql_runs_every_shard_then_the_comparison(war
         started = time.monotonic()
         status = wait_until(
             "the backfill to finish",
-            lambda: (s := backfill_status(server, backfill_id)) in ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED") and s,
-            timeout=900, every=3,
+            lambda: (
+                (s := backfill_status(server, backfill_id))
+                in ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED")
+                and s
+            ),
+            timeout=900,
+            every=3,
         )
         assert status in ("COMPLETED", "COMPLETED_SUCCESS"), (status, server.log.name)
         runs = server.graphql(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from dedup_pipeline.demo import write_demo_crawl
+from dedup_pipeline.cli.demo import write_demo_crawl
 from dedup_pipeline_tests.e2e.dagster_dev import BIN, LOCATION, REPO, Server, start_server, wait_until
 from dedup_pipeline_tests.helpers import listing, write_batch
 
@@ -33,8 +33,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CHROMIUM = Path(os.environ.get("DEDUP_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--no-proxy-server",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--no-proxy-server",
 ]
 ARTIFACTS = REPO / "test-artifacts" / "ui"
 ASSETS = ["raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters"]
@@ -55,12 +61,15 @@ def launch_partition(server: Server, key: str) -> str:
         """mutation($e: ExecutionParams!) { launchRun(executionParams: $e) {
              __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
              ... on RunConfigValidationInvalid { errors { message } } } }""",
-        {"e": {
-            "selector": {**LOCATION, "jobName": "dedup_ladder"},
-            # One process for the whole run keeps the test fast; the UI's default (a process per step) runs the same code.
-            "runConfigData": {"execution": {"config": {"in_process": {}}}},
-            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": key}]},
-        }},
+        {
+            "e": {
+                "selector": {**LOCATION, "jobName": "dedup_ladder"},
+                # One process for the whole run keeps the test fast; the UI's default (a process per step) runs the
+                # same code.
+                "runConfigData": {"execution": {"config": {"in_process": {}}}},
+                "executionMetadata": {"tags": [{"key": "dagster/partition", "value": key}]},
+            }
+        },
     )["launchRun"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
     return launched["run"]["runId"]
@@ -76,7 +85,9 @@ def run_status(server: Server, run_id: str) -> str | None:
 def ui(tmp_path_factory):
     """The server, after the demo crawl (command line) and a re-crawl launched through the run queue."""
     if not CHROMIUM.exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium package (`.ci/run` does) to run the browser test")
+        pytest.skip(
+            f"no Chromium at {CHROMIUM}: install Debian's chromium package (`.ci/run` does) to run the browser test"
+        )
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     tmp_path = tmp_path_factory.mktemp("ui")
     home, landing = tmp_path / "dagster_home", tmp_path / "landing"
@@ -84,11 +95,23 @@ def ui(tmp_path_factory):
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
     write_demo_crawl(landing)
     env = {k: v for k, v in os.environ.items() if k != "DEDUP_AUTOMATION"}
-    env.update(DAGSTER_HOME=str(home), DEDUP_DATABASE_URL=f"sqlite:///{tmp_path / 'warehouse.sqlite'}",
-               DEDUP_LANDING_DIR=str(landing), DEDUP_DATA_DIR=str(tmp_path / "data"), PYTHONWARNINGS="ignore")
+    env.update(
+        DAGSTER_HOME=str(home),
+        DEDUP_DATABASE_URL=f"sqlite:///{tmp_path / 'warehouse.sqlite'}",
+        DEDUP_LANDING_DIR=str(landing),
+        DEDUP_DATA_DIR=str(tmp_path / "data"),
+        PYTHONWARNINGS="ignore",
+    )
     # The demo crawl through the command line first, then the server over the same instance and warehouse.
-    cli = subprocess.run([str(BIN / "dedup-pipeline"), "run", "--json"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                         capture_output=True, text=True, timeout=600)
+    cli = subprocess.run(
+        [str(BIN / "dedup-pipeline"), "run", "--json"],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert cli.returncode == 0, cli.stderr[-3000:]
     summary = json.loads(cli.stdout.strip().splitlines()[-1])
     assert [b["batch"] for b in summary["batches"]] == DEMO_BATCHES
@@ -96,8 +119,12 @@ def ui(tmp_path_factory):
     server = start_server(env, ARTIFACTS / "dagster-dev.log")
     try:
         # A re-crawl of 150 products, 30 of them fetched twice: big enough for the collapse check to judge.
-        write_batch(landing, RECRAWL, [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)],
-                    landed=time.time() - 60)
+        write_batch(
+            landing,
+            RECRAWL,
+            [listing(n) for n in range(150)] + [listing(n, crawl_id="again") for n in range(30)],
+            landed=time.time() - 60,
+        )
         run_id = launch_partition(server, RECRAWL)
         status = wait_until(f"run {run_id}", lambda: run_status(server, run_id), timeout=600, every=2)
         assert status == "SUCCESS", f"run {run_id}: {status}; the server's log ends:\n{server.log_tail()}"

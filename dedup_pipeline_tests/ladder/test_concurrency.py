@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import random
 
-import pytest
 from sqlalchemy import func, select
 
 from dedup_pipeline.ladder.canonical import canonicalise_batch

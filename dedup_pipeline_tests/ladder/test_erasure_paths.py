@@ -16,20 +16,24 @@ from sqlalchemy import func, select
 
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.core.near import NearDupParams
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.rehash import backfill, compare_versions, switch_hash_version
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import (
-    canonical_records, dedup_decisions, near_index, record_history, records, rehash_comparisons,
+    canonical_records,
+    dedup_decisions,
+    near_index,
+    record_history,
+    records,
+    rehash_comparisons,
 )
-from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
-from dedup_pipeline_tests.helpers import new_run_id
+from dedup_pipeline_tests.helpers import listing, new_run_id, snapshot, write_batch
 
 #: The paths are tested on the real PostgreSQL; the race runs on SQLite too.
 on_postgresql = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
@@ -54,7 +58,7 @@ def run_ladder(warehouse, folder, key, settings=SETTINGS, rungs=("raw", "canonic
     if "exact" in rungs:
         exact = deduplicate_batch(warehouse, key, new_run_id(key), settings)
     if "near" in rungs:
-        cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
+        cluster_batch(warehouse, key, NearSettings(params=NearDupParams(threshold=0.5)))
     return exact
 
 
@@ -64,8 +68,12 @@ def subject_rows(warehouse) -> dict:
         seller = lambda table: table.c.payload["seller_id"].as_string() == "s-X"  # noqa: E731
         return {
             "records": conn.execute(select(func.count()).select_from(records).where(seller(records))).scalar_one(),
-            "history": conn.execute(select(func.count()).select_from(record_history).where(seller(record_history))).scalar_one(),
-            "staged": conn.execute(select(func.count()).select_from(canonical_records).where(seller(canonical_records))).scalar_one(),
+            "history": conn.execute(
+                select(func.count()).select_from(record_history).where(seller(record_history))
+            ).scalar_one(),
+            "staged": conn.execute(
+                select(func.count()).select_from(canonical_records).where(seller(canonical_records))
+            ).scalar_one(),
             "sketches": conn.execute(
                 select(func.count()).select_from(near_index.join(records)).where(seller(records))
             ).scalar_one(),
@@ -78,11 +86,28 @@ NOTHING = {"records": 0, "history": 0, "staged": 0, "sketches": 0}
 @pytest.fixture
 def three_days(tmp_path):
     folder = tmp_path / "landing"
-    write_batch(folder, "day1", [listing(n) for n in range(10)] + [listing(20, seller_id="s-X"), listing(21, seller_id="s-X")],
-                landed=T0)
+    write_batch(
+        folder,
+        "day1",
+        [listing(n) for n in range(10)] + [listing(20, seller_id="s-X"), listing(21, seller_id="s-X")],
+        landed=T0,
+    )
     write_batch(folder, "day2", [listing(20, seller_id="s-X", price="5.00"), listing(3, crawl_id="b")], landed=T0 + DAY)
-    write_batch(folder, "day3", [listing(21, seller_id="s-X", url="https://SHOP.example.com/p/21?utm_source=feed",
-                                         crawl_id="c", proxy_ip="10.9.9.9"), listing(30)], landed=T0 + 2 * DAY)
+    write_batch(
+        folder,
+        "day3",
+        [
+            listing(
+                21,
+                seller_id="s-X",
+                url="https://SHOP.example.com/p/21?utm_source=feed",
+                crawl_id="c",
+                proxy_ip="10.9.9.9",
+            ),
+            listing(30),
+        ],
+        landed=T0 + 2 * DAY,
+    )
     return folder
 
 
@@ -101,10 +126,14 @@ def test_rematerialising_an_old_partition_after_erasure(warehouse, three_days):
     assert snapshot(warehouse.engine) == after_erasure
 
 
-@pytest.mark.parametrize("subject", [
-    Subject.parse("canonical_url", "https://shop.example.com/p/7"),
-    Subject.parse("field", "jane.doe@example.com", field="seller_id"),
-], ids=["url", "field"])
+@pytest.mark.parametrize(
+    "subject",
+    [
+        Subject.parse("canonical_url", "https://shop.example.com/p/7"),
+        Subject.parse("field", "jane.doe@example.com", field="seller_id"),
+    ],
+    ids=["url", "field"],
+)
 def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_quarantine(warehouse, tmp_path, subject):
     """Breaks: a subject's broken (quarantined) line is erased, then its batch is materialised again from the landing
     file, and a later crawl brings another broken line naming it (a URL with tracking parameters, an escaped slash).
@@ -122,15 +151,23 @@ def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_qua
     other = '{"url": "https://shop.example.com/p/8", "seller_id": "s-1", "title": "Spo'
     url_only = '{"url": "https://shop.example.com/p/7?utm_source=mail", "title": "Kett'  # no seller in it
     escaped = '{"url": "https:\\/\\/shop.example.com\\/p\\/7", "title": "Ke'
-    write_batch(folder, "p1", [listing(7, seller_id="jane.doe@example.com"), broken, listing(8), other, url_only, escaped],
-                landed=T0)
+    write_batch(
+        folder,
+        "p1",
+        [listing(7, seller_id="jane.doe@example.com"), broken, listing(8), other, url_only, escaped],
+        landed=T0,
+    )
     run_ladder(warehouse, folder, "p1")
     erase_subject(warehouse, subject, "DSR-1")
 
     def quarantined():
         with warehouse.engine.connect() as conn:
-            return {(batch, line): (reason, bytes(raw)) for batch, line, reason, raw in conn.execute(
-                select(quarantine.c.batch_id, quarantine.c.line_no, quarantine.c.reason, quarantine.c.raw_line))}
+            return {
+                (batch, line): (reason, bytes(raw))
+                for batch, line, reason, raw in conn.execute(
+                    select(quarantine.c.batch_id, quarantine.c.line_no, quarantine.c.reason, quarantine.c.raw_line)
+                )
+            }
 
     assert set(quarantined()) == {("p1", 4)}
     run_ladder(warehouse, folder, "p1")
@@ -158,13 +195,21 @@ def test_a_field_subjects_staged_listing_takes_its_broken_lines_out_of_quarantin
 
     folder = tmp_path / "landing"
     broken = '{"url": "https://shop.example.com/u/jane-doe", "title": "Jane Doe profile, cut off'
-    write_batch(folder, "p1", [listing(1), listing(7, seller_id="s-X", url="https://shop.example.com/u/jane-doe"), broken],
-                landed=T0)
+    write_batch(
+        folder,
+        "p1",
+        [listing(1), listing(7, seller_id="s-X", url="https://shop.example.com/u/jane-doe"), broken],
+        landed=T0,
+    )
     run_ladder(warehouse, folder, "p1", rungs=("raw", "canonical"))
     report = erase_subject(warehouse, SUBJECT, "DSR-staged")
     assert report.removed["canonical_records"] == 1 and report.removed["quarantine"] == 1
-    write_batch(folder, "p2", [listing(2), '{"url": "https://shop.example.com/u/jane-doe?utm_source=x", "title": "Ja'],
-                landed=T0 + DAY)
+    write_batch(
+        folder,
+        "p2",
+        [listing(2), '{"url": "https://shop.example.com/u/jane-doe?utm_source=x", "title": "Ja'],
+        landed=T0 + DAY,
+    )
     run_ladder(warehouse, folder, "p2")
     with warehouse.engine.connect() as conn:
         rows = conn.execute(select(quarantine.c.batch_id, quarantine.c.reason, quarantine.c.raw_line)).all()
@@ -191,8 +236,12 @@ def test_a_subject_named_by_a_number_never_brings_its_bytes_back_to_quarantine(w
 
     def quarantined():
         with warehouse.engine.connect() as conn:
-            return {line: (reason, bytes(raw)) for line, reason, raw in conn.execute(
-                select(quarantine.c.line_no, quarantine.c.reason, quarantine.c.raw_line))}
+            return {
+                line: (reason, bytes(raw))
+                for line, reason, raw in conn.execute(
+                    select(quarantine.c.line_no, quarantine.c.reason, quarantine.c.raw_line)
+                )
+            }
 
     assert set(quarantined()) == {3, 4, 5}
     erase_subject(warehouse, Subject.parse("field", "4711001", field="seller_id"), "DSR-N")
@@ -210,7 +259,9 @@ def test_an_erased_page_does_not_come_back_under_its_trailing_slash_twin(warehou
     write_batch(folder, "p1", [listing(7), listing(8)], landed=T0)
     run_ladder(warehouse, folder, "p1")
     erase_subject(warehouse, Subject.parse("canonical_url", "https://shop.example.com/p/7"), "DSR-2")
-    write_batch(folder, "p2", [listing(7, url="https://shop.example.com/p/7/", price="3.00"), listing(9)], landed=T0 + DAY)
+    write_batch(
+        folder, "p2", [listing(7, url="https://shop.example.com/p/7/", price="3.00"), listing(9)], landed=T0 + DAY
+    )
     exact = run_ladder(warehouse, folder, "p2")
     assert (exact.decisions["erased"], exact.decisions["new"]) == (1, 1)
 
@@ -251,11 +302,16 @@ def test_tombstones_hold_through_a_rehash_migration(warehouse, three_days, tmp_p
     switch_hash_version(warehouse, "content/2")
     v2_only = LadderSettings(chunk_size=5, hash_versions=("content/2",))
     folder = tmp_path / "later"
-    write_batch(folder, "day4", [
-        listing(20, seller_id="s-X", url="https://shop.example.com/p/20?gclid=1", crawl_id="d"),   # by URL variant
-        listing(20, seller_id="s-X", url="https://elsewhere.example.com/listing/20"),              # by its content/2 digest
-        listing(21, seller_id="s-X", crawl_id="d"),                                                 # not erased: stays
-    ], landed=T0 + 3 * DAY)
+    write_batch(
+        folder,
+        "day4",
+        [
+            listing(20, seller_id="s-X", url="https://shop.example.com/p/20?gclid=1", crawl_id="d"),  # by URL variant
+            listing(20, seller_id="s-X", url="https://elsewhere.example.com/listing/20"),  # by its content/2 digest
+            listing(21, seller_id="s-X", crawl_id="d"),  # not erased: stays
+        ],
+        landed=T0 + 3 * DAY,
+    )
     exact = run_ladder(warehouse, folder, "day4", v2_only)
     assert exact.hash_version == "content/2"
     assert exact.decisions["erased"] == 2 and exact.decisions["exact_duplicate"] == 1
@@ -323,10 +379,14 @@ def test_an_erasure_racing_a_concurrent_ingestion_leaves_nothing(warehouse, tmp_
     assert subject_rows(warehouse)["records"] == 0
 
 
-@pytest.mark.parametrize("subject", [
-    Subject.parse("canonical_url", "https://shop.example.com/p/21"),
-    Subject.parse("field", "s-X", field="seller_id"),
-], ids=["url", "field"])
+@pytest.mark.parametrize(
+    "subject",
+    [
+        Subject.parse("canonical_url", "https://shop.example.com/p/21"),
+        Subject.parse("field", "s-X", field="seller_id"),
+    ],
+    ids=["url", "field"],
+)
 def test_the_canonical_rung_never_stages_an_erased_subject_again(warehouse, three_days, subject):
     """Breaks: after an erasure, a partition is materialised again only as far as the canonical rung (a run that
     stops there: a blocking check, a crash, a canonical-only materialisation), its staged rows then kept for the
@@ -354,4 +414,6 @@ def test_the_canonical_rung_never_stages_an_erased_subject_again(warehouse, thre
     exact = run_ladder(warehouse, three_days, "day1", rungs=("exact",))
     assert exact.decisions["erased"] == subject_lines and named not in str(snapshot(warehouse.engine))
     with warehouse.engine.connect() as conn:
-        assert not conn.execute(select(canonical_records.c.line_no).where(canonical_records.c.natural_key.like("withheld:%"))).all()
+        assert not conn.execute(
+            select(canonical_records.c.line_no).where(canonical_records.c.natural_key.like("withheld:%"))
+        ).all()

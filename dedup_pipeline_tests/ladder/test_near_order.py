@@ -12,12 +12,12 @@ import random
 import pytest
 from sqlalchemy import select
 
-from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, near_pending, records
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import database_url, description, fresh_database, listing
-from dedup_pipeline_tests.ladder.test_near_rung import land
+from dedup_pipeline_tests.ladder.test_near import land
 
 LANDED = 1e9
 SOURCES = ("shop-a", "shop-b")
@@ -43,8 +43,14 @@ def syndicated_crawl(seed: int = 7, stories: int = 12, batches: int = 3) -> dict
         for _ in range(14):
             story = rng.randrange(stories)
             n += 1
-            rows.append(listing(n, url=f"https://{source}.example.com/p/{n}", title=f"Story {story}",
-                                description=_variant(rng, bases[story], rng.randrange(0, 5))))
+            rows.append(
+                listing(
+                    n,
+                    url=f"https://{source}.example.com/p/{n}",
+                    title=f"Story {story}",
+                    description=_variant(rng, bases[story], rng.randrange(0, 5)),
+                )
+            )
         out[f"{b:02d}_{source}"] = rows
     return out
 
@@ -60,13 +66,23 @@ def stage(warehouse, folder, crawl: dict[str, list[dict]], order=None) -> None:
 def by_key(warehouse) -> tuple[set, set]:
     with warehouse.engine.connect() as conn:
         keys = dict(conn.execute(select(records.c.record_id, records.c.natural_key)).all())
-        links = {(keys[a], keys[b], round(s, 9)) for a, b, s in conn.execute(select(
-            near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity))}
+        links = {
+            (keys[a], keys[b], round(s, 9))
+            for a, b, s in conn.execute(
+                select(
+                    near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity
+                )
+            )
+        }
         members: dict = {}
         representative: dict = {}
-        for rid, cid, rep in conn.execute(select(
-                near_duplicate_clusters.c.record_id, near_duplicate_clusters.c.cluster_id,
-                near_duplicate_clusters.c.is_representative)):
+        for rid, cid, rep in conn.execute(
+            select(
+                near_duplicate_clusters.c.record_id,
+                near_duplicate_clusters.c.cluster_id,
+                near_duplicate_clusters.c.is_representative,
+            )
+        ):
             members.setdefault(cid, set()).add(keys[rid])
             if rep:
                 representative[cid] = keys[rid]
@@ -79,7 +95,7 @@ def clustered(url: str, folder, crawl, order) -> tuple[set, set]:
     warehouse = Warehouse(url).create_schema()
     stage(warehouse, folder, crawl, order)
     for key in order:
-        cluster_batch(warehouse, key, NearDupParams(), chunk_size=5)
+        cluster_batch(warehouse, key, NearSettings(chunk_size=5))
     out = by_key(warehouse)
     warehouse.dispose()
     return out
@@ -95,7 +111,9 @@ def test_batches_clustered_in_any_order_give_the_links_and_clusters_of_landing_o
     crawl = syndicated_crawl()
     forward = clustered(warehouse_url, tmp_path / "forward", crawl, list(crawl))
     if warehouse_url.startswith("sqlite"):
-        backward = clustered(f"sqlite:///{tmp_path / 'backward.sqlite'}", tmp_path / "backward", crawl, list(reversed(crawl)))
+        backward = clustered(
+            f"sqlite:///{tmp_path / 'backward.sqlite'}", tmp_path / "backward", crawl, list(reversed(crawl))
+        )
     else:
         with fresh_database("near_order") as name:
             backward = clustered(database_url(name), tmp_path / "backward", crawl, list(reversed(crawl)))
@@ -107,7 +125,7 @@ def _cluster_source(url: str, keys: list[str], start) -> None:
     start.wait()  # both workers begin clustering at the same moment
     warehouse = Warehouse(url)
     for key in keys:
-        cluster_batch(warehouse, key, NearDupParams(), chunk_size=4)
+        cluster_batch(warehouse, key, NearSettings(chunk_size=4))
     warehouse.dispose()
 
 
@@ -126,7 +144,7 @@ def test_two_workers_on_two_sources_at_once_give_the_links_and_clusters_of_one_s
         serial = Warehouse(database_url(serial_name)).create_schema()
         stage(serial, tmp_path / "serial", crawl)
         for key in crawl:
-            cluster_batch(serial, key, NearDupParams(), chunk_size=4)
+            cluster_batch(serial, key, NearSettings(chunk_size=4))
         expected = by_key(serial)
         serial.dispose()
 
@@ -138,9 +156,9 @@ def test_two_workers_on_two_sources_at_once_give_the_links_and_clusters_of_one_s
         with ctx.Manager() as manager:
             start = manager.Barrier(2)
             with ctx.Pool(2) as pool:
-                pool.starmap(_cluster_source, [
-                    (url, [k for k in crawl if k.endswith(source)], start) for source in SOURCES
-                ])
+                pool.starmap(
+                    _cluster_source, [(url, [k for k in crawl if k.endswith(source)], start) for source in SOURCES]
+                )
         parallel = Warehouse(url)
         got = by_key(parallel)
         parallel.dispose()

@@ -7,21 +7,36 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, insert, literal, select
+from sqlalchemy import func, insert, select
 
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.ladder.rehash import (
-    MigrationRefused, backfill, backfill_shard, compare_versions, retire_hash_version, switch_hash_version,
+    MigrationRefused,
+    backfill,
+    backfill_shard,
+    compare_versions,
+    retire_hash_version,
+    switch_hash_version,
 )
 from dedup_pipeline.store import rehash as store
-from dedup_pipeline.store.erasure import lock_for_ingestion
-from dedup_pipeline.store.warehouse import utcnow
-from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.store.schema import (
-    hash_version_events, near_duplicate_clusters, near_index, near_duplicate_links, record_hashes, record_history, records, rehash_merged_records,
+    hash_version_events,
+    near_duplicate_clusters,
+    near_duplicate_links,
+    near_index,
+    record_hashes,
+    record_history,
+    records,
+    rehash_merged_records,
 )
+from dedup_pipeline.store.tombstones import lock_for_ingestion
+from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline_tests.helpers import write_batch
 from dedup_pipeline_tests.rehash_helpers import (
-    assert_unique_per_version, load_legacy_rows, migration_listing, run_ladder,
+    assert_unique_per_version,
+    load_legacy_rows,
+    migration_listing,
+    run_ladder,
 )
 
 DAY = 86400.0
@@ -34,8 +49,9 @@ def hashes_of(warehouse, version):
         return sorted(
             (rid, digest.hex() if digest else None, error)
             for rid, digest, error in conn.execute(
-                select(record_hashes.c.record_id, record_hashes.c.content_hash, record_hashes.c.error)
-                .where(record_hashes.c.hash_version == version)
+                select(record_hashes.c.record_id, record_hashes.c.content_hash, record_hashes.c.error).where(
+                    record_hashes.c.hash_version == version
+                )
             )
         )
 
@@ -46,17 +62,30 @@ def index_every_record_in_pairs(warehouse) -> list[tuple[int, int]]:
         ids = sorted(conn.execute(select(records.c.record_id)).scalars())
         pairs = list(zip(ids[0::2], ids[1::2]))
         # The two of a pair share every band key and their signature: near duplicates of each other alone.
-        conn.execute(insert(near_index), [
-            {"record_id": x, "content_hash": bytes(32), "first_landed_us": x, "first_seen_us": x, "key_order": x,
-             "signature": bytes([a % 251]) * 128, **{f"b{band}": a for band in range(NearDupParams().bands)}}
-            for a, b in pairs for x in (a, b)
-        ])
-        conn.execute(insert(near_duplicate_links), [
-            {"record_a": a, "record_b": b, "similarity": 0.9, "method": "minhash", "batch_id": "t"} for a, b in pairs
-        ])
-        conn.execute(insert(near_duplicate_clusters), [
-            {"record_id": x, "cluster_id": a, "is_representative": x == a} for a, b in pairs for x in (a, b)
-        ])
+        conn.execute(
+            insert(near_index),
+            [
+                {
+                    "record_id": x,
+                    "content_hash": bytes(32),
+                    "first_landed_us": x,
+                    "first_seen_us": x,
+                    "key_order": x,
+                    "signature": bytes([a % 251]) * 128,
+                    **{f"b{band}": a for band in range(NearDupParams().bands)},
+                }
+                for a, b in pairs
+                for x in (a, b)
+            ],
+        )
+        conn.execute(
+            insert(near_duplicate_links),
+            [{"record_a": a, "record_b": b, "similarity": 0.9, "method": "minhash", "batch_id": "t"} for a, b in pairs],
+        )
+        conn.execute(
+            insert(near_duplicate_clusters),
+            [{"record_id": x, "cluster_id": a, "is_representative": x == a} for a, b in pairs for x in (a, b)],
+        )
     return pairs
 
 
@@ -109,7 +138,8 @@ def test_the_whole_migration(warehouse, tmp_path):
     assert reports[-1].warehouse_progress.left == 0
     before = hashes_of(warehouse, TARGET)
     assert {error for _, _, error in before if error} == {
-        "price: not a decimal number", "content/2: missing identity field 'seller_id'",
+        "price: not a decimal number",
+        "content/2: missing identity field 'seller_id'",
     }
     assert sum(r.hashed + r.unhashable for r in backfill(warehouse, TARGET)) == 0
     assert hashes_of(warehouse, TARGET) == before
@@ -117,10 +147,17 @@ def test_the_whole_migration(warehouse, tmp_path):
     # A batch lands mid-migration: it computes both versions; one URL is listed twice with prices that
     # content/1 (4 decimals) cannot tell apart and content/2 (exact minor units) can: a split.
     twice = {**migration_listing(5000), "url": "https://shop.example.com/p/split"}
-    write_batch(tmp_path, "mid", [
-        {**twice, "price": "9.99999"}, {**twice, "price": "10.00001"}, migration_listing(2),
-        migration_listing(6000),
-    ], landed=BASE)
+    write_batch(
+        tmp_path,
+        "mid",
+        [
+            {**twice, "price": "9.99999"},
+            {**twice, "price": "10.00001"},
+            migration_listing(2),
+            migration_listing(6000),
+        ],
+        landed=BASE,
+    )
     mid = run_ladder(warehouse, tmp_path, "mid")
     assert (mid.decisions["exact_duplicate"], mid.decisions["new"]) == (2, 2)
 
@@ -148,7 +185,8 @@ def test_the_whole_migration(warehouse, tmp_path):
     assert (switched.kept_merged, switched.kept_unhashable) == (want["rows_merged_away"], want["unhashable"])
     assert warehouse.active_hash_version() == TARGET
     assert stored_versions(warehouse) == {
-        TARGET: want["distinct_target"] + 2, SOURCE: want["rows_merged_away"] + want["unhashable"],
+        TARGET: want["distinct_target"] + 2,
+        SOURCE: want["rows_merged_away"] + want["unhashable"],
     }
     assert_unique_per_version(warehouse)
     with pytest.raises(MigrationRefused, match="already the active version"):
@@ -156,13 +194,18 @@ def test_the_whole_migration(warehouse, tmp_path):
 
     # Dedup after the switch decides on content/2.
     unhashable_key = next(n for n in range(1500) if n % 97 == 3 and n % 40 != 1)
-    write_batch(tmp_path, "after", [
-        {**migration_listing(0), "url": "https://third.example.org/kettle-0"},  # same listing, new host
-        migration_listing(1),                                                  # a merged row, unchanged
-        {**migration_listing(4), "price": "99.50"},                            # changed price
-        {**migration_listing(unhashable_key), "price": "12.00"},               # now hashable: changed
-        migration_listing(7000),                                               # new
-    ], landed=BASE + DAY)
+    write_batch(
+        tmp_path,
+        "after",
+        [
+            {**migration_listing(0), "url": "https://third.example.org/kettle-0"},  # same listing, new host
+            migration_listing(1),  # a merged row, unchanged
+            {**migration_listing(4), "price": "99.50"},  # changed price
+            {**migration_listing(unhashable_key), "price": "12.00"},  # now hashable: changed
+            migration_listing(7000),  # new
+        ],
+        landed=BASE + DAY,
+    )
     after = run_ladder(warehouse, tmp_path, "after")
     assert (after.decisions["exact_duplicate"], after.decisions["changed"], after.decisions["new"]) == (2, 2, 1)
     assert after.hash_version == TARGET
@@ -179,9 +222,15 @@ def test_the_whole_migration(warehouse, tmp_path):
     with warehouse.engine.connect() as conn:  # the merged rows left the index; the clusters they broke are gone
         kept = set(conn.execute(select(records.c.record_id)).scalars())
         assert set(conn.execute(select(near_index.c.record_id)).scalars()) == kept
-        clusters = sorted(conn.execute(select(
-            near_duplicate_clusters.c.cluster_id, near_duplicate_clusters.c.record_id, near_duplicate_clusters.c.is_representative,
-        )).all())
+        clusters = sorted(
+            conn.execute(
+                select(
+                    near_duplicate_clusters.c.cluster_id,
+                    near_duplicate_clusters.c.record_id,
+                    near_duplicate_clusters.c.is_representative,
+                )
+            ).all()
+        )
     intact = [(a, b) for a, b in pairs if a in kept and b in kept]
     assert any((a in kept) != (b in kept) for a, b in pairs)  # some clusters lost one of their two members
     assert clusters == sorted(row for a, b in intact for row in ((a, a, True), (a, b, False)))
@@ -190,12 +239,18 @@ def test_the_whole_migration(warehouse, tmp_path):
     with warehouse.engine.connect() as conn:
         moved = conn.execute(select(rehash_merged_records)).all()
         assert len(moved) == want["rows_merged_away"]
-        assert all(row.reason.startswith(f"same {TARGET} content as record {row.merged_into_record_id}") for row in moved)
+        assert all(
+            row.reason.startswith(f"same {TARGET} content as record {row.merged_into_record_id}") for row in moved
+        )
         history = conn.execute(
-            select(func.count()).select_from(record_history).where(record_history.c.superseded_by_batch_id == f"retire:{SOURCE}")
+            select(func.count())
+            .select_from(record_history)
+            .where(record_history.c.superseded_by_batch_id == f"retire:{SOURCE}")
         ).scalar_one()
         assert history == want["rows_merged_away"]
-        actions = conn.execute(select(hash_version_events.c.action, hash_version_events.c.forced).order_by(hash_version_events.c.event_id)).all()
+        actions = conn.execute(
+            select(hash_version_events.c.action, hash_version_events.c.forced).order_by(hash_version_events.c.event_id)
+        ).all()
         assert [tuple(a) for a in actions] == [("switch", False), ("retire", False)]
     assert_unique_per_version(warehouse)
 
@@ -211,12 +266,16 @@ def test_rows_with_a_blank_required_field_stay_apart_through_the_migration(wareh
         {**migration_listing(30), "url": "https://a.example/p/1", "title": "", "seller_id": " "},
         {**migration_listing(30), "url": "https://b.example/x/9", "title": " ", "seller_id": ""},
     ]
-    want = load_legacy_rows(warehouse, [migration_listing(n) for n in range(6, 26)] + blank)  # no special case among them
+    want = load_legacy_rows(
+        warehouse, [migration_listing(n) for n in range(6, 26)] + blank
+    )  # no special case among them
     assert want["unhashable"] == 2 and want["merge_groups"] == 0
 
     reports = backfill(warehouse, TARGET)
     assert sum(r.unhashable for r in reports) == 2
-    assert sorted(e for _, _, e in hashes_of(warehouse, TARGET) if e) == ["content/2: missing identity field 'title'"] * 2
+    assert (
+        sorted(e for _, _, e in hashes_of(warehouse, TARGET) if e) == ["content/2: missing identity field 'title'"] * 2
+    )
     assert compare_versions(warehouse, SOURCE, TARGET, -0.01, 0.05).figures["merge_groups"] == 0
     now = utcnow()
     assert switch_hash_version(warehouse, TARGET, overlap_hours=0, now=now).kept_unhashable == 2
@@ -261,7 +320,13 @@ def test_switch_and_retire_wait_for_the_near_rungs_write_section(warehouse):
     backfill(warehouse, TARGET)
     now = utcnow()
     switched = while_a_near_rung_writes(
-        warehouse, switch_hash_version, TARGET, force=True, reason="test", overlap_hours=0, now=now,
+        warehouse,
+        switch_hash_version,
+        TARGET,
+        force=True,
+        reason="test",
+        overlap_hours=0,
+        now=now,
     )
     assert warehouse.active_hash_version() == TARGET and switched.kept_merged == want["rows_merged_away"]
     retired = while_a_near_rung_writes(warehouse, retire_hash_version, SOURCE, now=now + timedelta(seconds=1))
@@ -276,8 +341,9 @@ KETTLE = {"title": "Kettle", "description": "steel", "price": "9.90", "currency"
 def _switched_with_a_merged_row(warehouse, folder):
     """Two URLs of one content/2 content stored under content/1, then the switch: a.example leads, b.example is the
     merged row kept under content/1 through the overlap window; both hold the content/2 digest."""
-    write_batch(folder, "p1", [{**KETTLE, "url": "https://a.example/x"}, {**KETTLE, "url": "https://b.example/y"}],
-                landed=BASE)
+    write_batch(
+        folder, "p1", [{**KETTLE, "url": "https://a.example/x"}, {**KETTLE, "url": "https://b.example/y"}], landed=BASE
+    )
     run_ladder(warehouse, folder, "p1", near=False)
     backfill(warehouse, TARGET)
     compare_versions(warehouse, SOURCE, TARGET, low=-1, high=1)
@@ -294,8 +360,12 @@ def test_in_the_overlap_a_merged_row_that_changes_leaves_the_content_stored_by_i
     """
     folder = tmp_path / "landing"
     _switched_with_a_merged_row(warehouse, folder)
-    write_batch(folder, "p2", [{**KETTLE, "url": "https://b.example/y", "price": "12.00"},
-                               {**KETTLE, "url": "https://c.example/z"}], landed=BASE + DAY)
+    write_batch(
+        folder,
+        "p2",
+        [{**KETTLE, "url": "https://b.example/y", "price": "12.00"}, {**KETTLE, "url": "https://c.example/z"}],
+        landed=BASE + DAY,
+    )
     report = run_ladder(warehouse, folder, "p2", near=False)
     assert dict(+report.decisions) == {"changed": 1, "exact_duplicate": 1} and report.chunk_retries == 0
     assert report.seen_set_bypassed and report.as_metadata()["seen_set_bypassed"] is True
@@ -335,8 +405,12 @@ def test_a_batch_staged_before_the_switch_is_canonicalised_again_under_the_new_v
 
     folder = tmp_path / "landing"
     no_seller = {k: v for k, v in KETTLE.items() if k != "seller_id"}
-    write_batch(folder, "p1", [{**KETTLE, "url": "https://a.example/x"}, {**no_seller, "url": "https://b.example/y"}],
-                landed=BASE)
+    write_batch(
+        folder,
+        "p1",
+        [{**KETTLE, "url": "https://a.example/x"}, {**no_seller, "url": "https://b.example/y"}],
+        landed=BASE,
+    )
     settings = LadderSettings(chunk_size=100)
     ingest_raw_batch(warehouse, find_batch(folder, "p1"))
     assert canonicalise_batch(warehouse, "p1", settings).quarantined == 0  # content/1 hashes both
@@ -348,4 +422,6 @@ def test_a_batch_staged_before_the_switch_is_canonicalised_again_under_the_new_v
         assert conn.execute(select(quarantine.c.line_no, quarantine.c.rung, quarantine.c.reason)).all() == [
             (2, "canonical", "content/2: missing identity field 'seller_id'")
         ]
-        assert conn.execute(select(records.c.natural_key, records.c.hash_version)).all() == [("https://a.example/x", TARGET)]
+        assert conn.execute(select(records.c.natural_key, records.c.hash_version)).all() == [
+            ("https://a.example/x", TARGET)
+        ]

@@ -17,15 +17,25 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import create_engine, func, select, text
 
-from dedup_pipeline.ladder.rehash import backfill, backfill_shard, compare_versions, retire_hash_version, switch_hash_version
+from dedup_pipeline.ladder.rehash import (
+    backfill,
+    backfill_shard,
+    compare_versions,
+    retire_hash_version,
+    switch_hash_version,
+)
 from dedup_pipeline.store import rehash as store
 from dedup_pipeline.store.schema import record_hashes, records
 from dedup_pipeline_tests.helpers import write_batch
 from dedup_pipeline_tests.rehash_helpers import (
-    assert_unique_per_version, expected, load_legacy_rows, migration_listing, run_ladder,
+    assert_unique_per_version,
+    expected,
+    load_legacy_rows,
+    migration_listing,
+    run_ladder,
 )
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # 100,000 rows: out of `make test-fast`
 ROWS = 100_000
 SOURCE, TARGET = "content/1", "content/2"
 KILLED = "rehash-killed-shard"
@@ -58,13 +68,19 @@ def kill_a_shard_between_pages(warehouse_url, warehouse, shard):
     blocker_engine = create_engine(warehouse_url)
     blocker = blocker_engine.connect()
     # An uncommitted target row for a record two thirds into the shard: the shard's insert of that page waits on it.
-    blocker.execute(record_hashes.insert().values(
-        record_id=order[2 * len(order) // 3], hash_version=TARGET, content_hash=None, error="held by the test",
-    ))
+    blocker.execute(
+        record_hashes.insert().values(
+            record_id=order[2 * len(order) // 3],
+            hash_version=TARGET,
+            content_hash=None,
+            error="held by the test",
+        )
+    )
     code = (
         "from dedup_pipeline.ladder.rehash import backfill_shard;"
         "from dedup_pipeline.store.warehouse import Warehouse;"
-        f"backfill_shard(Warehouse({warehouse_url + '?application_name=' + KILLED!r}), {TARGET!r}, {shard!r}, chunk_size=300)"
+        f"backfill_shard(Warehouse({warehouse_url + '?application_name=' + KILLED!r}), {TARGET!r}, {shard!r}, "
+        "chunk_size=300)"
     )
     process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     admin = create_engine(warehouse_url, isolation_level="AUTOCOMMIT")
@@ -73,13 +89,23 @@ def kill_a_shard_between_pages(warehouse_url, warehouse, shard):
             waiting = text(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = :app AND wait_event_type = 'Lock'"
             )
-            wait_for("the shard to block on the held row", lambda: process.poll() is None and conn.execute(waiting, {"app": KILLED}).scalar())
+            wait_for(
+                "the shard to block on the held row",
+                lambda: process.poll() is None and conn.execute(waiting, {"app": KILLED}).scalar(),
+            )
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             blocker.rollback()
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :app"), {"app": KILLED})
-            wait_for("the killed shard's sessions to end", lambda: conn.execute(
-                text("SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = :app"), {"app": KILLED}).scalar())
+            conn.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :app"),
+                {"app": KILLED},
+            )
+            wait_for(
+                "the killed shard's sessions to end",
+                lambda: conn.execute(
+                    text("SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = :app"), {"app": KILLED}
+                ).scalar(),
+            )
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -104,6 +130,7 @@ def test_migration_of_100k_rows_with_a_killed_shard_and_batches_in_the_middle(wa
 
     # Half the shards, a batch, the other half: new rows carry both versions, changed rows get both back.
     first_half = [backfill_shard(warehouse, TARGET, shard) for shard in store.SHARDS[:8]]
+
     def ordinary(n):  # neither in a merge group nor unhashable under content/2
         return n % 40 not in (0, 1) and n % 97 != 3 and n % 101 != 5
 
@@ -111,10 +138,10 @@ def test_migration_of_100k_rows_with_a_killed_shard_and_batches_in_the_middle(wa
     plain = [n for n in range(ROWS + 1000, ROWS + 1300) if ordinary(n)]
     twice = {**migration_listing(ROWS + 5000), "url": "https://shop.example.com/p/split"}
     mid_lines = (
-        [migration_listing(n) for n in range(1000, 1300)]                       # unchanged re-crawls
-        + [{**migration_listing(n), "price": "1.25"} for n in unmerged[:100]]   # changed prices
-        + [migration_listing(n) for n in range(ROWS, ROWS + 500)]               # new listings
-        + [{**twice, "price": "9.99999"}, {**twice, "price": "10.00001"}]      # one content/1 digest, two content/2
+        [migration_listing(n) for n in range(1000, 1300)]  # unchanged re-crawls
+        + [{**migration_listing(n), "price": "1.25"} for n in unmerged[:100]]  # changed prices
+        + [migration_listing(n) for n in range(ROWS, ROWS + 500)]  # new listings
+        + [{**twice, "price": "9.99999"}, {**twice, "price": "10.00001"}]  # one content/1 digest, two content/2
     )
     write_batch(tmp_path, "mid", mid_lines, landed=BASE)
     mid = run_ladder(warehouse, tmp_path, "mid")
@@ -145,9 +172,16 @@ def test_migration_of_100k_rows_with_a_killed_shard_and_batches_in_the_middle(wa
     switched = switch_hash_version(warehouse, TARGET, overlap_hours=24)
     assert (switched.kept_merged, switched.kept_unhashable) == (f["rows_merged_away"], f["rows_unhashable"])
     assert_unique_per_version(warehouse)
-    write_batch(tmp_path, "after", [
-        {**migration_listing(n), "url": f"https://third.example.org/{n}"} for n in unmerged[200:400]  # same content, new URL
-    ] + [migration_listing(n) for n in plain[:100]], landed=BASE + DAY)
+    write_batch(
+        tmp_path,
+        "after",
+        [
+            {**migration_listing(n), "url": f"https://third.example.org/{n}"}
+            for n in unmerged[200:400]  # same content, new URL
+        ]
+        + [migration_listing(n) for n in plain[:100]],
+        landed=BASE + DAY,
+    )
     after = run_ladder(warehouse, tmp_path, "after")
     assert (after.decisions["exact_duplicate"], after.decisions["new"]) == (200, 100)
 

@@ -12,10 +12,16 @@ from dedup_pipeline.ladder.canonical import CanonicalReport, canonicalise_batch
 from dedup_pipeline.ladder.exact import ExactReport, deduplicate_batch
 from dedup_pipeline.ladder.near import NearReport, cluster_batch
 from dedup_pipeline.ladder.raw import RawReport, ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import (
-    canonical_records, crawl_batches, dedup_decisions, quarantine, record_hashes, record_history, records,
+    canonical_records,
+    crawl_batches,
+    dedup_decisions,
+    quarantine,
+    record_hashes,
+    record_history,
+    records,
 )
 from dedup_pipeline.store.seen_set import SeenSet
 from dedup_pipeline.store.warehouse import Warehouse
@@ -34,14 +40,18 @@ class LadderReports:
 
 
 def run_ladder(
-    warehouse: Warehouse, folder: Path, key: str, settings: LadderSettings = SETTINGS, seen_set: SeenSet | None = None,
+    warehouse: Warehouse,
+    folder: Path,
+    key: str,
+    settings: LadderSettings = SETTINGS,
+    seen_set: SeenSet | None = None,
     run_id: str | None = None,
 ) -> LadderReports:
     """All four rungs for one batch, as the `dedup_ladder` job runs them."""
     raw = ingest_raw_batch(warehouse, find_batch(folder, key))
     canonical = canonicalise_batch(warehouse, key, settings)
     exact = deduplicate_batch(warehouse, key, run_id or new_run_id(key), settings, seen_set)
-    near = cluster_batch(warehouse, key, NEAR, settings.chunk_size)
+    near = cluster_batch(warehouse, key, NearSettings(params=NEAR, chunk_size=settings.chunk_size))
     return LadderReports(raw, canonical, exact, near)
 
 
@@ -54,8 +64,9 @@ def quarantined_lines(engine, batch: str) -> dict[int, tuple[str, str, bytes]]:
     """line -> (rung, reason, raw bytes) of the batch's quarantine rows."""
     with engine.connect() as conn:
         rows = conn.execute(
-            select(quarantine.c.line_no, quarantine.c.rung, quarantine.c.reason, quarantine.c.raw_line)
-            .where(quarantine.c.batch_id == batch)
+            select(quarantine.c.line_no, quarantine.c.rung, quarantine.c.reason, quarantine.c.raw_line).where(
+                quarantine.c.batch_id == batch
+            )
         ).all()
     return {line: (rung, reason, bytes(raw)) for line, rung, reason, raw in rows}
 
@@ -64,7 +75,9 @@ def canonical_lines(engine, batch: str) -> dict[int, str]:
     """line -> natural key of the batch's canonical records."""
     with engine.connect() as conn:
         rows = conn.execute(
-            select(canonical_records.c.line_no, canonical_records.c.natural_key).where(canonical_records.c.batch_id == batch)
+            select(canonical_records.c.line_no, canonical_records.c.natural_key).where(
+                canonical_records.c.batch_id == batch
+            )
         ).all()
     return dict(rows)
 
@@ -75,7 +88,8 @@ def decisions_by_line(engine, batch: str) -> dict[int, list[str]]:
     with engine.connect() as conn:
         for line, decision in conn.execute(
             select(dedup_decisions.c.line_no, dedup_decisions.c.decision)
-            .where(dedup_decisions.c.batch_id == batch).order_by(dedup_decisions.c.decision_id)
+            .where(dedup_decisions.c.batch_id == batch)
+            .order_by(dedup_decisions.c.decision_id)
         ):
             out.setdefault(line, []).append(decision)
     return out
@@ -104,19 +118,32 @@ def invariants(engine) -> dict:
         rows = conn.execute(select(func.count()).select_from(records)).scalar_one()
         keys = conn.execute(select(func.count(func.distinct(records.c.natural_key)))).scalar_one()
         contents = conn.execute(
-            select(func.count()).select_from(select(records.c.hash_version, records.c.content_hash).distinct().subquery())
+            select(func.count()).select_from(
+                select(records.c.hash_version, records.c.content_hash).distinct().subquery()
+            )
         ).scalar_one()
         unhashed = conn.execute(
-            select(func.count()).select_from(records).where(
-                ~select(record_hashes.c.record_id).where(
-                    record_hashes.c.record_id == records.c.record_id, record_hashes.c.hash_version == records.c.hash_version,
-                ).exists()
+            select(func.count())
+            .select_from(records)
+            .where(
+                ~select(record_hashes.c.record_id)
+                .where(
+                    record_hashes.c.record_id == records.c.record_id,
+                    record_hashes.c.hash_version == records.c.hash_version,
+                )
+                .exists()
             )
         ).scalar_one()
         history = conn.execute(select(func.count()).select_from(record_history)).scalar_one()
         batches = conn.execute(select(func.count()).select_from(crawl_batches)).scalar_one()
-    return {"rows": rows, "keys": keys, "contents": contents, "rows_without_active_hash": unhashed,
-            "history": history, "batches": batches}
+    return {
+        "rows": rows,
+        "keys": keys,
+        "contents": contents,
+        "rows_without_active_hash": unhashed,
+        "history": history,
+        "batches": batches,
+    }
 
 
 def assert_one_row_per_key_and_content(engine) -> dict:
@@ -126,7 +153,9 @@ def assert_one_row_per_key_and_content(engine) -> dict:
     return figures
 
 
-def clean_run(tmp_path: Path, folder: Path, keys: list[str], settings: LadderSettings = SETTINGS, name: str = "clean") -> dict:
+def clean_run(
+    tmp_path: Path, folder: Path, keys: list[str], settings: LadderSettings = SETTINGS, name: str = "clean"
+) -> dict:
     """The tables one clean, sequential run of `keys` gives, on a private SQLite warehouse (the baseline)."""
     from dedup_pipeline_tests.helpers import snapshot
 
@@ -147,5 +176,8 @@ def set_active_version(warehouse: Warehouse, version: str) -> None:
     from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, utcnow
 
     with warehouse.engine.begin() as conn:
-        conn.execute(update(settings_table).where(settings_table.c.name == ACTIVE_HASH_VERSION)
-                     .values(value=version, updated_at=utcnow()))
+        conn.execute(
+            update(settings_table)
+            .where(settings_table.c.name == ACTIVE_HASH_VERSION)
+            .values(value=version, updated_at=utcnow())
+        )

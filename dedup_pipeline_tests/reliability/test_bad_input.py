@@ -22,13 +22,21 @@ from dedup_pipeline.core.records import canonicalise_record
 from dedup_pipeline.ladder.exact import deduplicate_records
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.quality import expectations, frames
-from dedup_pipeline.store.schema import crawl_batches, settings as settings_table
+from dedup_pipeline.store.schema import crawl_batches
+from dedup_pipeline.store.schema import settings as settings_table
 from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, active_hash_version, utcnow
 from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.reliability import corpus
 from dedup_pipeline_tests.reliability.ladder_run import (
-    assert_one_row_per_key_and_content, canonical_lines, count, decisions_by_line, hash_errors, quarantined_lines,
-    run_ladder, set_active_version, stored_payloads,
+    assert_one_row_per_key_and_content,
+    canonical_lines,
+    count,
+    decisions_by_line,
+    hash_errors,
+    quarantined_lines,
+    run_ladder,
+    set_active_version,
+    stored_payloads,
 )
 
 
@@ -111,10 +119,12 @@ def test_a_truncated_gzip_keeps_every_line_before_the_damage(warehouse, tmp_path
 
     quarantined = quarantined_lines(warehouse.engine, "cut")
     assert len(quarantined) == 1
-    (line, (rung, reason, tail)), = quarantined.items()
+    ((line, (rung, reason, tail)),) = quarantined.items()
     assert rung == "raw"
-    assert reason == ("truncated batch file: compressed stream damaged: "
-                      "Compressed file ended before the end-of-stream marker was reached")
+    assert reason == (
+        "truncated batch file: compressed stream damaged: "
+        "Compressed file ended before the end-of-stream marker was reached"
+    )
     good = line - 1
     assert 0 < good < 400 and reports.raw.lines == good + 1 and reports.canonical.canonical == good
     assert lines[good].startswith(tail) and tail != lines[good]  # the partial line, as far as it got
@@ -135,7 +145,9 @@ def test_a_file_that_is_not_gzip_is_one_quarantined_tail(warehouse, tmp_path):
     reports = run_ladder(warehouse, folder, "plain")
     assert reports.raw.lines == 1 and reports.raw.quarantined == 1 and reports.canonical.canonical == 0
     ((line, (rung, reason, _)),) = quarantined_lines(warehouse.engine, "plain").items()
-    assert (line, rung) == (1, "raw") and reason.startswith("truncated batch file: compressed stream damaged: Not a gzipped file")
+    assert (line, rung) == (1, "raw") and reason.startswith(
+        "truncated batch file: compressed stream damaged: Not a gzipped file"
+    )
     assert count(warehouse.engine, crawl_batches) == 1 and not stored_payloads(warehouse.engine)
 
 
@@ -154,20 +166,28 @@ def test_a_corrupt_gzip_is_refused_whole(warehouse, tmp_path, level):
 
     folder = tmp_path / "landing"
     folder.mkdir()
-    data = bytearray(gzip.compress(b"".join(json.dumps(listing(n)).encode() + b"\n" for n in range(300)), compresslevel=level))
+    data = bytearray(
+        gzip.compress(b"".join(json.dumps(listing(n)).encode() + b"\n" for n in range(300)), compresslevel=level)
+    )
     data[len(data) // 2] ^= 0x10
     (folder / "flipped.jsonl.gz").write_bytes(bytes(data))
-    with pytest.raises(BatchFileError, match=r"is corrupt \((CRC check failed|Error -3).*none of its lines can be trusted"):
+    with pytest.raises(
+        BatchFileError, match=r"is corrupt \((CRC check failed|Error -3).*none of its lines can be trusted"
+    ):
         ingest_raw_batch(warehouse, find_batch(folder, "flipped"))
     assert count(warehouse.engine, crawl_batches) == 0 and not quarantined_lines(warehouse.engine, "flipped")
 
 
-@pytest.mark.parametrize("name, data", [
-    ("empty.jsonl", b""),
-    ("blank.jsonl", b"\n  \n\r\n\t\n"),
-    ("empty.jsonl.gz", gzip.compress(b"", mtime=0)),
-    ("zero.jsonl.gz", b""),
-], ids=["empty", "blank-lines", "empty-gzip-stream", "zero-byte-gz"])
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("empty.jsonl", b""),
+        ("blank.jsonl", b"\n  \n\r\n\t\n"),
+        ("empty.jsonl.gz", gzip.compress(b"", mtime=0)),
+        ("zero.jsonl.gz", b""),
+    ],
+    ids=["empty", "blank-lines", "empty-gzip-stream", "zero-byte-gz"],
+)
 def test_empty_files_are_empty_batches(warehouse, tmp_path, name, data):
     """Breaks: a batch file with no bytes, only blank lines, or an empty gzip stream.
 
@@ -193,31 +213,53 @@ def test_content2_active_quarantines_what_it_cannot_hash(warehouse, tmp_path):
     it is read as a Decimal, never a float) are stored exactly.
     """
     with warehouse.engine.begin() as conn:
-        conn.execute(update(settings_table).where(settings_table.c.name == ACTIVE_HASH_VERSION)
-                     .values(value="content/2", updated_at=utcnow()))
+        conn.execute(
+            update(settings_table)
+            .where(settings_table.c.name == ACTIVE_HASH_VERSION)
+            .values(value="content/2", updated_at=utcnow())
+        )
     folder = tmp_path / "landing"
-    number_price = b'{"url": "https://shop.example.com/v2/1", "title": "T", "price": 9.90, "currency": "eur", "seller_id": "s"}'
-    write_batch(folder, "v2", [
-        number_price,
-        listing(2, title=None),
-        listing(3, price=True),
-        listing(4, title=["a", "b"]),
-        listing(5, price="call for price"),
-        listing(6, currency=None),
-        listing(7),
-    ])
+    number_price = (
+        b'{"url": "https://shop.example.com/v2/1", "title": "T", "price": 9.90, "currency": "eur", "seller_id": "s"}'
+    )
+    write_batch(
+        folder,
+        "v2",
+        [
+            number_price,
+            listing(2, title=None),
+            listing(3, price=True),
+            listing(4, title=["a", "b"]),
+            listing(5, price="call for price"),
+            listing(6, currency=None),
+            listing(7),
+        ],
+    )
     reports = run_ladder(warehouse, folder, "v2")
     assert quarantined_lines(warehouse.engine, "v2") == {
         2: ("canonical", "content/2: missing identity field 'title'", json.dumps(listing(2, title=None)).encode()),
         3: ("canonical", "price: boolean is not a number", json.dumps(listing(3, price=True)).encode()),
-        4: ("canonical", "content/2: field 'title' must be text, got list", json.dumps(listing(4, title=["a", "b"])).encode()),
+        4: (
+            "canonical",
+            "content/2: field 'title' must be text, got list",
+            json.dumps(listing(4, title=["a", "b"])).encode(),
+        ),
         5: ("canonical", "price: not a decimal number", json.dumps(listing(5, price="call for price")).encode()),
-        6: ("canonical", "content/2: missing identity field 'currency'", json.dumps(listing(6, currency=None)).encode()),
+        6: (
+            "canonical",
+            "content/2: missing identity field 'currency'",
+            json.dumps(listing(6, currency=None)).encode(),
+        ),
     }
     assert reports.exact.hash_version == "content/2" and reports.exact.decisions["new"] == 2
     stored = stored_payloads(warehouse.engine)
     assert stored["https://shop.example.com/v2/1"] == {
-        "url": "https://shop.example.com/v2/1", "title": "T", "price": "9.9", "currency": "EUR", "seller_id": "s"}
+        "url": "https://shop.example.com/v2/1",
+        "title": "T",
+        "price": "9.9",
+        "currency": "EUR",
+        "seller_id": "s",
+    }
     assert stored["https://shop.example.com/p/7"]["price"] == "17.9"
 
 
@@ -231,21 +273,34 @@ def test_floats_from_library_callers(warehouse):
     `content/2` failure is kept as an error on the stored row (never a
     made-up digest), and the in-memory exact rung stores it.
     """
-    record = {"url": "https://shop.example.com/f/1", "title": "Kettle", "price": 9.9, "currency": "EUR", "seller_id": "s1"}
+    record = {
+        "url": "https://shop.example.com/f/1",
+        "title": "Kettle",
+        "price": 9.9,
+        "currency": "EUR",
+        "seller_id": "s1",
+    }
     with pytest.raises(ValueError, match=r"^price: float is not hashable reproducibly"):
         content_hash(record, "content/2")
-    assert content_hash({**record, "price": Decimal("9.90")}, "content/2") == content_hash({**record, "price": "9.9"}, "content/2")
+    assert content_hash({**record, "price": Decimal("9.90")}, "content/2") == content_hash(
+        {**record, "price": "9.9"}, "content/2"
+    )
     with pytest.raises(RecordError, match=r"^price: float is not hashable reproducibly"):
         canonicalise_record(record, 1, ("content/1", "content/2"), "content/2")
     assert content_hash(record, "content/1") == content_hash({**record, "price": 9.90000}, "content/1")
 
     canonical = canonicalise_record(record, 1, ("content/1", "content/2"), "content/1")
-    assert canonical.hash_errors == {"content/2": "price: float is not hashable reproducibly; use a decimal string or minor units"}
+    assert canonical.hash_errors == {
+        "content/2": "price: float is not hashable reproducibly; use a decimal string or minor units"
+    }
     report = deduplicate_records(
-        warehouse, "library", "run", [[canonical]], LadderSettings(), None, utcnow(), "content/1")
+        warehouse, "library", "run", [[canonical]], LadderSettings(), None, utcnow(), "content/1"
+    )
     assert report.decisions == {"new": 1}
     assert stored_payloads(warehouse.engine)["https://shop.example.com/f/1"]["price"] == 9.9
-    assert hash_errors(warehouse.engine) == {("https://shop.example.com/f/1", "content/2"): canonical.hash_errors["content/2"]}
+    assert hash_errors(warehouse.engine) == {
+        ("https://shop.example.com/f/1", "content/2"): canonical.hash_errors["content/2"]
+    }
 
 
 @pytest.mark.parametrize("active", ["content/1", "content/2"])
@@ -261,8 +316,22 @@ def test_two_sites_whose_extraction_failed_are_two_listings(warehouse, tmp_path,
     set_active_version(warehouse, active)
     folder = tmp_path / "landing"
     lines = [
-        {"url": "https://a.example/p/1", "title": "", "price": "10", "currency": "EUR", "seller_id": " ", "description": "Red shoes"},
-        {"url": "https://b.example/x/9", "title": " ", "price": "10", "currency": "EUR", "seller_id": "", "description": "Red shoes"},
+        {
+            "url": "https://a.example/p/1",
+            "title": "",
+            "price": "10",
+            "currency": "EUR",
+            "seller_id": " ",
+            "description": "Red shoes",
+        },
+        {
+            "url": "https://b.example/x/9",
+            "title": " ",
+            "price": "10",
+            "currency": "EUR",
+            "seller_id": "",
+            "description": "Red shoes",
+        },
     ]
     write_batch(folder, "blank", lines)
     reports = run_ladder(warehouse, folder, "blank")
@@ -275,5 +344,6 @@ def test_two_sites_whose_extraction_failed_are_two_listings(warehouse, tmp_path,
     else:
         assert reports.exact.decisions == {"new": 2}
         assert hash_errors(warehouse.engine) == {
-            ("https://a.example/p/1", "content/2"): reason, ("https://b.example/x/9", "content/2"): reason,
+            ("https://a.example/p/1", "content/2"): reason,
+            ("https://b.example/x/9", "content/2"): reason,
         }

@@ -47,12 +47,20 @@ def kill_when(command: list[str], ready, env: dict | None = None, timeout: float
     Returns how long it ran. Fails if the process ends on its own first (it was not killed mid-work).
     """
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, **(env or {})}, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         while time.monotonic() - started < timeout:
             if process.poll() is not None:
-                pytest.fail(f"the process finished before it could be killed:\n{process.stdout.read().decode()[-3000:]}")
+                pytest.fail(
+                    f"the process finished before it could be killed:\n{process.stdout.read().decode()[-3000:]}"
+                )
             if ready():
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
@@ -70,8 +78,11 @@ def worker(*args: str) -> list[str]:
     return [sys.executable, "-m", "dedup_pipeline_tests.reliability.worker", *args]
 
 
-@pytest.mark.parametrize("warehouse_url, during", [("sqlite", "exact"), ("postgresql", "exact"), ("postgresql", "near")],
-                         indirect=["warehouse_url"])
+@pytest.mark.parametrize(
+    "warehouse_url, during",
+    [("sqlite", "exact"), ("postgresql", "exact"), ("postgresql", "near")],
+    indirect=["warehouse_url"],
+)
 def test_a_ladder_process_killed_mid_partition(warehouse, warehouse_url, tmp_path, during):
     """Breaks: the process running a partition's ladder is SIGKILLed after some chunks of the exact rung
     (or of the near-duplicate rung) have committed.
@@ -86,11 +97,14 @@ def test_a_ladder_process_killed_mid_partition(warehouse, warehouse_url, tmp_pat
     engine = warehouse.engine
 
     if during == "exact":
+
         def ready():
             return count(engine, dedup_decisions) >= 2 * CHUNK
     else:
+
         def ready():
             return count(engine, near_index) >= 2 * CHUNK
+
     kill_when(worker("ladder", warehouse_url, str(folder), "big", "--chunk", str(CHUNK), "--run-id", "killed"), ready)
 
     logged = count(engine, dedup_decisions)
@@ -112,7 +126,10 @@ def test_a_ladder_process_killed_mid_partition(warehouse, warehouse_url, tmp_pat
     clean.dispose()
     assert counted["near_duplicates_flagged"] == clean_counted["near_duplicates_flagged"]
     if during == "exact":  # else the killed run's exact rung had finished: the re-run counts the batch again
-        assert (counted["decisions"], counted["quarantined"]) == (clean_counted["decisions"], clean_counted["quarantined"])
+        assert (counted["decisions"], counted["quarantined"]) == (
+            clean_counted["decisions"],
+            clean_counted["quarantined"],
+        )
 
 
 @pytest.mark.slow
@@ -128,8 +145,11 @@ def test_dedup_pipeline_run_killed_mid_partition(warehouse, warehouse_url, tmp_p
     """
     folder = tmp_path / "landing"
     write_batch(folder, "cli", crawl_lines(3700), landed=1e9)  # 4,075 lines: three chunks of the default 2,000
-    env = {"DEDUP_DATABASE_URL": warehouse_url, "DAGSTER_HOME": str(tmp_path / "dagster_home"),
-           "DEDUP_DATA_DIR": str(tmp_path / "data")}
+    env = {
+        "DEDUP_DATABASE_URL": warehouse_url,
+        "DAGSTER_HOME": str(tmp_path / "dagster_home"),
+        "DEDUP_DATA_DIR": str(tmp_path / "data"),
+    }
     os.makedirs(env["DAGSTER_HOME"])
     (Path(env["DAGSTER_HOME"]) / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())  # its pool limits
     command = [str(Path(sys.executable).parent / "dedup-pipeline"), "run", "--landing", str(folder), "--json"]
@@ -164,11 +184,13 @@ def test_dedup_pipeline_run_killed_mid_partition(warehouse, warehouse_url, tmp_p
 
 def _digests(engine, version: str) -> list[tuple]:
     with engine.connect() as conn:
-        return sorted(conn.execute(
-            select(records.c.natural_key, record_hashes.c.content_hash, record_hashes.c.error)
-            .join(record_hashes, record_hashes.c.record_id == records.c.record_id)
-            .where(record_hashes.c.hash_version == version)
-        ).all())
+        return sorted(
+            conn.execute(
+                select(records.c.natural_key, record_hashes.c.content_hash, record_hashes.c.error)
+                .join(record_hashes, record_hashes.c.record_id == records.c.record_id)
+                .where(record_hashes.c.hash_version == version)
+            ).all()
+        )
 
 
 @pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
@@ -180,7 +202,9 @@ def test_a_rehash_backfill_killed_mid_shard(warehouse, warehouse_url, tmp_path):
     digests (and the reasons of rows `content/2` cannot hash) equal one clean backfill's.
     """
     folder = tmp_path / "landing"
-    lines = [listing(n, price=None if n % 50 == 0 else f"{n}.99") for n in range(1500)]  # some cannot be hashed by content/2
+    lines = [
+        listing(n, price=None if n % 50 == 0 else f"{n}.99") for n in range(1500)
+    ]  # some cannot be hashed by content/2
     write_batch(folder, "legacy", lines, landed=1e9)
     legacy = LadderSettings(chunk_size=500, hash_versions=("content/1",))  # a warehouse from before content/2
     run_ladder(warehouse, folder, "legacy", legacy)
@@ -188,8 +212,9 @@ def test_a_rehash_backfill_killed_mid_shard(warehouse, warehouse_url, tmp_path):
 
     def target_rows():
         with warehouse.engine.connect() as conn:
-            return conn.execute(select(func.count()).select_from(record_hashes).where(
-                record_hashes.c.hash_version == "content/2")).scalar_one()
+            return conn.execute(
+                select(func.count()).select_from(record_hashes).where(record_hashes.c.hash_version == "content/2")
+            ).scalar_one()
 
     kill_when(worker("rehash", warehouse_url, "content/2", "all", "--chunk", "20"), lambda: target_rows() >= 40)
     interrupted = target_rows()
@@ -206,23 +231,3 @@ def test_a_rehash_backfill_killed_mid_shard(warehouse, warehouse_url, tmp_path):
     assert _digests(warehouse.engine, "content/2") == _digests(clean.engine, "content/2")
     assert _digests(warehouse.engine, "content/1") == _digests(clean.engine, "content/1")
     clean.dispose()
-
-
-def test_a_process_mark_tells_a_live_process_from_a_killed_one(tmp_path):
-    """The mark behind the release of dead runs: a file locked by its process, whatever its PID (a container's
-    PID 1, a PID reused or in another namespace), so a live run is never released and a dead one always is."""
-    from dedup_pipeline.process_marks import process_alive
-
-    code = ("import sys, time; from pathlib import Path; from dedup_pipeline.process_marks import ProcessMark; "
-            "mark = ProcessMark(Path(sys.argv[1])); print(mark.token, flush=True); time.sleep(120)")
-    process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        token = process.stdout.readline().strip()
-        assert process_alive(tmp_path, token) is True
-        assert process_alive(tmp_path, token) is True  # asking does not take the mark away
-    finally:
-        process.kill()
-        process.wait()
-    assert process_alive(tmp_path, token) is False
-    assert not (tmp_path / f"{token}.lock").exists()  # a dead process's mark is removed once seen
-    assert process_alive(tmp_path, "not-a-process-of-this-instance") is None

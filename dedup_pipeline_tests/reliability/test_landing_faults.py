@@ -1,4 +1,4 @@
-"""The landing folder and the local disk misbehaving: read-only, unreadable files, a full disk, files still being written.
+"""The landing folder and the local disk misbehaving: read-only, unreadable files, a full disk, files being written.
 
 A full disk is a real one where the kernel lets us mount a tmpfs of a few
 hundred kilobytes (as root in CI); elsewhere SQLite's `max_page_count` gives
@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -35,7 +35,12 @@ from dedup_pipeline.store.seen_set import BloomSeenSet
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
 from dedup_pipeline_tests.reliability.ladder_run import (
-    SETTINGS, canonical_lines, clean_run, count, quarantined_lines, run_ladder,
+    SETTINGS,
+    canonical_lines,
+    clean_run,
+    count,
+    quarantined_lines,
+    run_ladder,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,8 +50,12 @@ DISK_FULL = (OperationalError, sqlite3.OperationalError)
 
 def _mount_tmpfs(folder: Path, size: str) -> bool:
     folder.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def _umount(folder: Path) -> None:
@@ -79,8 +88,10 @@ def fill(folder: Path, leave: int = 0) -> Path:
 
 def partition_state(engine, batch: str) -> list:
     with engine.connect() as conn:
-        return [sorted(tuple(r) for r in conn.execute(select(*t.c).where(t.c.batch_id == batch)))
-                for t in (crawl_batches, quarantine, canonical_records)]
+        return [
+            sorted(tuple(r) for r in conn.execute(select(*t.c).where(t.c.batch_id == batch)))
+            for t in (crawl_batches, quarantine, canonical_records)
+        ]
 
 
 def run_worker(*args: str, drop_root_rights: bool = False) -> dict:
@@ -205,9 +216,10 @@ def test_a_full_disk_under_the_embedded_warehouse(small_disk, tmp_path):
         warehouse = Warehouse(warehouse.url)
     deduplicate_batch(warehouse, "big", "run-big", SETTINGS)
     from dedup_pipeline.ladder.near import cluster_batch
+    from dedup_pipeline.ladder.settings import NearSettings
     from dedup_pipeline_tests.reliability.ladder_run import NEAR
 
-    cluster_batch(warehouse, "big", NEAR, SETTINGS.chunk_size)
+    cluster_batch(warehouse, "big", NearSettings(params=NEAR, chunk_size=SETTINGS.chunk_size))
     assert snapshot(warehouse.engine) == clean_run(tmp_path, folder, ["big"])
     warehouse.dispose()
 
@@ -267,17 +279,34 @@ def test_files_that_cannot_be_batches_are_named_with_the_reason(tmp_path):
     from dedup_pipeline.landing import BAD_KEY, NOT_A_BATCH, scan_landing
 
     folder = tmp_path / "landing"
-    for name in ("ok.jsonl", "2026-11-09 shop-a.jsonl", "café.jsonl", "_x.jsonl", "x" * 201 + ".jsonl",
-                 "x.JSONL", "x.jsonl.GZ", "x.json", "notes.txt", ".hidden.jsonl.part"):
-        write_batch(folder, name.removesuffix(".jsonl"), [listing(1)], landed=1e9) if name.endswith(".jsonl") \
-            else (folder / name).write_text("{}\n")
+    for name in (
+        "ok.jsonl",
+        "2026-11-09 shop-a.jsonl",
+        "café.jsonl",
+        "_x.jsonl",
+        "x" * 201 + ".jsonl",
+        "x.JSONL",
+        "x.jsonl.GZ",
+        "x.json",
+        "notes.txt",
+        ".hidden.jsonl.part",
+    ):
+        write_batch(folder, name.removesuffix(".jsonl"), [listing(1)], landed=1e9) if name.endswith(".jsonl") else (
+            folder / name
+        ).write_text("{}\n")
     (folder / "sub.jsonl").mkdir()
     fresh = write_batch(folder, "fresh", [listing(2)])
     scan = scan_landing(folder, settle_seconds=5)
     assert [b.key for b in scan.batches] == ["ok"] and [b.path for b in scan.unsettled] == [fresh]
     assert dict(scan.ignored) == {
-        "2026-11-09 shop-a.jsonl": BAD_KEY, "café.jsonl": BAD_KEY, "_x.jsonl": BAD_KEY, "x" * 201 + ".jsonl": BAD_KEY,
-        "x.JSONL": NOT_A_BATCH, "x.jsonl.GZ": NOT_A_BATCH, "x.json": NOT_A_BATCH, "notes.txt": NOT_A_BATCH,
+        "2026-11-09 shop-a.jsonl": BAD_KEY,
+        "café.jsonl": BAD_KEY,
+        "_x.jsonl": BAD_KEY,
+        "x" * 201 + ".jsonl": BAD_KEY,
+        "x.JSONL": NOT_A_BATCH,
+        "x.jsonl.GZ": NOT_A_BATCH,
+        "x.json": NOT_A_BATCH,
+        "notes.txt": NOT_A_BATCH,
     }
     notices = scan.notices(5)
     assert notices[0].startswith("not yet: fresh.jsonl was modified ") and "less than the 5 s" in notices[0]
@@ -323,13 +352,18 @@ def test_two_files_of_one_batch_key_set_aside_only_that_key(tmp_path, capfd):
         assert [r.partition_key for r in result.run_requests] == ["ok"]
         assert [list(r.partition_keys) for r in result.dynamic_partitions_requests] == [["ok"]]
         assert "landing batch x set aside: 3 files map to it (x.jsonl, x.jsonl.gz, x.ndjson)" in capfd.readouterr().err
-        tick = datetime.now(timezone.utc)
-        with dg.build_schedule_context(instance=instance, resources=resources, scheduled_execution_time=tick) as context:
+        tick = datetime.now(UTC)
+        with dg.build_schedule_context(
+            instance=instance, resources=resources, scheduled_execution_time=tick
+        ) as context:
             assert [r.partition_key for r in ladder_catch_up(context)] == ["ok"]
 
         instance.add_dynamic_partitions(crawl_batches_partitions.name, ["x"])  # registered before x.jsonl.gz came
         result = dg.materialize(
-            [raw_crawl_batches], partition_key="x", instance=instance, raise_on_error=False,
+            [raw_crawl_batches],
+            partition_key="x",
+            instance=instance,
+            raise_on_error=False,
             resources={**resources, "warehouse": WarehouseResource(database_url=f"sqlite:///{tmp_path / 'w.sqlite'}")},
         )
         [failure] = result.get_step_failure_events()
@@ -360,12 +394,14 @@ def test_a_batch_file_that_changes_after_the_raw_rung_is_refused(warehouse, tmp_
 def _growing_iter_lines(extra: bytes, when: str):
     """iter_lines, except that a crawler appends `extra` to the file just `before` the rung's first read or just
     `after` its last one (the two windows a check outside the read cannot see)."""
+
     def hooked(path, *args, **kwargs):
         if when == "before":
             _append(path, extra)
         yield from iter_lines(path, *args, **kwargs)
         if when == "after":
             _append(path, extra)
+
     return hooked
 
 
@@ -404,5 +440,7 @@ def test_a_batch_file_that_changes_while_a_rung_reads_it(warehouse, tmp_path, mo
     assert partition_state(warehouse.engine, "race") == before
     reports = run_ladder(warehouse, folder, "race")
     assert (reports.raw.lines, reports.raw.quarantined, reports.canonical.canonical) == (8, 1, 7)
-    assert set(quarantined_lines(warehouse.engine, "race")) | set(canonical_lines(warehouse.engine, "race")) == set(range(1, 9))
+    assert set(quarantined_lines(warehouse.engine, "race")) | set(canonical_lines(warehouse.engine, "race")) == set(
+        range(1, 9)
+    )
     assert path.stat().st_size == reports.raw.file_bytes

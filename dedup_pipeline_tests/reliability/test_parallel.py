@@ -28,6 +28,7 @@ def _ladder_worker(url: str, folder, key: str, run_id: str, barrier) -> dict:
     from dedup_pipeline.ladder.exact import deduplicate_batch
     from dedup_pipeline.ladder.near import cluster_batch
     from dedup_pipeline.ladder.raw import ingest_raw_batch
+    from dedup_pipeline.ladder.settings import NearSettings
     from dedup_pipeline.landing import find_batch
 
     warehouse = Warehouse(url)
@@ -39,7 +40,7 @@ def _ladder_worker(url: str, folder, key: str, run_id: str, barrier) -> dict:
         barrier.wait()
         exact = deduplicate_batch(warehouse, key, run_id, SETTINGS)
         barrier.wait()
-        cluster_batch(warehouse, key, NEAR, SETTINGS.chunk_size)
+        cluster_batch(warehouse, key, NearSettings(params=NEAR, chunk_size=SETTINGS.chunk_size))
         return {"key": key, "decisions": dict(exact.decisions), "records_in": exact.records_in}
     except Exception:  # noqa: BLE001 - report it to the test, which fails on it
         return {"key": key, "error": traceback.format_exc()}
@@ -84,8 +85,15 @@ def test_the_same_partition_materialised_twice_at_the_same_time(warehouse, wareh
     with warehouse.engine.connect() as conn, clean.engine.connect() as clean_conn:
         first = first_decision_counts(conn, ["b"])["b"]
         assert first == first_decision_counts(clean_conn, ["b"])["b"]
-        both = Counter(dict(conn.execute(select(dedup_decisions.c.decision, func.count()).where(
-            dedup_decisions.c.batch_id == "b").group_by(dedup_decisions.c.decision)).all()))
+        both = Counter(
+            dict(
+                conn.execute(
+                    select(dedup_decisions.c.decision, func.count())
+                    .where(dedup_decisions.c.batch_id == "b")
+                    .group_by(dedup_decisions.c.decision)
+                ).all()
+            )
+        )
     clean.dispose()
     # The two runs together: every line decided twice, each insert or update done by exactly one of them.
     assert sum(both.values()) == 200 and both["new"] + both["changed"] == first["new"] + first["changed"]
@@ -95,10 +103,18 @@ def overlapping_batches(folder):
     """p1, p2, p3, landed in that order. p2 changes the price of every third shared key; p3 changes every fourth
     and re-crawls the others unchanged, so some of its keys hold p1's content again after p2 changed it."""
     write_batch(folder, "p1", [listing(n) for n in range(0, 120)], landed=1e9)
-    write_batch(folder, "p2", [listing(n, crawl_id="p2", price="2.50" if n % 3 == 0 else f"{10 + n}.90")
-                               for n in range(60, 180)], landed=1e9 + 60)
-    write_batch(folder, "p3", [listing(n, crawl_id="p3", price="3.75" if n % 4 == 0 else f"{10 + n}.90")
-                               for n in range(100, 220)], landed=1e9 + 120)
+    write_batch(
+        folder,
+        "p2",
+        [listing(n, crawl_id="p2", price="2.50" if n % 3 == 0 else f"{10 + n}.90") for n in range(60, 180)],
+        landed=1e9 + 60,
+    )
+    write_batch(
+        folder,
+        "p3",
+        [listing(n, crawl_id="p3", price="3.75" if n % 4 == 0 else f"{10 + n}.90") for n in range(100, 220)],
+        landed=1e9 + 120,
+    )
     return folder
 
 
@@ -111,7 +127,9 @@ def test_batches_run_out_of_landing_order_end_as_in_landing_order(tmp_path):
     was p1's), and a key p3 stored before p2 ran was first seen in p2.
     """
     folder = overlapping_batches(tmp_path / "landing")
-    in_order = [row[:4] for row in clean_run(tmp_path, folder, ["p1", "p2", "p3"], SETTINGS, name="in-order")["records"]]
+    in_order = [
+        row[:4] for row in clean_run(tmp_path, folder, ["p1", "p2", "p3"], SETTINGS, name="in-order")["records"]
+    ]
     first_in_order = first_seen(tmp_path, "in-order")
     for order in (["p1", "p3", "p2"], ["p3", "p2", "p1"], ["p2", "p3", "p1"]):
         rows = [row[:4] for row in clean_run(tmp_path, folder, order, SETTINGS, name="-".join(order))["records"]]
@@ -124,7 +142,9 @@ def first_seen(tmp_path, name: str) -> list[tuple]:
     warehouse = Warehouse(f"sqlite:///{tmp_path / f'{name}.sqlite'}")
     try:
         with warehouse.engine.connect() as conn:
-            return sorted(conn.execute(select(records.c.natural_key, records.c.first_batch_id, records.c.first_seen_at)))
+            return sorted(
+                conn.execute(select(records.c.natural_key, records.c.first_batch_id, records.c.first_seen_at))
+            )
     finally:
         warehouse.dispose()
 

@@ -19,17 +19,30 @@ from sqlalchemy.exc import DBAPIError
 
 from dedup_pipeline.defs.assets import ladder_assets
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource
+from dedup_pipeline.defs.resources import (
+    LadderResource,
+    LandingResource,
+    NearDupResource,
+    SeenSetResource,
+    WarehouseResource,
+)
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.quality.history import first_decision_counts
 from dedup_pipeline.store.schema import canonical_records, crawl_batches, dedup_decisions, quarantine, records
 from dedup_pipeline.store.seen_set import NoSeenSet
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
-from dedup_pipeline_tests.reliability.ladder_run import NEAR, SETTINGS, assert_one_row_per_key_and_content, clean_run, count
+from dedup_pipeline_tests.reliability.ladder_run import (
+    NEAR,
+    SETTINGS,
+    assert_one_row_per_key_and_content,
+    clean_run,
+    count,
+)
 
 pytestmark = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
 
@@ -41,10 +54,19 @@ def terminate_other_backends(url: str) -> list[int]:
     admin = create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            pids = conn.execute(text(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )).scalars().all()
-            return [pid for pid in pids if conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()]
+            pids = (
+                conn.execute(
+                    text(
+                        "SELECT pid FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            return [
+                pid for pid in pids if conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()
+            ]
     finally:
         admin.dispose()
 
@@ -69,10 +91,12 @@ class TerminateWhenBlocked:
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                row = watcher.execute(text(
-                    "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-                )).first()
+                row = watcher.execute(
+                    text(
+                        "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                    )
+                ).first()
                 if row:
                     watcher.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": row.pid})
                     self.victim = (row.pid, row.query)
@@ -106,20 +130,24 @@ def staged(warehouse, tmp_path):
     """Batch a stored; batch b (re-crawls, price changes, new products) registered and canonicalised."""
     folder = tmp_path / "landing"
     write_batch(folder, "a", [listing(n) for n in range(40)], landed=1e9)
-    write_batch(folder, "b", [listing(n, crawl_id="b", price="1.25" if n % 4 == 0 else f"{10 + n}.90")
-                              for n in range(20, 70)], landed=1e9 + 60)
+    write_batch(
+        folder,
+        "b",
+        [listing(n, crawl_id="b", price="1.25" if n % 4 == 0 else f"{10 + n}.90") for n in range(20, 70)],
+        landed=1e9 + 60,
+    )
     for key in ("a", "b"):
         ingest_raw_batch(warehouse, find_batch(folder, key))
         canonicalise_batch(warehouse, key, SETTINGS)
     deduplicate_batch(warehouse, "a", "run-a", SETTINGS)
-    cluster_batch(warehouse, "a", NEAR, CHUNK)
+    cluster_batch(warehouse, "a", NearSettings(params=NEAR, chunk_size=CHUNK))
     return folder
 
 
 def _finish_and_compare(warehouse, folder, tmp_path, run_id="run-b"):
     """Retry the exact rung (as Dagster's retry does), run the near rung, compare with one clean run."""
     report = deduplicate_batch(warehouse, "b", run_id, SETTINGS)
-    cluster_batch(warehouse, "b", NEAR, CHUNK)
+    cluster_batch(warehouse, "b", NearSettings(params=NEAR, chunk_size=CHUNK))
     assert snapshot(warehouse.engine) == clean_run(tmp_path, folder, ["a", "b"])
     assert_one_row_per_key_and_content(warehouse.engine)
     clean = first_decision_counts_of_clean(tmp_path)
@@ -166,8 +194,11 @@ def test_exact_rung_connection_dropped_inside_a_chunk_transaction(warehouse, war
     only, and every row has its decision); re-running gives one clean run's tables.
     """
     holder = {}
-    fault = AfterFirstCommit(lambda: holder.setdefault(
-        "lock", TerminateWhenBlocked(warehouse_url, "LOCK TABLE dedup_decisions IN EXCLUSIVE MODE")))
+    fault = AfterFirstCommit(
+        lambda: holder.setdefault(
+            "lock", TerminateWhenBlocked(warehouse_url, "LOCK TABLE dedup_decisions IN EXCLUSIVE MODE")
+        )
+    )
     try:
         with pytest.raises(DBAPIError):
             deduplicate_batch(warehouse, "b", "run-b", SETTINGS, fault)
@@ -175,24 +206,41 @@ def test_exact_rung_connection_dropped_inside_a_chunk_transaction(warehouse, war
         victim = holder["lock"].release()
     assert victim and "dedup_decisions" in victim[1]  # it was waiting to log the second chunk's decisions
     with warehouse.engine.connect() as conn:
-        logged_b = conn.execute(select(func.count()).select_from(dedup_decisions).where(dedup_decisions.c.batch_id == "b")).scalar()
+        logged_b = conn.execute(
+            select(func.count()).select_from(dedup_decisions).where(dedup_decisions.c.batch_id == "b")
+        ).scalar()
         rows_b = conn.execute(select(func.count()).select_from(records).where(records.c.last_batch_id == "b")).scalar()
-        new_or_changed = conn.execute(select(func.count()).select_from(dedup_decisions).where(
-            dedup_decisions.c.batch_id == "b", dedup_decisions.c.decision.in_(["new", "changed"]))).scalar()
+        new_or_changed = conn.execute(
+            select(func.count())
+            .select_from(dedup_decisions)
+            .where(dedup_decisions.c.batch_id == "b", dedup_decisions.c.decision.in_(["new", "changed"]))
+        ).scalar()
         # every row dated b (written, or re-crawled unchanged) has b's logged decision for its key and line
-        decided = dedup_decisions.join(records, and_(
-            records.c.natural_key == dedup_decisions.c.natural_key, records.c.last_line_no == dedup_decisions.c.line_no))
-        backed_b = conn.execute(select(func.count()).select_from(decided).where(
-            records.c.last_batch_id == "b", dedup_decisions.c.batch_id == "b")).scalar()
+        decided = dedup_decisions.join(
+            records,
+            and_(
+                records.c.natural_key == dedup_decisions.c.natural_key,
+                records.c.last_line_no == dedup_decisions.c.line_no,
+            ),
+        )
+        backed_b = conn.execute(
+            select(func.count())
+            .select_from(decided)
+            .where(records.c.last_batch_id == "b", dedup_decisions.c.batch_id == "b")
+        ).scalar()
     assert logged_b == CHUNK  # the first chunk, whole; nothing of the second
     assert rows_b == backed_b >= new_or_changed
     _finish_and_compare(warehouse, staged, tmp_path)
 
 
-@pytest.mark.parametrize("rung, lock_sql", [
-    ("raw", "SELECT * FROM crawl_batches WHERE batch_id = 'b' FOR UPDATE"),
-    ("canonical", "SELECT * FROM quarantine WHERE batch_id = 'b' FOR UPDATE"),
-], ids=["raw", "canonical"])
+@pytest.mark.parametrize(
+    "rung, lock_sql",
+    [
+        ("raw", "SELECT * FROM crawl_batches WHERE batch_id = 'b' FOR UPDATE"),
+        ("canonical", "SELECT * FROM quarantine WHERE batch_id = 'b' FOR UPDATE"),
+    ],
+    ids=["raw", "canonical"],
+)
 def test_staging_rung_connection_dropped_mid_transaction(warehouse, warehouse_url, staged, tmp_path, rung, lock_sql):
     """Breaks: re-materialising batch b's raw (or canonical) rung, its connection is terminated in the middle of
     its one transaction (after it deleted and rewrote part of the partition, waiting on a row lock the test holds).
@@ -208,8 +256,10 @@ def test_staging_rung_connection_dropped_mid_transaction(warehouse, warehouse_ur
 
     def partition():
         with warehouse.engine.connect() as conn:
-            return [sorted(tuple(r) for r in conn.execute(select(*t.c).where(t.c.batch_id == "b")))
-                    for t in (crawl_batches, quarantine, canonical_records)]
+            return [
+                sorted(tuple(r) for r in conn.execute(select(*t.c).where(t.c.batch_id == "b")))
+                for t in (crawl_batches, quarantine, canonical_records)
+            ]
 
     before = partition()
     lock = TerminateWhenBlocked(warehouse_url, lock_sql)
@@ -229,7 +279,7 @@ def test_staging_rung_connection_dropped_mid_transaction(warehouse, warehouse_ur
 
 
 class DroppingSeenSetResource(SeenSetResource):
-    """The seen-set resource, except that the first chunk commit of the process terminates the warehouse's connections."""
+    """The seen-set resource, except that the process's first chunk commit terminates the warehouse's connections."""
 
     def get(self):
         return _DROP_ONCE
@@ -252,11 +302,18 @@ def test_dagster_step_retries_after_the_connection_drops(warehouse, warehouse_ur
     _DROP_ONCE.commits = 0
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, ["d"])
-    result = dg.materialize(ladder_assets, partition_key="d", instance=instance, resources={
-        "warehouse": WarehouseResource(database_url=warehouse_url), "landing": LandingResource(folder=str(folder), settle_seconds=0),
-        "ladder": LadderResource(chunk_size=CHUNK), "near_dup": NearDupResource(chunk_size=CHUNK),
-        "seen_set": DroppingSeenSetResource(kind="none"),
-    })
+    result = dg.materialize(
+        ladder_assets,
+        partition_key="d",
+        instance=instance,
+        resources={
+            "warehouse": WarehouseResource(database_url=warehouse_url),
+            "landing": LandingResource(folder=str(folder), settle_seconds=0),
+            "ladder": LadderResource(chunk_size=CHUNK),
+            "near_dup": NearDupResource(chunk_size=CHUNK),
+            "seen_set": DroppingSeenSetResource(kind="none"),
+        },
+    )
     assert result.success and _DROP_ONCE.result
     retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     assert [e.step_key for e in retries] == ["deduplicated_records"]

@@ -1,4 +1,4 @@
-"""Properties of the canonicalisers and of the ladder, with Hypothesis (modest example counts: the file runs in seconds).
+"""Properties of the canonicalisers and of the ladder, with Hypothesis (few examples: the file runs in seconds).
 
 The canonicalisers are checked through both paths the pipeline uses: the
 per-record `canonicalise_record` (library callers, the rehash job) and the
@@ -14,7 +14,8 @@ import unicodedata
 from decimal import Decimal, localcontext
 from pathlib import Path
 
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 
 from dedup_pipeline import canonical_url
@@ -29,41 +30,66 @@ from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import record_hashes, record_history
 from dedup_pipeline.store.warehouse import Warehouse
-from dedup_pipeline_tests.reliability.ladder_run import canonical_lines, decisions_by_line, quarantined_lines
 from dedup_pipeline_tests.helpers import new_run_id
+from dedup_pipeline_tests.reliability.ladder_run import canonical_lines, decisions_by_line, quarantined_lines
 
 VERSIONS = ("content/1", "content/2")
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-LADDER = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+LADDER = settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 # Text with every kind of character but lone surrogates (the raw rung refuses those before any canonicaliser runs).
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
-WHITESPACE = st.text(st.sampled_from([" ", "\t", "\n", "\r", "\u00a0", "\u2003", "\u3000", "\x0b", "\x0c"]), min_size=1, max_size=4)
+WHITESPACE = st.text(
+    st.sampled_from([" ", "\t", "\n", "\r", "\u00a0", "\u2003", "\u3000", "\x0b", "\x0c"]), min_size=1, max_size=4
+)
 WORD = st.text(st.characters(exclude_categories=("Cs", "Zs", "Zl", "Zp", "Cc")), min_size=1, max_size=8).filter(
-    lambda w: not any(c.isspace() for c in w))
+    lambda w: not any(c.isspace() for c in w)
+)
 NUMBER = st.one_of(
-    st.integers(-10**30, 10**30),
+    st.integers(-(10**30), 10**30),
     st.decimals(allow_nan=False, allow_infinity=False, places=None).filter(lambda d: abs(d.adjusted()) < 60),
 )
 PRICE = st.one_of(NUMBER, NUMBER.map(str), st.sampled_from([" 9.90 ", "call for price", "1e3", "-0.00", "", "12,50"]))
 SCALAR = st.one_of(TEXT, NUMBER, st.booleans(), st.none())
-VALUE = st.recursive(SCALAR, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(string.ascii_lowercase, min_size=1, max_size=5), inner, max_size=3)),
-    max_leaves=6)
-PATH = st.lists(st.text(string.ascii_letters + string.digits + "-_~é", min_size=1, max_size=6), min_size=1, max_size=3).map(
-    lambda parts: "/" + "/".join(parts))
+VALUE = st.recursive(
+    SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.text(string.ascii_lowercase, min_size=1, max_size=5), inner, max_size=3),
+    ),
+    max_leaves=6,
+)
+PATH = st.lists(
+    st.text(string.ascii_letters + string.digits + "-_~é", min_size=1, max_size=6), min_size=1, max_size=3
+).map(lambda parts: "/" + "/".join(parts))
 
 
 @st.composite
 def records(draw) -> dict:
     """A scraped record: identity fields of any type, extra fields, volatile fields, an http(s) URL."""
     record = {"url": "https://Shop.Example.com" + draw(PATH) + draw(st.sampled_from(["", "?b=2&a=1", "?utm_source=x"]))}
-    for name, strategy in (("title", TEXT), ("description", TEXT), ("price", PRICE),
-                           ("currency", st.sampled_from(["eur", "EUR", " usd ", "JPY", "kwd"])), ("seller_id", TEXT)):
+    for name, strategy in (
+        ("title", TEXT),
+        ("description", TEXT),
+        ("price", PRICE),
+        ("currency", st.sampled_from(["eur", "EUR", " usd ", "JPY", "kwd"])),
+        ("seller_id", TEXT),
+    ):
         if draw(st.booleans()) or name == "title":
             record[name] = draw(strategy)
-    record.update(draw(st.dictionaries(st.text(string.ascii_lowercase, min_size=1, max_size=6).filter(
-        lambda k: k not in VOLATILE_FIELDS and k not in record), VALUE, max_size=3)))
+    record.update(
+        draw(
+            st.dictionaries(
+                st.text(string.ascii_lowercase, min_size=1, max_size=6).filter(
+                    lambda k: k not in VOLATILE_FIELDS and k not in record
+                ),
+                VALUE,
+                max_size=3,
+            )
+        )
+    )
     for name in draw(st.lists(st.sampled_from(sorted(VOLATILE_FIELDS)), unique=True, max_size=4)):
         record[name] = draw(SCALAR)
     return record
@@ -80,7 +106,12 @@ def outcome(record: dict, path: str = "record") -> tuple:
                 raise result
     except RecordError as exc:
         return ("refused", str(exc))
-    return (result.canonical_url, json.dumps(result.payload, sort_keys=True, default=str), result.hashes, result.hash_errors)
+    return (
+        result.canonical_url,
+        json.dumps(result.payload, sort_keys=True, default=str),
+        result.hashes,
+        result.hash_errors,
+    )
 
 
 def _map_text(value, function):
@@ -116,15 +147,22 @@ def test_key_order_does_not_matter(record, rnd, path):
 
 
 @FAST
-@given(records(), st.dictionaries(st.sampled_from(sorted(VOLATILE_FIELDS)), SCALAR), st.sampled_from(["record", "chunk"]))
+@given(
+    records(), st.dictionaries(st.sampled_from(sorted(VOLATILE_FIELDS)), SCALAR), st.sampled_from(["record", "chunk"])
+)
 def test_volatile_fields_do_not_matter(record, volatile, path):
     stripped = {k: v for k, v in record.items() if k not in VOLATILE_FIELDS}
     assert outcome({**record, **volatile}, path) == outcome(stripped, path)
 
 
 @FAST
-@given(records(), st.lists(WORD, min_size=1, max_size=5), st.lists(WHITESPACE, min_size=7, max_size=7),
-       st.sampled_from(["title", "description", "seller_id", "colour"]), st.sampled_from(["record", "chunk"]))
+@given(
+    records(),
+    st.lists(WORD, min_size=1, max_size=5),
+    st.lists(WHITESPACE, min_size=7, max_size=7),
+    st.sampled_from(["title", "description", "seller_id", "colour"]),
+    st.sampled_from(["record", "chunk"]),
+)
 def test_whitespace_runs_do_not_matter(record, words, gaps, field, path):
     spaced = gaps[0] + "".join(w + gaps[i + 1] for i, w in enumerate(words))
     assert outcome({**record, field: spaced}, path) == outcome({**record, field: " ".join(words)}, path)
@@ -142,8 +180,10 @@ def test_unicode_normal_form_does_not_matter(record, form, path):
 
 
 @FAST
-@given(st.decimals(allow_nan=False, allow_infinity=False, places=None).filter(lambda d: abs(d.adjusted()) < 2000),
-       st.sampled_from(["price", "weight"]))
+@given(
+    st.decimals(allow_nan=False, allow_infinity=False, places=None).filter(lambda d: abs(d.adjusted()) < 2000),
+    st.sampled_from(["price", "weight"]),
+)
 def test_numbers_are_stored_exactly(number, field):
     """Whatever its digits, a JSON number is stored as text that reads back as the same number (no float, no
     rounding to a context's precision); two different numbers never share a stored text."""
@@ -156,16 +196,25 @@ def test_numbers_are_stored_exactly(number, field):
     assert canonical_fields({field: neighbour})[field] != stored
 
 
-HOSTS = st.sampled_from(["shop.example.com", "B\u00fccher.example", "bu\u0308cher.example", "[2001:DB8::1]", "127.0.0.1"])
+HOSTS = st.sampled_from(
+    ["shop.example.com", "B\u00fccher.example", "bu\u0308cher.example", "[2001:DB8::1]", "127.0.0.1"]
+)
 
 
 @FAST
-@given(st.text(st.characters(exclude_categories=()), max_size=40) | st.builds(
-    lambda scheme, host, port, path, rest: f"{scheme}://{host}{port}{path}{rest}",
-    st.sampled_from(["http", "HTTPS", "javascript", "ftp", "", "h\u00f6ttp"]), HOSTS | TEXT,
-    st.sampled_from(["", ":80", ":443", ":8080", ":99999", ":8o", ":"]), PATH | TEXT, TEXT))
+@given(
+    st.text(st.characters(exclude_categories=()), max_size=40)
+    | st.builds(
+        lambda scheme, host, port, path, rest: f"{scheme}://{host}{port}{path}{rest}",
+        st.sampled_from(["http", "HTTPS", "javascript", "ftp", "", "h\u00f6ttp"]),
+        HOSTS | TEXT,
+        st.sampled_from(["", ":80", ":443", ":8080", ":99999", ":8o", ":"]),
+        PATH | TEXT,
+        TEXT,
+    )
+)
 def test_canonical_url_never_raises_and_is_idempotent(text):
-    """Any string at all (lone surrogates, controls, any script) gives a string, and canonicalising it again changes nothing."""
+    """Any string at all (lone surrogates, controls, any script) gives a string, which canonicalising leaves as is."""
     once = canonical_url(text)
     assert isinstance(once, str)
     assert canonical_url(once) == once
@@ -225,7 +274,11 @@ def test_every_line_is_stored_or_quarantined_never_both_never_neither(lines):
             quarantined, canonical = quarantined_lines(engine, "p"), canonical_lines(engine, "p")
             decisions = decisions_by_line(engine, "p")
             with engine.connect() as conn:
-                stored = set(conn.execute(select(record_hashes.c.content_hash).where(record_hashes.c.hash_version == "content/1")).scalars())
+                stored = set(
+                    conn.execute(
+                        select(record_hashes.c.content_hash).where(record_hashes.c.hash_version == "content/1")
+                    ).scalars()
+                )
                 stored |= set(conn.execute(select(record_history.c.content_hash)).scalars())
                 digests = dict(conn.execute(select(*canonical_records_line_digest())).all())
         finally:

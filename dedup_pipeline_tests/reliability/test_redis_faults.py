@@ -13,12 +13,21 @@ import pytest
 
 from dedup_pipeline.defs.assets import ladder_assets
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.resources import LadderResource, LandingResource, NearDupResource, SeenSetResource, WarehouseResource
+from dedup_pipeline.defs.resources import (
+    LadderResource,
+    LandingResource,
+    NearDupResource,
+    SeenSetResource,
+    WarehouseResource,
+)
 from dedup_pipeline.store.seen_set import RedisSeenSet
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
 from dedup_pipeline_tests.reliability.ladder_run import (
-    LadderReports, assert_one_row_per_key_and_content, run_ladder, set_active_version,
+    LadderReports,
+    assert_one_row_per_key_and_content,
+    run_ladder,
+    set_active_version,
 )
 from dedup_pipeline_tests.reliability.redis_server import PrivateRedis
 
@@ -41,8 +50,12 @@ def crawl(tmp_path):
     folder = tmp_path / "landing"
     write_batch(folder, "a", [listing(n) for n in range(60)], landed=1e9)
     mirrors = [listing(n, url=f"https://mirror.example.net/p/{n}", crawl_id="m") for n in range(0, 60, 3)]
-    write_batch(folder, "b", mirrors + [listing(n, crawl_id="b", price=f"{n}.5" if n % 10 == 0 else f"{10 + n}.90")
-                                        for n in range(30, 100)], landed=1e9 + 60)
+    write_batch(
+        folder,
+        "b",
+        mirrors + [listing(n, crawl_id="b", price=f"{n}.5" if n % 10 == 0 else f"{10 + n}.90") for n in range(30, 100)],
+        landed=1e9 + 60,
+    )
     write_batch(folder, "c", [listing(n, crawl_id="c") for n in range(80, 130)], landed=1e9 + 120)
     return folder
 
@@ -117,7 +130,9 @@ def test_redis_killed_mid_run_and_restarted_empty(warehouse, tmp_path, crawl, pr
     seen = KillingSeenSet(private_redis, kill_after=1, restart_after=2)  # chunks are 7 records; 20 mirrors lead batch b
     second = run_ladder(warehouse, crawl, "b", seen_set=seen)
     assert seen.commits >= 6 and private_redis.process.poll() is None  # it was killed, then restarted
-    assert second.exact.seen_set_fallbacks == 1  # the chunk while it was down: its probe and remember failed, counted once
+    assert (
+        second.exact.seen_set_fallbacks == 1
+    )  # the chunk while it was down: its probe and remember failed, counted once
     assert second.exact.seen_set_cold_misses >= 1  # a chunk after the restart trusted the empty Redis
     assert second.exact.seen_set_hits < healthy[1].exact.seen_set_hits
     third = run_ladder(warehouse, crawl, "c", seen_set=RedisSeenSet(private_redis.url, prefix="mid"))
@@ -162,8 +177,11 @@ def test_dagster_run_succeeds_with_redis_down(tmp_path, crawl, private_redis, mo
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(crawl_batches_partitions.name, list(KEYS))
     resources = {
-        "warehouse": WarehouseResource(database_url=url), "landing": LandingResource(folder=str(crawl), settle_seconds=0),
-        "ladder": LadderResource(chunk_size=7), "near_dup": NearDupResource(chunk_size=7), "seen_set": SeenSetResource(kind="redis"),
+        "warehouse": WarehouseResource(database_url=url),
+        "landing": LandingResource(folder=str(crawl), settle_seconds=0),
+        "ladder": LadderResource(chunk_size=7),
+        "near_dup": NearDupResource(chunk_size=7),
+        "seen_set": SeenSetResource(kind="redis"),
     }
     for key in KEYS:
         result = dg.materialize(ladder_assets, partition_key=key, instance=instance, resources=resources)

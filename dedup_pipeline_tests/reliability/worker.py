@@ -22,7 +22,7 @@ def run_ladder(args: argparse.Namespace) -> dict:
     from dedup_pipeline.ladder.exact import deduplicate_batch
     from dedup_pipeline.ladder.near import cluster_batch
     from dedup_pipeline.ladder.raw import ingest_raw_batch
-    from dedup_pipeline.ladder.settings import LadderSettings
+    from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
     from dedup_pipeline.landing import find_batch
     from dedup_pipeline.store.warehouse import Warehouse
 
@@ -38,7 +38,9 @@ def run_ladder(args: argparse.Namespace) -> dict:
             report = deduplicate_batch(warehouse, args.key, args.run_id, settings)
             out[rung] = {k: v for k, v in report.as_metadata().items() if isinstance(v, (int, float, str))}
         elif rung == "near":
-            report = cluster_batch(warehouse, args.key, NearDupParams(threshold=0.5), args.chunk)
+            report = cluster_batch(
+                warehouse, args.key, NearSettings(params=NearDupParams(threshold=0.5), chunk_size=args.chunk)
+            )
             out[rung] = {"sketched": report.sketched, "pairs": report.pairs}
         else:
             raise ValueError(f"unknown rung {rung!r}; known: {', '.join(RUNGS)}")
@@ -54,8 +56,11 @@ def run_rehash(args: argparse.Namespace) -> dict:
         reports = backfill(warehouse, args.target, chunk_size=args.chunk)
     else:
         reports = [backfill_shard(warehouse, args.target, args.shard, chunk_size=args.chunk)]
-    return {"hashed": sum(r.hashed for r in reports), "unhashable": sum(r.unhashable for r in reports),
-            "complete": all(r.complete for r in reports)}
+    return {
+        "hashed": sum(r.hashed for r in reports),
+        "unhashable": sum(r.unhashable for r in reports),
+        "complete": all(r.complete for r in reports),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

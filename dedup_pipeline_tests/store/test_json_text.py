@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC
 
 import pytest
 from hypothesis import given
@@ -17,13 +18,13 @@ from dedup_pipeline.store.warehouse import utcnow
 
 # Values orjson alone gets wrong (silently) or refuses, each paired with what `json` makes of it.
 AWKWARD = [
-    12345678901234567890123,          # beyond 64 bits: orjson reads it as a float
+    12345678901234567890123,  # beyond 64 bits: orjson reads it as a float
     -(2**63) - 1,
     2**64,
     {"price": [1, {"minor": 10**30}]},  # nested
-    1e300,                            # a large float that is a float
+    1e300,  # a large float that is a float
     -0.0,
-    "\u00e9t\u00e9 \U0001f600 \x1f \"quoted\" \\",
+    '\u00e9t\u00e9 \U0001f600 \x1f "quoted" \\',
 ]
 
 json_values = st.recursive(
@@ -69,14 +70,14 @@ def test_values_orjson_cannot_encode_are_written_by_the_json_module():
 
 
 def test_types_json_refuses_or_writes_its_own_way_are_left_to_it():
-    from datetime import datetime, timezone
+    from datetime import datetime
     from enum import Enum
 
     class Kind(str, Enum):
         EXACT = "exact"
 
     with pytest.raises(TypeError, match="datetime"):
-        json_text.dumps({"at": datetime(2026, 11, 30, tzinfo=timezone.utc)})  # orjson would write a string
+        json_text.dumps({"at": datetime(2026, 11, 30, tzinfo=UTC)})  # orjson would write a string
     value = {"kind": Kind.EXACT, 1: True}
     assert json_text.dumps(value) == json.dumps(value, separators=(",", ":"))
 

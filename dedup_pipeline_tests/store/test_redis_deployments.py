@@ -27,8 +27,10 @@ from dedup_pipeline.store.seen_set import RedisSeenSet, SeenSetUnavailable, sent
 from dedup_pipeline_tests.helpers import snapshot
 from dedup_pipeline_tests.store.test_seen_set import _baseline, batches, clear, digests, run  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.skipif(not shutil.which("redis-server") or not shutil.which("redis-cli"),
-                                reason="needs redis-server and redis-cli to start a local cluster")
+pytestmark = pytest.mark.skipif(
+    not shutil.which("redis-server") or not shutil.which("redis-cli"),
+    reason="needs redis-server and redis-cli to start a local cluster",
+)
 
 
 def _free(port: int) -> bool:
@@ -46,12 +48,24 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _redis_server(folder, port: int, *options: str, sentinel_config=None) -> subprocess.Popen:
-    """A throw-away redis-server (or, given its config file, a Sentinel) on 127.0.0.1:`port`, a child of this process."""
-    command = ["redis-server", str(sentinel_config), "--sentinel"] if sentinel_config else ["redis-server", "--save", ""]
-    return subprocess.Popen([
-        *command, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-        "--logfile", str(folder / f"{port}.log"), *options,
-    ])
+    """A throw-away redis-server (or, given its config file, a Sentinel) on 127.0.0.1:`port`, a child process."""
+    command = (
+        ["redis-server", str(sentinel_config), "--sentinel"] if sentinel_config else ["redis-server", "--save", ""]
+    )
+    return subprocess.Popen(
+        [
+            *command,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(folder),
+            "--logfile",
+            str(folder / f"{port}.log"),
+            *options,
+        ]
+    )
 
 
 def _stop(servers) -> None:
@@ -71,11 +85,19 @@ def cluster_url(tmp_path_factory):
     ]
     try:
         for port in ports:
-            _wait(lambda: redis.Redis(port=port).ping())
+            _wait(lambda port=port: redis.Redis(port=port).ping())
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "0",
-             "--cluster-yes"],
-            check=True, capture_output=True,
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
         )
         _wait(lambda: all(redis.Redis(port=p).execute_command("CLUSTER INFO")["cluster_state"] == "ok" for p in ports))
         yield f"redis://127.0.0.1:{ports[0]}/0", ports
@@ -108,7 +130,10 @@ def test_the_content_seen_set_spreads_a_chunk_over_every_node(cluster_seen_set, 
     assert seen.cluster
     known, unknown = digests(3000), digests(1000, "other")
     seen.remember("content/1", known)
-    assert seen.maybe_seen("content/1", unknown[:500] + known + unknown[500:]) == [False] * 500 + [True] * 3000 + [False] * 500
+    assert (
+        seen.maybe_seen("content/1", unknown[:500] + known + unknown[500:])
+        == [False] * 500 + [True] * 3000 + [False] * 500
+    )
     assert all(redis.Redis(port=port).dbsize() > 500 for port in cluster_url[1])  # every node holds its share
     assert 0 < seen.client.ttl(seen.key("content/1", known[0])) <= 120
     assert seen.forget("content/1", known[:1000]) == 1000
@@ -135,10 +160,11 @@ def test_the_url_seen_set_on_a_cluster(cluster_url):
     urls = [f"https://shop.example.com/p/{n}?utm_source=x" for n in range(200)]
     assert seen.first_time_seen_many(urls) == [True] * 200
     assert seen.first_time_seen_many([u.replace("?utm_source=x", "") for u in urls]) == [False] * 200
-    assert seen.first_time_seen_request("POST", urls[0], b"q=1") and not seen.first_time_seen_request("POST", urls[0], b"q=1")
+    assert seen.first_time_seen_request("POST", urls[0], b"q=1") and not seen.first_time_seen_request(
+        "POST", urls[0], b"q=1"
+    )
     assert seen.forget(urls) == 201  # each URL's key, and the one URL's request hash
     assert seen.first_time_seen(urls[0])
-
 
 
 SERVICE = "seen-set-master"
@@ -146,7 +172,7 @@ SERVICE = "seen-set-master"
 
 @pytest.fixture(scope="module")
 def sentinel(tmp_path_factory):
-    """A master, its replica and one Sentinel watching them: (seen-set URL, processes, master, replica and Sentinel ports)."""
+    """A master, its replica and a Sentinel watching them: (seen-set URL, processes, master/replica/Sentinel ports)."""
     folder = tmp_path_factory.mktemp("redis-sentinel")
     master, replica, watcher = _free_ports(3)
     config = folder / "sentinel.conf"  # Sentinel rewrites its own config file
@@ -161,8 +187,12 @@ def sentinel(tmp_path_factory):
         _wait(lambda: redis.Redis(port=replica).info("replication")["master_link_status"] == "up")
         servers.append(_redis_server(folder, watcher, sentinel_config=config))
         probe = redis.Redis(port=watcher)
-        _wait(lambda: any(int(r["port"]) == replica and r.get("master-link-status") == "ok"
-                          for r in probe.sentinel_slaves(SERVICE)))
+        _wait(
+            lambda: any(
+                int(r["port"]) == replica and r.get("master-link-status") == "ok"
+                for r in probe.sentinel_slaves(SERVICE)
+            )
+        )
         yield f"redis+sentinel://127.0.0.1:{watcher}/{SERVICE}", servers, master, replica, watcher
     finally:
         _stop(servers)
@@ -203,9 +233,15 @@ def _remembered(seen: RedisSeenSet, found: list[bytes]) -> bool:
 def test_a_sentinel_url_is_parsed_or_refused():
     client = sentinel_client("redis+sentinel://user:p%40ss@one:26380,[::1],three/my-master/2", {"socket_timeout": 1})
     pool = client.connection_pool
-    assert (pool.service_name, pool.connection_kwargs["db"], pool.connection_kwargs["password"]) == ("my-master", 2, "p@ss")
-    assert [(s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
-            for s in pool.sentinel_manager.sentinels] == [("one", 26380), ("::1", 26379), ("three", 26379)]
+    assert (pool.service_name, pool.connection_kwargs["db"], pool.connection_kwargs["password"]) == (
+        "my-master",
+        2,
+        "p@ss",
+    )
+    assert [
+        (s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+        for s in pool.sentinel_manager.sentinels
+    ] == [("one", 26380), ("::1", 26379), ("three", 26379)]
     for bad in ("redis+sentinel://one/", "redis+sentinel:///my-master", "redis+sentinel://one/my-master/x"):
         with pytest.raises(ValueError, match="expected redis\\+sentinel://"):
             sentinel_client(bad, {})

@@ -12,29 +12,39 @@ import uuid
 
 import pytest
 from psycopg import sql
-from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ProgrammingError
 
 from dedup_pipeline.core.erasure import Subject
+from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
-from dedup_pipeline.store.erasure import TOMBSTONE_KEY_ENV
 from dedup_pipeline.metrics import prometheus_text
 from dedup_pipeline.store.roles import RoleNames, grant_roles, roles_sql
 from dedup_pipeline.store.schema import dedup_decisions
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR, Warehouse, analyze, analyze_grown
+from dedup_pipeline_tests.erasure_helpers import T0, run_ladder
 from dedup_pipeline_tests.helpers import PG_ADMIN_URL, fresh_database, listing, write_batch
-from dedup_pipeline_tests.store.test_erasure import T0, run_ladder
 from dedup_pipeline_tests.store.test_statistics import (
-    add_rows, counted_and_live, wait_for_live_rows, without_autovacuum,
+    add_rows,
+    counted_and_live,
+    wait_for_live_rows,
+    without_autovacuum,
 )
 
 pytestmark = pytest.mark.postgres
 
 PERSONAL_TABLES = [
-    "record_hashes", "record_history", "dedup_decisions", "quarantine", "canonical_records", "near_index",
-    "erasure_tombstones", "erasure_scopes", "erasure_requests",
+    "record_hashes",
+    "record_history",
+    "dedup_decisions",
+    "quarantine",
+    "canonical_records",
+    "near_index",
+    "erasure_tombstones",
+    "erasure_scopes",
+    "erasure_requests",
 ]
 
 
@@ -82,7 +92,9 @@ def database(tmp_path, monkeypatch):
     finally:  # roles are global to the server: dropped once their database is gone
         with admin.connect() as conn:
             for role in [*(db.logins.values() if db else ()), *names.all()]:
-                conn.connection.driver_connection.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+                conn.connection.driver_connection.execute(
+                    sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role))
+                )
         admin.dispose()
 
 
@@ -99,7 +111,9 @@ def denied(warehouse: Warehouse, statement: str) -> bool:
 
 def crawl(warehouse, tmp_path, key="a", landed=T0, n=6):
     folder = tmp_path / "landing"
-    write_batch(folder, key, [listing(i, seller_id="s-X" if i == 1 else "s-1") for i in range(n)] + ["not json"], landed=landed)
+    write_batch(
+        folder, key, [listing(i, seller_id="s-X" if i == 1 else "s-1") for i in range(n)] + ["not json"], landed=landed
+    )
     return run_ladder(warehouse, folder, key)
 
 
@@ -119,8 +133,11 @@ def test_writer_runs_the_ladder_and_retention_but_cannot_touch_tombstones(databa
     report = crawl(writer, tmp_path)
     assert report.decisions["new"] == 6
     prune_retention(writer, RetentionSettings())
-    assert denied(writer, "INSERT INTO erasure_tombstones (fingerprint, kind, scope, key_id, erasure_id, created_at) "
-                          "VALUES ('\\x00', 'field', 'x', 'k', 1, now())")
+    assert denied(
+        writer,
+        "INSERT INTO erasure_tombstones (fingerprint, kind, scope, key_id, erasure_id, created_at) "
+        "VALUES ('\\x00', 'field', 'x', 'k', 1, now())",
+    )
     assert denied(writer, "DELETE FROM erasure_tombstones")
     assert denied(writer, "UPDATE erasure_scopes SET key_id = 'x'")
     assert denied(writer, "SELECT * FROM erasure_requests")
@@ -155,9 +172,12 @@ def test_eraser_erases_but_cannot_add_records_or_remove_tombstones(database, tmp
     report = erase_subject(eraser, Subject.parse("field", "s-X", field="seller_id"), "T-3")
     # Tombstones: the field and the two digests; for the quarantine only, the row's URL (four variants) and key.
     assert report.removed["records"] == 1 and report.removed["record_hashes"] == 2 and report.tombstones_added == 3 + 5
-    assert denied(eraser, "INSERT INTO records (natural_key, canonical_url, url_version, hash_version, content_hash, payload,"
-                          " first_seen_at, last_crawled_at, first_batch_id, last_batch_id, last_landed_at, last_line_no)"
-                          " VALUES ('k', 'u', 'url/1', 'content/1', '\\x00', '{}', now(), now(), 'b', 'b', now(), 1)")
+    assert denied(
+        eraser,
+        "INSERT INTO records (natural_key, canonical_url, url_version, hash_version, content_hash, payload,"
+        " first_seen_at, last_crawled_at, first_batch_id, last_batch_id, last_landed_at, last_line_no)"
+        " VALUES ('k', 'u', 'url/1', 'content/1', '\\x00', '{}', now(), now(), 'b', 'b', now(), 1)",
+    )
     assert denied(eraser, "UPDATE records SET payload = '{}'")
     assert denied(eraser, "DELETE FROM erasure_tombstones")
     assert denied(eraser, "TRUNCATE erasure_tombstones")

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import text
@@ -24,19 +23,27 @@ def without_autovacuum(warehouse) -> None:
 
 def add_rows(warehouse, start: int, n: int) -> None:
     """`n` rows in a table that has no foreign key (any table would do: the statistics are the subject)."""
-    now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 1, tzinfo=UTC)
     with warehouse.engine.begin() as conn:
-        copy_rows(conn, dedup_decisions, ("batch_id", "line_no", "run_id", "decision", "decided_at"),
-                  (("b", line, "r", "new", now) for line in range(start, start + n)))
+        copy_rows(
+            conn,
+            dedup_decisions,
+            ("batch_id", "line_no", "run_id", "decision", "decided_at"),
+            (("b", line, "r", "new", now) for line in range(start, start + n)),
+        )
 
 
 def counted_and_live(warehouse) -> tuple[float, int]:
     """(rows the statistics counted, rows PostgreSQL's counter says are live) of dedup_decisions."""
     with warehouse.engine.connect() as conn:
-        return tuple(conn.execute(text(
-            "SELECT c.reltuples, s.n_live_tup FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
-            "WHERE s.relname = 'dedup_decisions'"
-        )).one())
+        return tuple(
+            conn.execute(
+                text(
+                    "SELECT c.reltuples, s.n_live_tup FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
+                    "WHERE s.relname = 'dedup_decisions'"
+                )
+            ).one()
+        )
 
 
 def wait_for_live_rows(warehouse, n: int) -> None:

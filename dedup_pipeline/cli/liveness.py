@@ -1,4 +1,4 @@
-"""Which `dedup-pipeline` processes still live, so that runs they executed in process and died with are released.
+"""Liveness of `dedup-pipeline` processes: a lock each holds while it lives, so that runs it died with are released.
 
 A run executed in process never says it ended when its process is killed. Each
 process holds a file locked while it lives (its mark), beside the Dagster
@@ -88,7 +88,9 @@ def release_runs_of_dead_processes(instance: dg.DagsterInstance) -> list[str]:
     folder = _marks_folder(instance)
     storage = instance.event_log_storage
     holding = storage.get_concurrency_run_ids() if storage.supports_global_concurrency_limits else set()
-    started = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING]))
+    started = instance.get_run_records(
+        dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING])
+    )
     holders = instance.get_run_records(dg.RunsFilter(run_ids=list(holding))) if holding else []
     released = []
     for record in {r.dagster_run.run_id: r for r in [*started, *holders]}.values():

@@ -38,13 +38,21 @@ import json
 import math
 import re
 import unicodedata
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from operator import itemgetter
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dedup_pipeline.core.errors import NESTING_TOO_DEEP, RecordError
-from dedup_pipeline.core.fields import NUMERIC_FIELDS, UPPER_CASE_FIELDS, VOLATILE_FIELDS, canonical_fields, field_value, is_blank
+from dedup_pipeline.core.fields import (
+    NUMERIC_FIELDS,
+    UPPER_CASE_FIELDS,
+    VOLATILE_FIELDS,
+    canonical_fields,
+    field_value,
+    is_blank,
+)
 from dedup_pipeline.core.hashing import IDENTITY_FIELDS, V2_REQUIRED, compute_hashes, content_v1_field, hash_rule
 from dedup_pipeline.core.numbers import currency_exponent, plain_decimal
 from dedup_pipeline.core.url import canonical_url
@@ -95,7 +103,10 @@ def hash_records(
     out = HashedRecords([], [], {v: [] for v in versions}, {v: [] for v in versions})
     for start in range(0, len(records), BLOCK):
         part = _hash_block(
-            records[start : start + BLOCK], versions, payloads, urls[start : start + BLOCK] if urls is not None else None
+            records[start : start + BLOCK],
+            versions,
+            payloads,
+            urls[start : start + BLOCK] if urls is not None else None,
         )
         out.payloads += part.payloads
         out.failures += part.failures
@@ -163,7 +174,13 @@ class _Run:
     """One call of `hash_records`: splits the records into groups and runs each group as columns."""
 
     def __init__(self, records, versions, keep_payloads: bool, urls, out: HashedRecords):
-        self.records, self.versions, self.keep_payloads, self.urls, self.out = records, versions, keep_payloads, urls, out
+        self.records, self.versions, self.keep_payloads, self.urls, self.out = (
+            records,
+            versions,
+            keep_payloads,
+            urls,
+            out,
+        )
         self.slow: list[int] = []
 
     def all_rows(self) -> None:
@@ -190,20 +207,25 @@ class _Run:
             self.group(rows, keys, values)
 
     def group(self, rows: list[int], keys: list, values: list[list]) -> None:
-        """Records `rows`, whose non-volatile fields are `keys` with `values` (a list per key): columns, then digests."""
+        """Records `rows`, whose non-volatile fields are `keys` with `values` (a list per key): columns, digests."""
         if not all(type(k) is str for k in keys):
             self.slow.extend(rows)
             return
         types = [set(map(type, column)) for column in values]
         if any(type(None) in t for t in types):  # a None drops its field: such records form groups of their own
-            nones = {j for column, t in zip(values, types) if type(None) in t for j, v in enumerate(column) if v is None}
+            nones = {
+                j for column, t in zip(values, types) if type(None) in t for j, v in enumerate(column) if v is None
+            }
             sub: dict[tuple, list[int]] = {}
             for j in sorted(nones):
                 shape = tuple(k for k, column in zip(keys, values) if column[j] is not None)
                 sub.setdefault(shape, []).append(j)
             for shape, positions in sub.items():
-                self.group([rows[j] for j in positions], list(shape),
-                           [[column[j] for j in positions] for k, column in zip(keys, values) if k in shape])
+                self.group(
+                    [rows[j] for j in positions],
+                    list(shape),
+                    [[column[j] for j in positions] for k, column in zip(keys, values) if k in shape],
+                )
             keep = [j for j in range(len(rows)) if j not in nones]
             if not keep:
                 return
@@ -225,7 +247,9 @@ class _Run:
     def hash_group(self, rows: list[int], keys: list[str], columns: list[_Column]) -> None:
         payloads = None
         if self.keep_payloads or "content/2" in self.versions:
-            payloads = [dict(zip(keys, row)) for row in zip(*(c.canonical for c in columns))] if keys else [{} for _ in rows]
+            payloads = (
+                [dict(zip(keys, row)) for row in zip(*(c.canonical for c in columns))] if keys else [{} for _ in rows]
+            )
             if self.keep_payloads:
                 for i, payload in zip(rows, payloads):
                     self.out.payloads[i] = payload
@@ -280,7 +304,7 @@ class _Run:
         return self.value_by_value(key, values, rows)
 
     def value_by_value(self, key: str, values: list, rows: list[int]) -> _Column:
-        """The per-record functions, one value at a time; a value they refuse sends its record to the per-record path."""
+        """The per-record functions, one value at a time; a value they refuse sends its record the per-record way."""
         canonical, v1, bad = [], [], set()
         for j, value in enumerate(values):
             try:
@@ -288,7 +312,9 @@ class _Run:
                     value = self.urls[rows[j]] if self.urls is not None else canonical_url(value)
                 else:
                     value = field_value(key, value)
-                text = json.dumps(content_v1_field(key, value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                text = json.dumps(
+                    content_v1_field(key, value), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+                )
             except Exception:  # noqa: BLE001 - the per-record path raises it again, or reports it
                 bad.add(j)
                 value = text = None
@@ -298,7 +324,7 @@ class _Run:
 
 
 class _Column:
-    """One field over a group: canonical values, and the `content/1` JSON of each (`v1_quoted`: text to put in quotes)."""
+    """One field over a group: canonical values, and the `content/1` JSON of each (`v1_quoted`: text to quote)."""
 
     __slots__ = ("canonical", "v1_quoted", "v1", "bad")
 
@@ -480,7 +506,9 @@ def _v2_minor_units(canonical: dict[str, list]) -> list[int | None] | None:
     values, currencies = canonical["price"], canonical["currency"]
     types = set(map(type, values))
     if types == {int}:
-        return [v * 10 ** currency_exponent(c) if -_SMALL_INT < v < _SMALL_INT else None for v, c in zip(values, currencies)]
+        return [
+            v * 10 ** currency_exponent(c) if -_SMALL_INT < v < _SMALL_INT else None for v, c in zip(values, currencies)
+        ]
     if types != {str}:
         return None
     minors: list[int | None] = []

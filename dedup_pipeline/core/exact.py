@@ -9,9 +9,9 @@ occurrence wins and every earlier version goes to history.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Collection, Iterable, Mapping
 
 from dedup_pipeline.core.records import CanonicalRecord
 
@@ -19,13 +19,13 @@ from dedup_pipeline.core.records import CanonicalRecord
 class Decision(str, Enum):
     """What the exact rung did with one record. The values are stored in the decision log."""
 
-    NEW = "new"                          # natural key and content never seen: inserted
-    CHANGED = "changed"                  # key seen with other content: row upserted, old content to history
-    CHANGE_IGNORED = "change_ignored"    # key seen with other content, policy keeps the first version
-    STALE = "stale"                      # key stored from a later batch (or later line): older content skipped
+    NEW = "new"  # natural key and content never seen: inserted
+    CHANGED = "changed"  # key seen with other content: row upserted, old content to history
+    CHANGE_IGNORED = "change_ignored"  # key seen with other content, policy keeps the first version
+    STALE = "stale"  # key stored from a later batch (or later line): older content skipped
     EXACT_DUPLICATE = "exact_duplicate"  # active-version digest already stored: skipped
-    ERASED = "erased"                    # subject under an erasure tombstone: suppressed
-    QUARANTINED = "quarantined"          # could not be parsed or canonicalised
+    ERASED = "erased"  # subject under an erasure tombstone: suppressed
+    QUARANTINED = "quarantined"  # could not be parsed or canonicalised
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ChunkPlan:
     """Net effect of one chunk on the warehouse."""
 
     decisions: list[tuple[CanonicalRecord, Decision]] = field(default_factory=list)
-    inserts: dict[str, CanonicalRecord] = field(default_factory=dict)        # key -> final record
+    inserts: dict[str, CanonicalRecord] = field(default_factory=dict)  # key -> final record
     first_inserted: dict[str, CanonicalRecord] = field(default_factory=dict)  # key -> first record (its first_seen_at)
     updates: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)  # key -> (final, stored)
     # key -> (re-crawl, stored): the stored content again, from a newer batch; the row's order moves to it
@@ -76,7 +76,7 @@ class ChunkPlan:
     # key -> (record, stored): the key's first record in a batch landed before the one its row was first stored
     # from (an out-of-order run); the row's first_seen_at and first_batch_id move to that record
     antedated: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)
-    stored_superseded: list[StoredRow] = field(default_factory=list)       # warehouse rows moved to history
+    stored_superseded: list[StoredRow] = field(default_factory=list)  # warehouse rows moved to history
     chunk_superseded: list[tuple[CanonicalRecord, CanonicalRecord]] = field(default_factory=list)  # (old, replaced by)
 
 
@@ -121,13 +121,23 @@ def plan_chunk(
         previous = current.get(key)
         order = (*batch_order, record.line_no)
         row = stored_by_key.get(key)
-        if row is not None and row.first is not None and key not in plan.antedated \
-                and tuple(batch_order) < tuple(row.first) and (digest == previous or digest not in holders):
+        if (
+            row is not None
+            and row.first is not None
+            and key not in plan.antedated
+            and tuple(batch_order) < tuple(row.first)
+            and (digest == previous or digest not in holders)
+        ):
             plan.antedated[key] = (record, row)
         if digest in holders or digest == previous:
             plan.decisions.append((record, Decision.EXACT_DUPLICATE))
-            if digest == previous and key in stored_by_key and key not in plan.updates and key not in plan.recrawls \
-                    and tuple(batch_order) > tuple(current_order[key][:2]):
+            if (
+                digest == previous
+                and key in stored_by_key
+                and key not in plan.updates
+                and key not in plan.recrawls
+                and tuple(batch_order) > tuple(current_order[key][:2])
+            ):
                 # The row now dates from this batch, so that an older crawl of the key replayed later (a retry,
                 # a backfill, a parallel worker) is stale against it, as it would be in landing order.
                 plan.recrawls[key] = (record, stored_by_key[key])

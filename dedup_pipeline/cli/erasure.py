@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 
-from dedup_pipeline.core.clustering import RULES
+from dedup_pipeline.core.clustering import DEFAULT_RULE, RULES
 from dedup_pipeline.core.erasure import SubjectError, SubjectKind
+from dedup_pipeline.environment import DEFAULT_ERASURE_RUN_HOURS, ERASURE_RUN_RETENTION_ENV, RETENTION_DAYS_ENV
 
 
 def _read_value(value: str) -> str:
@@ -32,10 +33,16 @@ def cmd_erase(args: argparse.Namespace) -> int:
 
     warehouse = Warehouse().create_schema()
     try:
-        version = args.version or (warehouse.active_hash_version() if args.kind == SubjectKind.CONTENT_DIGEST.value else None)
+        version = args.version or (
+            warehouse.active_hash_version() if args.kind == SubjectKind.CONTENT_DIGEST.value else None
+        )
         subject = Subject.parse(args.kind, _read_value(args.value), field=args.field, version=version)
         report = erase_subject(
-            warehouse, subject, args.request_id, seen_set_from_env(args.seen_set), args.representative,
+            warehouse,
+            subject,
+            args.request_id,
+            seen_set_from_env(args.seen_set),
+            args.representative,
             url_seen_set_from_env(),
         )
     except SubjectError as exc:  # the subject as given cannot be used: a wrong argument
@@ -43,30 +50,40 @@ def cmd_erase(args: argparse.Namespace) -> int:
         return 2
     finally:
         warehouse.dispose()
-    summary = {"erasure_id": report.erasure_id, "request_id": report.request_id, "kind": report.subject_kind,
-               "tombstones_added": report.tombstones_added, "clusters_recomputed": report.clusters_recomputed,
-               "seen_set": report.seen_set}
+    summary = {
+        "erasure_id": report.erasure_id,
+        "request_id": report.request_id,
+        "kind": report.subject_kind,
+        "tombstones_added": report.tombstones_added,
+        "clusters_recomputed": report.clusters_recomputed,
+        "seen_set": report.seen_set,
+    }
     if report.seen_set_errors:
         summary["seen_set_errors"] = report.seen_set_errors
     if args.json:
         print(json.dumps({**summary, "removed": report.removed}))
     else:
-        _print_counts(f"erasure {report.erasure_id}: rows removed per table", report.removed,
-                      {k: v for k, v in summary.items() if k != "erasure_id"})
+        _print_counts(
+            f"erasure {report.erasure_id}: rows removed per table",
+            report.removed,
+            {k: v for k, v in summary.items() if k != "erasure_id"},
+        )
     return 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
     import dagster as dg
 
+    from dedup_pipeline.cli.runner import ensure_dagster_home
     from dedup_pipeline.defs.erasure import delete_old_erasure_runs, erasure_run_hours
     from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
-    from dedup_pipeline.runner import ensure_dagster_home
     from dedup_pipeline.store.warehouse import Warehouse
 
     settings = RetentionSettings.from_env(
-        decision_days=args.decision_days, history_days=args.history_days,
-        staging_days=args.staging_days, quarantine_days=args.quarantine_days,
+        decision_days=args.decision_days,
+        history_days=args.history_days,
+        staging_days=args.staging_days,
+        quarantine_days=args.quarantine_days,
     )
     run_hours = erasure_run_hours(args.erasure_run_hours)
     warehouse = Warehouse.existing()  # a wrong URL: an error, not a new warehouse pruned of nothing
@@ -79,8 +96,15 @@ def cmd_prune(args: argparse.Namespace) -> int:
         runs_deleted = delete_old_erasure_runs(instance, run_hours)
     extra = {"erased decisions redacted": report.redacted_erased_decisions, "erasure runs deleted": runs_deleted}
     if args.json:
-        print(json.dumps({"pruned": report.pruned, "redacted_erased_decisions": report.redacted_erased_decisions,
-                          "erasure_runs_deleted": runs_deleted}))
+        print(
+            json.dumps(
+                {
+                    "pruned": report.pruned,
+                    "redacted_erased_decisions": report.redacted_erased_decisions,
+                    "erasure_runs_deleted": runs_deleted,
+                }
+            )
+        )
     else:
         _print_counts("rows pruned per table", report.pruned, extra)
     return 0
@@ -112,22 +136,37 @@ def add_commands(commands) -> None:
     erase.add_argument("--field", help="kind field: the field path, e.g. seller_id or author.email")
     erase.add_argument("--version", help="kind content_digest: the hash version (default: the active one)")
     erase.add_argument("--request-id", default="", help="your reference for the request (never personal data)")
-    erase.add_argument("--representative", default="oldest", choices=RULES, help="cluster representative rule in use")
-    erase.add_argument("--seen-set", default="auto", choices=["auto", "redis", "bloom", "none"],
-                       help="seen-set to clear (auto: Redis if $DEDUP_REDIS_URL is set)")
+    erase.add_argument(
+        "--representative", default=DEFAULT_RULE, choices=RULES, help="cluster representative rule in use"
+    )
+    erase.add_argument(
+        "--seen-set",
+        default="auto",
+        choices=["auto", "redis", "bloom", "none"],
+        help="seen-set to clear (auto: Redis if $DEDUP_REDIS_URL is set)",
+    )
     erase.add_argument("--json", action="store_true", help="print one JSON object")
     erase.set_defaults(func=cmd_erase)
 
-    prune = commands.add_parser("prune-retention", help="delete decision-log rows, history, staged rows and quarantine past retention")
-    for name, variable in (("decision-days", "DEDUP_DECISION_RETENTION_DAYS"), ("history-days", "DEDUP_HISTORY_RETENTION_DAYS"),
-                           ("staging-days", "DEDUP_STAGING_RETENTION_DAYS"), ("quarantine-days", "DEDUP_QUARANTINE_RETENTION_DAYS")):
-        prune.add_argument(f"--{name}", type=int, help=f"days to keep (default ${variable}; 0 keeps forever)")
-    prune.add_argument("--erasure-run-hours", type=int,
-                       help="hours finished erase_subject runs stay in the Dagster instance (default $DEDUP_ERASURE_RUN_RETENTION_HOURS, 24)")
+    prune = commands.add_parser(
+        "prune-retention", help="delete decision-log rows, history, staged rows and quarantine past retention"
+    )
+    for setting, variable in RETENTION_DAYS_ENV.items():  # --decision-days ... --quarantine-days
+        prune.add_argument(
+            f"--{setting.replace('_', '-')}", type=int, help=f"days to keep (default ${variable}; 0 keeps forever)"
+        )
+    prune.add_argument(
+        "--erasure-run-hours",
+        type=int,
+        help="hours finished erase_subject runs stay in the Dagster instance "
+        f"(default ${ERASURE_RUN_RETENTION_ENV}, {DEFAULT_ERASURE_RUN_HOURS})",
+    )
     prune.add_argument("--json", action="store_true", help="print one JSON object")
     prune.set_defaults(func=cmd_prune)
 
-    grant = commands.add_parser("grant-roles", help="PostgreSQL: create the writer, analyst, eraser and monitor roles and apply their grants")
+    grant = commands.add_parser(
+        "grant-roles", help="PostgreSQL: create the writer, analyst, eraser and monitor roles and apply their grants"
+    )
     grant.add_argument("--writer", default="dedup_writer")
     grant.add_argument("--analyst", default="dedup_analyst")
     grant.add_argument("--eraser", default="dedup_eraser")

@@ -10,7 +10,6 @@ the UI can re-execute a failed one.
 from __future__ import annotations
 
 import fcntl
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,11 +22,12 @@ from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.workspace.load import location_origin_from_module_name
 from sqlalchemy import func, select
 
+from dedup_pipeline import environment
+from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.landing import scan_landing
-from dedup_pipeline.process_marks import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
 
@@ -45,11 +45,12 @@ def ensure_dagster_home() -> Path:
     Never the repository's `dagster.yaml`: that one is for `dg dev` from the
     checkout; production instances live in deploy/.
     """
-    home = os.environ.get("DAGSTER_HOME")
+    home = environment.dagster_home()
     if home:
         if not Path(home).is_dir():  # as Dagster says it, before the run would fail on a file inside it
             raise ConfigurationError(
-                f"DAGSTER_HOME={home} is not a folder: create it (mkdir -p), or unset DAGSTER_HOME to use ./{LOCAL_DAGSTER_HOME}"
+                f"DAGSTER_HOME={home} is not a folder: create it (mkdir -p), "
+                f"or unset DAGSTER_HOME to use ./{LOCAL_DAGSTER_HOME}"
             )
         return Path(home)
     local = Path.cwd() / LOCAL_DAGSTER_HOME
@@ -58,7 +59,7 @@ def ensure_dagster_home() -> Path:
     if not config.exists():
         checkout_config = Path.cwd() / "dagster.yaml"
         config.write_text(checkout_config.read_text() if checkout_config.exists() else "telemetry:\n  enabled: false\n")
-    os.environ["DAGSTER_HOME"] = str(local)
+    environment.use_dagster_home(local)
     return local
 
 
@@ -85,7 +86,8 @@ class LadderSummary:
 
     def as_dict(self) -> dict:
         return {
-            "batches": [asdict(b) for b in self.batches], "warehouse_records": self.warehouse_records,
+            "batches": [asdict(b) for b in self.batches],
+            "warehouse_records": self.warehouse_records,
             "failed": [{"batch": batch, "error": error} for batch, error in self.failed.items()],
             "notices": self.notices,
         }
@@ -111,7 +113,11 @@ def run_config_for(landing: Path) -> dict:
 
 
 def execute_partition(
-    job: dg.JobDefinition, partition_key: str, instance: dg.DagsterInstance, origin: RemoteJobOrigin, tags: dict,
+    job: dg.JobDefinition,
+    partition_key: str,
+    instance: dg.DagsterInstance,
+    origin: RemoteJobOrigin,
+    tags: dict,
     run_config: dict,
 ) -> ExecutionResult:
     """Execute `job` for one partition in this process, as `job.execute_in_process` does (the same executor,
@@ -144,7 +150,7 @@ def _failure_reason(result: ExecutionResult) -> str:
 
 def _local_instance() -> dg.DagsterInstance:
     """The instance of $DAGSTER_HOME; processes starting on a new one at once create its storage one at a time."""
-    with open(Path(os.environ["DAGSTER_HOME"]) / ".dedup-instance.lock", "w") as lock:
+    with open(Path(environment.dagster_home()) / ".dedup-instance.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # Dagster's SQLite storage creation is not safe against a twin
         return dg.DagsterInstance.get()
 

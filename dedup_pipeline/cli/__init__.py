@@ -1,4 +1,9 @@
-"""The `dedup-pipeline` command line."""
+"""The `dedup-pipeline` command line: `main` and its commands.
+
+The package holds what only the command line uses: the privacy commands (`erasure`), the in-process run of
+the ladder over a landing folder (`runner`), the liveness lock of its processes (`liveness`) and the demo
+crawl (`demo`). `python -m dedup_pipeline.cli` runs `main` too.
+"""
 
 from __future__ import annotations
 
@@ -13,18 +18,26 @@ from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from dedup_pipeline.erasure_cli import add_commands as add_privacy_commands
+from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
+from dedup_pipeline.cli.runner import LadderSummary, ensure_dagster_home
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, BatchFileError
-from dedup_pipeline.runner import LadderSummary, ensure_dagster_home
 
 _INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
 #: What SQLite says of a file that is not one of its databases, or is a damaged one.
 _NOT_SQLITE = {"file is not a database", "database disk image is malformed"}
-_COLUMNS = [("batch", "batch"), ("records_in", "in"), ("quarantined", "quarantined"),
-            ("exact_duplicates", "exact dup"), ("changed", "changed"), ("new", "new"),
-            ("stale", "stale"), ("change_ignored", "change ignored"), ("erased", "erased"),
-            ("near_duplicates", "near dup")]
+_COLUMNS = [
+    ("batch", "batch"),
+    ("records_in", "in"),
+    ("quarantined", "quarantined"),
+    ("exact_duplicates", "exact dup"),
+    ("changed", "changed"),
+    ("new", "new"),
+    ("stale", "stale"),
+    ("change_ignored", "change ignored"),
+    ("erased", "erased"),
+    ("near_duplicates", "near dup"),
+]
 #: Decisions most runs never make (the `keep_first` policy's, an erased subject's): a column only when a batch has one.
 _RARE_COLUMNS = {"change_ignored", "erased"}
 
@@ -34,19 +47,25 @@ def format_summary(summary: LadderSummary) -> str:
 
     Every line of a batch is counted once: quarantined, or in one decision column (near dup counts survivors).
     """
-    columns = [(name, header) for name, header in _COLUMNS
-               if name not in _RARE_COLUMNS or any(getattr(b, name) for b in summary.batches)]
+    columns = [
+        (name, header)
+        for name, header in _COLUMNS
+        if name not in _RARE_COLUMNS or any(getattr(b, name) for b in summary.batches)
+    ]
     rows = [[header for _, header in columns]]
     rows += [[str(getattr(b, name)) for name, _ in columns] for b in summary.batches]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(f"\nwarehouse records: {summary.warehouse_records}")
     return "\n".join(lines)
 
 
 def _run(landing: Path, as_json: bool, settle_seconds: float) -> int:
-    from dedup_pipeline.runner import run_landing_folder
+    from dedup_pipeline.cli.runner import run_landing_folder
 
     ensure_dagster_home()
     summary = run_landing_folder(landing, settle_seconds=settle_seconds)
@@ -66,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from dedup_pipeline.demo import write_demo_crawl
+    from dedup_pipeline.cli.demo import write_demo_crawl
 
     with tempfile.TemporaryDirectory(prefix="dedup-demo-") as folder:
         paths = write_demo_crawl(Path(folder))
@@ -103,8 +122,11 @@ def _serve_metrics(warehouse, address: tuple[str, int], max_age: float) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server = serve(warehouse.engine, address[1], address[0], max_age)
     host = address[0] if ":" not in address[0] else f"[{address[0]}]"
-    print(f"serving the dedup counters on http://{host}:{server.server_port}/metrics "
-          f"(read from the warehouse at most every {max_age:g} s); Ctrl-C to stop", flush=True)
+    print(
+        f"serving the dedup counters on http://{host}:{server.server_port}/metrics "
+        f"(read from the warehouse at most every {max_age:g} s); Ctrl-C to stop",
+        flush=True,
+    )
     try:
         stop.wait()
     except KeyboardInterrupt:
@@ -129,13 +151,23 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dedup-pipeline", description="Keep a warehouse of scraped records free of duplicates.")
+    parser = argparse.ArgumentParser(
+        prog="dedup-pipeline", description="Keep a warehouse of scraped records free of duplicates."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="register every batch in the landing folder and run the whole ladder for each")
+    run = commands.add_parser(
+        "run", help="register every batch in the landing folder and run the whole ladder for each"
+    )
     run.add_argument("--landing", help="landing folder (default: $DEDUP_LANDING_DIR or .dedup/landing)")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    run.add_argument("--settle-seconds", type=float, default=DEFAULT_SETTLE_SECONDS, metavar="S",
-                     help=f"leave alone files modified in the last S seconds, still being written (default {DEFAULT_SETTLE_SECONDS:g})")
+    run.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=DEFAULT_SETTLE_SECONDS,
+        metavar="S",
+        help="leave alone files modified in the last S seconds, still being written "
+        f"(default {DEFAULT_SETTLE_SECONDS:g})",
+    )
     run.set_defaults(func=cmd_run)
     demo = commands.add_parser("demo", help="write a realistic sample crawl to a temporary folder and run it")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -148,10 +180,19 @@ def build_parser() -> argparse.ArgumentParser:
     metrics = commands.add_parser("metrics", help="print the dedup counters in the Prometheus text format")
     output = metrics.add_mutually_exclusive_group()
     output.add_argument("--textfile", help="write them to this file (node_exporter textfile collector) instead")
-    output.add_argument("--serve", metavar="[HOST:]PORT", type=_listen_address,
-                        help="serve them over HTTP for Prometheus to scrape, until stopped (port 0: any free port)")
-    metrics.add_argument("--max-age", type=float, default=30.0, metavar="SECONDS",
-                         help="with --serve: answer scrapes from a read of the warehouse at most this old (default 30)")
+    output.add_argument(
+        "--serve",
+        metavar="[HOST:]PORT",
+        type=_listen_address,
+        help="serve them over HTTP for Prometheus to scrape, until stopped (port 0: any free port)",
+    )
+    metrics.add_argument(
+        "--max-age",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="with --serve: answer scrapes from a read of the warehouse at most this old (default 30)",
+    )
     metrics.set_defaults(func=cmd_metrics)
     return parser
 
@@ -194,7 +235,3 @@ def _environmental(exc: DBAPIError) -> bool:
 def _not_sqlite(error: BaseException) -> bool:
     """Whether SQLite refused the warehouse file itself: not one of its databases, or a damaged one."""
     return isinstance(error, sqlite3.DatabaseError) and str(error) in _NOT_SQLITE
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,16 +8,17 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 from dagster._core.instance.ref import InstanceRef
 from sqlalchemy import func, select
 
-from dedup_pipeline.landing import LANDING_DIR_ENV
-from dedup_pipeline.runner import run_landing_folder
+from dedup_pipeline.cli.runner import run_landing_folder
+from dedup_pipeline.environment import LANDING_DIR_ENV
 from dedup_pipeline.store.schema import records
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import listing, write_batch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The mutation the UI's "Re-execute from failure" sends (the parent run's tags are kept, as the UI leaves them).
 REEXECUTE = """
 mutation ($params: ReexecutionParams) {
@@ -47,6 +48,7 @@ def _corrupt_gzip(path: Path, lines: list) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow  # loads the workspace (a code server process) and launches the re-execution in a run worker
 def test_a_run_the_command_line_failed_is_re_executed_from_failure_in_the_workspace(tmp_path, monkeypatch):
     """Breaks: a batch whose run `run_landing_folder` (what `dedup-pipeline run` calls) failed on a corrupt file.
 
@@ -86,13 +88,16 @@ def test_a_run_the_command_line_failed_is_re_executed_from_failure_in_the_worksp
         assert origin.repository_origin.code_location_origin == workspace_location
         assert origin.location_name == "dedup_pipeline" and origin.repository_origin.repository_name == "__repository__"
 
-        write_batch(landing, "2026-11-02-b", good, landed=1e9 + 60, gz=True)  # the cause fixed: the file delivered again
+        write_batch(
+            landing, "2026-11-02-b", good, landed=1e9 + 60, gz=True
+        )  # the cause fixed: the file delivered again
         # The UI's webserver knows no landing folder of its own (the default, where this batch is not): the
         # re-execution must read the folder the command line was given, from its parent's run config.
         monkeypatch.chdir(tmp_path)
         with WorkspaceProcessContext(instance, WorkspaceFileTarget([str(REPO / "workspace.yaml")])) as workspace:
             answer = execute_dagster_graphql(
-                workspace.create_request_context(), REEXECUTE,
+                workspace.create_request_context(),
+                REEXECUTE,
                 {"params": {"parentRunId": failed.run_id, "strategy": "FROM_FAILURE"}},
             )
             launched = answer.data["launchPipelineReexecution"]
@@ -105,29 +110,3 @@ def test_a_run_the_command_line_failed_is_re_executed_from_failure_in_the_worksp
     with warehouse.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 33
     warehouse.dispose()
-
-
-def test_a_re_execution_inherits_the_process_mark_but_is_never_released_as_a_dead_run(tmp_path):
-    """Breaks: the UI's re-execution (and the daemon's retry) of a command-line run copies the parent's tags,
-    its process mark among them, while that process lies dead (killed; its mark not yet seen by a later run).
-
-    Must hold: the next `dedup-pipeline run` releases the dead process's own run and leaves the re-execution,
-    which a run worker of its own executes, running.
-    """
-    from dagster._core.storage.dagster_run import DagsterRun
-    from dagster._core.storage.tags import PARENT_RUN_ID_TAG, ROOT_RUN_ID_TAG
-
-    from dedup_pipeline.process_marks import PROCESS_MARKS, PROCESS_TAG, release_runs_of_dead_processes
-
-    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
-        (tmp_path / PROCESS_MARKS).mkdir()
-        (tmp_path / PROCESS_MARKS / "dead.lock").touch()  # a mark nobody holds locked: its process is gone
-        own = DagsterRun(job_name="dedup_ladder", status=dg.DagsterRunStatus.STARTED, tags={PROCESS_TAG: "dead"})
-        child = DagsterRun(job_name="dedup_ladder", status=dg.DagsterRunStatus.STARTED, parent_run_id=own.run_id,
-                           root_run_id=own.run_id, tags={PROCESS_TAG: "dead", PARENT_RUN_ID_TAG: own.run_id,
-                                                         ROOT_RUN_ID_TAG: own.run_id})
-        for run in (own, child):
-            instance.add_run(run)
-        assert release_runs_of_dead_processes(instance) == [own.run_id]
-        assert instance.get_run_by_id(own.run_id).status == dg.DagsterRunStatus.FAILURE
-        assert instance.get_run_by_id(child.run_id).status == dg.DagsterRunStatus.STARTED

@@ -1,14 +1,14 @@
 """The duplicate-class policy, replayed in file order."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
-from dedup_pipeline.core.policy import DuplicatePolicy, StoredRow, plan_chunk
+from dedup_pipeline.core.exact import DuplicatePolicy, StoredRow, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 
-T1 = datetime(2026, 11, 1, tzinfo=timezone.utc)
-T2 = datetime(2026, 11, 2, tzinfo=timezone.utc)
+T1 = datetime(2026, 11, 1, tzinfo=UTC)
+T2 = datetime(2026, 11, 2, tzinfo=UTC)
 
 
 def rec(line, key, digest):
@@ -20,7 +20,9 @@ def decisions(plan):
 
 
 def test_new_exact_and_changed_in_file_order():
-    plan = plan_chunk([rec(1, "k1", "a"), rec(2, "k1", "a"), rec(3, "k2", "a"), rec(4, "k1", "b")], "v", {}, {}, (T1, "b1"))
+    plan = plan_chunk(
+        [rec(1, "k1", "a"), rec(2, "k1", "a"), rec(3, "k2", "a"), rec(4, "k1", "b")], "v", {}, {}, (T1, "b1")
+    )
     assert decisions(plan) == [(1, "new"), (2, "exact_duplicate"), (3, "exact_duplicate"), (4, "changed")]
     # the last occurrence wins, the earlier version of the key goes to history
     assert plan.inserts["k1"].line_no == 4 and plan.first_inserted["k1"].line_no == 1  # first seen at line 1
@@ -61,12 +63,16 @@ def test_replaying_the_same_batch_plans_nothing():
     stored = {"k": StoredRow(1, "b", (T1, "b1", 2))}
     replay = plan_chunk([rec(1, "k", "a"), rec(2, "k", "b")], "v", stored, {"b": {"k"}}, (T1, "b1"))
     assert decisions(replay) == [(1, "stale"), (2, "exact_duplicate")]
-    assert not (replay.inserts or replay.updates or replay.recrawls or replay.chunk_superseded or replay.stored_superseded)
+    assert not (
+        replay.inserts or replay.updates or replay.recrawls or replay.chunk_superseded or replay.stored_superseded
+    )
 
 
 def test_keep_first_policy_ignores_changes():
     stored = {"k1": StoredRow(7, "a", (T1, "b1", 1))}
-    plan = plan_chunk([rec(1, "k1", "b")], "v", stored, {"a": {"k1"}}, (T2, "b2"), DuplicatePolicy(on_changed="keep_first"))
+    plan = plan_chunk(
+        [rec(1, "k1", "b")], "v", stored, {"a": {"k1"}}, (T2, "b2"), DuplicatePolicy(on_changed="keep_first")
+    )
     assert decisions(plan) == [(1, "change_ignored")] and not plan.updates
 
 
@@ -102,10 +108,16 @@ def test_an_older_batch_run_after_the_rows_first_one_dates_their_first_version_t
     }
     chunk = [rec(1, "k1", "a"), rec(2, "k2", "x"), rec(3, "k3", "c"), rec(4, "k4", "e"), rec(5, "k1", "a")]
     plan = plan_chunk(chunk, "v", stored, {"a": {"k1"}, "b": {"k2"}, "c": {"k3"}, "d": {"k4"}, "e": {"k5"}}, (T1, "b1"))
-    assert decisions(plan) == [(1, "exact_duplicate"), (2, "stale"), (3, "exact_duplicate"), (4, "exact_duplicate"),
-                               (5, "exact_duplicate")]
+    assert decisions(plan) == [
+        (1, "exact_duplicate"),
+        (2, "stale"),
+        (3, "exact_duplicate"),
+        (4, "exact_duplicate"),
+        (5, "exact_duplicate"),
+    ]
     assert {key: (record.line_no, row) for key, (record, row) in plan.antedated.items()} == {
-        "k1": (1, stored["k1"]), "k2": (2, stored["k2"]),
+        "k1": (1, stored["k1"]),
+        "k2": (2, stored["k2"]),
     }
     assert not (plan.inserts or plan.updates or plan.recrawls or plan.stored_superseded)
 

@@ -1,150 +1,35 @@
-"""The whole ladder on SQLite and on the real PostgreSQL: counts, table contents, idempotence."""
+"""The exact rung (dedup_pipeline.ladder.exact) on SQLite and PostgreSQL: decisions, ordering, replays, resumed runs."""
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import signal
 import threading
-import time
-from concurrent.futures.process import BrokenProcessPool
+from datetime import UTC
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 
-from dedup_pipeline.core.near import NearDupParams
-from dedup_pipeline.core.parallel import available_cpus
-from dedup_pipeline.ladder import canonical
-from dedup_pipeline.ladder.canonical import PARALLEL_FLOOR, canonicalise_batch, worker_count
-from dedup_pipeline.ladder.exact import canonical_chunk_query, deduplicate_batch, iter_canonical_chunks
-from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store import json_text
+from dedup_pipeline.store.exact import canonical_chunk_query, iter_canonical_chunks
 from dedup_pipeline.store.json_text import EncodedJson
-from dedup_pipeline.store.schema import canonical_records, dedup_decisions, quarantine, record_hashes, record_history, records
+from dedup_pipeline.store.schema import canonical_records, dedup_decisions, record_history, records
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR
-from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
-from dedup_pipeline_tests.helpers import new_run_id
-
-DAY = 86400.0
-
-
-def run_batch(warehouse, folder, key, settings=LadderSettings(chunk_size=7)):
-    raw = ingest_raw_batch(warehouse, find_batch(folder, key))
-    canonical = canonicalise_batch(warehouse, key, settings)
-    exact = deduplicate_batch(warehouse, key, new_run_id(key), settings)
-    near = cluster_batch(warehouse, key, NearDupParams(threshold=0.5))
-    return raw, canonical, exact, near
-
-
-@pytest.fixture
-def two_overlapping_batches(tmp_path):
-    folder = tmp_path / "landing"
-    day1 = [listing(n) for n in range(20)]
-    day1.insert(5, listing(3, url="https://SHOP.example.com:443/p/3?utm_source=mail#x", crawl_id="b"))  # tracking variant
-    day1.insert(9, '{"url": "https://shop.example.com/p/99", "title": "broken')  # malformed line
-    day1.insert(12, {"title": "no url here"})
-    write_batch(folder, "2026-11-01", day1, landed=1_700_000_000)
-    day2 = [listing(n, crawl_id="crawl-b", scraped_at="2026-11-02T09:00:00Z", proxy_ip="10.9.9.9") for n in range(10, 30)]
-    day2[0] = listing(10, price="99.00", crawl_id="crawl-b")  # same key, new content
-    day2.append(listing(40, url="https://mirror.example.net/kettle-4", description=listing(4)["description"] + " shipped today"))
-    write_batch(folder, "2026-11-02", day2, landed=1_700_000_000 + DAY)
-    return folder
-
-
-def count(warehouse, table):
-    with warehouse.engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(table)).scalar_one()
-
-
-def test_two_overlapping_batches(warehouse, two_overlapping_batches):
-    folder = two_overlapping_batches
-    raw1, can1, ex1, near1 = run_batch(warehouse, folder, "2026-11-01")
-    assert (raw1.lines, raw1.parsed, raw1.quarantined) == (23, 22, 1)
-    assert (can1.records_in, can1.canonical, can1.quarantined) == (22, 21, 1)
-    assert ex1.decisions["new"] == 20 and ex1.decisions["exact_duplicate"] == 1  # the tracking variant
-    assert ex1.collapse_rate == pytest.approx(1 / 21)
-
-    raw2, can2, ex2, near2 = run_batch(warehouse, folder, "2026-11-02")
-    assert raw2.quarantined == 0 and can2.canonical == 21
-    assert ex2.decisions["exact_duplicate"] == 9  # products 11..19, re-crawled unchanged
-    assert ex2.decisions["changed"] == 1          # product 10's new price
-    assert ex2.decisions["new"] == 11             # products 20..29 and the mirror copy
-    assert near2.pairs == 1 and len(near2.near_duplicates) == 1  # the mirror copy is linked to product 4, kept
-
-    assert count(warehouse, records) == 31
-    assert count(warehouse, record_history) == 1
-    assert count(warehouse, quarantine) == 2
-    assert count(warehouse, dedup_decisions) == 21 + 21
-    assert count(warehouse, record_hashes) == 31 * 2
-    with warehouse.engine.connect() as conn:
-        price = conn.execute(select(records.c.payload).where(records.c.natural_key == "https://shop.example.com/p/10")).scalar_one()
-        assert price["price"] == "99"
-        old = conn.execute(select(record_history.c.payload)).scalar_one()
-        assert old["price"] == "20.9"
-        versions = set(conn.execute(select(records.c.hash_version)).scalars())
-        assert versions == {"content/1"}
-    tables = snapshot(warehouse.engine)
-    original, mirror = "https://shop.example.com/p/4", "https://mirror.example.net/kettle-4"
-    assert [(a, b) for a, b, _ in tables["links"]] == [(original, mirror)]
-    assert tables["clusters"] == [(mirror, original, False), (original, original, True)]
-
-
-def test_rematerialising_changes_nothing(warehouse, two_overlapping_batches):
-    folder = two_overlapping_batches
-    for key in ("2026-11-01", "2026-11-02"):
-        run_batch(warehouse, folder, key)
-    before = snapshot(warehouse.engine)
-    for key in ("2026-11-02", "2026-11-01", "2026-11-02"):  # latest again, an old one, latest again
-        _, _, exact, near = run_batch(warehouse, folder, key)
-        assert exact.survivors == 0 and near.sketched == 0
-    assert snapshot(warehouse.engine) == before
-
-
-def test_an_old_batch_whose_file_was_touched_keeps_its_place(warehouse, two_overlapping_batches):
-    """Breaks: after both batches ran, the older batch's file gets a new modification time (`touch`, a copy, a
-    restore, a re-delivery with a correction) and the folder is materialised again.
-
-    Must hold: the batch keeps the landing time it was first registered with, so its old content is judged
-    stale against the newer batch and nothing changes (once, it was re-dated to now: its old prices overwrote
-    the newer ones, and the newer batch became stale).
-    """
-    from dedup_pipeline.store.schema import crawl_batches
-
-    folder = two_overlapping_batches
-    for key in ("2026-11-01", "2026-11-02"):
-        run_batch(warehouse, folder, key)
-    before = snapshot(warehouse.engine)
-    with warehouse.engine.connect() as conn:
-        landed = dict(conn.execute(select(crawl_batches.c.batch_id, crawl_batches.c.landed_at)).all())
-    old_file = folder / "2026-11-01.jsonl"
-    os.utime(old_file, None)  # now
-    for key in ("2026-11-01", "2026-11-02"):
-        _, _, exact, _ = run_batch(warehouse, folder, key)
-        assert exact.survivors == 0
-    assert snapshot(warehouse.engine) == before
-    with warehouse.engine.connect() as conn:
-        assert dict(conn.execute(select(crawl_batches.c.batch_id, crawl_batches.c.landed_at)).all()) == landed
-
-
-def test_chunk_size_does_not_change_the_outcome(warehouse_url, two_overlapping_batches, tmp_path):
-    from dedup_pipeline.store.warehouse import Warehouse
-
-    results = []
-    for chunk in (1, 3, 1000):
-        wh = Warehouse(f"sqlite:///{tmp_path / f'c{chunk}.sqlite'}").create_schema()
-        for key in ("2026-11-01", "2026-11-02"):
-            run_batch(wh, two_overlapping_batches, key, LadderSettings(chunk_size=chunk))
-        results.append(snapshot(wh.engine))
-        wh.dispose()
-    assert results[0] == results[1] == results[2]
+from dedup_pipeline_tests.helpers import listing, write_batch
+from dedup_pipeline_tests.ladder.common import DAY, count, run_batch
 
 
 def test_last_occurrence_in_file_order_wins(warehouse, tmp_path):
     folder = tmp_path / "landing"
-    write_batch(folder, "b", [listing(1, price="1.00"), listing(1, price="2.00"), listing(1, price="3.00")], landed=1_700_000_000)
+    write_batch(
+        folder,
+        "b",
+        [listing(1, price="1.00"), listing(1, price="2.00"), listing(1, price="3.00")],
+        landed=1_700_000_000,
+    )
     _, _, exact, _ = run_batch(warehouse, folder, "b")
     assert [exact.decisions[d] for d in ("new", "changed")] == [1, 2]
     with warehouse.engine.connect() as conn:
@@ -166,7 +51,9 @@ def test_an_unchanged_recrawl_then_a_change_of_the_key_in_one_chunk(warehouse, t
     _, _, exact, _ = run_batch(warehouse, folder, "p2")
     assert [exact.decisions[d] for d in ("exact_duplicate", "changed")] == [1, 1] and exact.chunk_retries == 0
     with warehouse.engine.connect() as conn:
-        assert conn.execute(select(records.c.payload["price"].as_string(), records.c.last_batch_id, records.c.last_line_no)).one() == ("2", "p2", 2)
+        assert conn.execute(
+            select(records.c.payload["price"].as_string(), records.c.last_batch_id, records.c.last_line_no)
+        ).one() == ("2", "p2", 2)
         assert [p["price"] for p in conn.execute(select(record_history.c.payload)).scalars()] == ["1"]
 
 
@@ -182,7 +69,9 @@ def test_a_price_change_below_a_ten_thousandth(warehouse, tmp_path, active, old,
 
     set_active_version(warehouse, active)
     folder = tmp_path / "landing"
-    line = '{"url": "https://shop.example.com/p/1", "title": "Kettle", "price": %s, "currency": "EUR", "seller_id": "s1"}'
+    line = (
+        '{"url": "https://shop.example.com/p/1", "title": "Kettle", "price": %s, "currency": "EUR", "seller_id": "s1"}'
+    )
     write_batch(folder, "p1", [(line % old).encode()], landed=1_700_000_000)
     write_batch(folder, "p2", [(line % new).encode()], landed=1_700_000_000 + DAY)
     run_batch(warehouse, folder, "p1")
@@ -206,7 +95,7 @@ def test_content_stored_under_another_key_is_an_exact_duplicate_whatever_the_see
 
     Must hold: the record is decided an exact duplicate, as a warm seen-set would decide it.
     """
-    from dedup_pipeline.core.policy import DuplicatePolicy
+    from dedup_pipeline.core.exact import DuplicatePolicy
     from dedup_pipeline.ladder.rehash import compare_versions, switch_hash_version
 
     compare_versions(warehouse, "content/1", "content/2", low=-1, high=1)
@@ -222,10 +111,15 @@ def test_content_stored_under_another_key_is_an_exact_duplicate_whatever_the_see
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7])
-@pytest.mark.parametrize("move, titles, changed", [
-    pytest.param("chain", {"p/1": "Product 2 kettle", "p/2": "Product 3 kettle"}, 2, id="chain"),  # B Z, then A B's Y
-    pytest.param("swap", {"p/1": "Product 2 kettle", "p/2": "Product 1 kettle"}, 3, id="swap"),    # ... then B A's X
-])
+@pytest.mark.parametrize(
+    "move, titles, changed",
+    [
+        pytest.param(
+            "chain", {"p/1": "Product 2 kettle", "p/2": "Product 3 kettle"}, 2, id="chain"
+        ),  # B Z, then A B's Y
+        pytest.param("swap", {"p/1": "Product 2 kettle", "p/2": "Product 1 kettle"}, 3, id="swap"),  # ... then B A's X
+    ],
+)
 def test_content_moving_between_two_stored_keys_in_one_chunk(warehouse, tmp_path, move, titles, changed, chunk_size):
     """Breaks: under content/2 (the URL is not part of the content), keys A and B hold X and Y; a newer batch gives
     B new content Z, then A the content Y that B just left (a chain), then B the content X that A left (a swap).
@@ -241,7 +135,9 @@ def test_content_moving_between_two_stored_keys_in_one_chunk(warehouse, tmp_path
     folder = tmp_path / "landing"
     a, b = listing(1)["url"], listing(2)["url"]
     write_batch(folder, "p1", [listing(1), listing(2)], landed=1_700_000_000)
-    moves = [{**listing(3), "url": b}, {**listing(2), "url": a}] + ([{**listing(1), "url": b}] if move == "swap" else [])
+    moves = [{**listing(3), "url": b}, {**listing(2), "url": a}] + (
+        [{**listing(1), "url": b}] if move == "swap" else []
+    )
     write_batch(folder, "p2", moves, landed=1_700_000_000 + DAY)
     settings = LadderSettings(chunk_size=chunk_size)
     run_batch(warehouse, folder, "p1", settings)
@@ -298,7 +194,7 @@ def test_a_rows_first_batch_is_its_earliest_in_landing_order_whatever_the_run_or
     run first kept it): product 1 is re-crawled unchanged by p3 after p2 changed it, product 2 changed by p3 (p1
     is stale against it), product 3 first crawled by p2, product 4 only by p3.
     """
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from dedup_pipeline.store.warehouse import as_utc
 
@@ -310,46 +206,68 @@ def test_a_rows_first_batch_is_its_earliest_in_landing_order_whatever_the_run_or
 
     write_batch(folder, "p1", [crawl("p1", 1, "1.00"), crawl("p1", 2, "5.00")], landed=1_700_000_000)
     write_batch(folder, "p2", [crawl("p2", 1, "2.00"), crawl("p2", 3, "7.00")], landed=1_700_000_000 + DAY)
-    write_batch(folder, "p3", [crawl("p3", n, price) for n, price in ((1, "1.00"), (2, "6.00"), (3, "7.00"), (4, "8.00"))],
-                landed=1_700_000_000 + 2 * DAY)
+    write_batch(
+        folder,
+        "p3",
+        [crawl("p3", n, price) for n, price in ((1, "1.00"), (2, "6.00"), (3, "7.00"), (4, "8.00"))],
+        landed=1_700_000_000 + 2 * DAY,
+    )
     for batch in order:
         run_batch(warehouse, folder, batch)
     with warehouse.engine.connect() as conn:
-        rows = conn.execute(select(
-            records.c.natural_key, records.c.first_batch_id, records.c.first_seen_at, records.c.payload["price"].as_string(),
-        )).all()
+        rows = conn.execute(
+            select(
+                records.c.natural_key,
+                records.c.first_batch_id,
+                records.c.first_seen_at,
+                records.c.payload["price"].as_string(),
+            )
+        ).all()
     firsts = {key.rsplit("/", 1)[1]: (batch, as_utc(seen), price) for key, batch, seen, price in rows}
     assert firsts == {
-        str(n): (batch, datetime(2026, 11, 1, hours[batch], n, tzinfo=timezone.utc), price)
+        str(n): (batch, datetime(2026, 11, 1, hours[batch], n, tzinfo=UTC), price)
         for n, batch, price in ((1, "p1", "1"), (2, "p1", "6"), (3, "p2", "7"), (4, "p3", "8"))
     }
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7])
-def test_a_key_new_in_a_batch_is_first_seen_at_its_first_occurrence_whatever_the_chunk_size(warehouse, tmp_path, chunk_size):
+def test_a_key_new_in_a_batch_is_first_seen_at_its_first_occurrence_whatever_the_chunk_size(
+    warehouse, tmp_path, chunk_size
+):
     """Breaks: a new key appears twice in one batch, crawled at two times, with two contents.
 
     Must hold: its row was first seen at the first occurrence's crawl time and last crawled at the last's, whether
     both lines fall in one chunk or two (once, one chunk gave the last occurrence's time to both).
     """
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from dedup_pipeline.store.warehouse import as_utc
 
     folder = tmp_path / "landing"
-    write_batch(folder, "p1", [listing(1, price="1.00", scraped_at="2026-11-01T10:00:00Z"), listing(2),
-                               listing(1, price="2.00", scraped_at="2026-11-01T10:30:00Z")], landed=1_700_000_000)
+    write_batch(
+        folder,
+        "p1",
+        [
+            listing(1, price="1.00", scraped_at="2026-11-01T10:00:00Z"),
+            listing(2),
+            listing(1, price="2.00", scraped_at="2026-11-01T10:30:00Z"),
+        ],
+        landed=1_700_000_000,
+    )
     run_batch(warehouse, folder, "p1", LadderSettings(chunk_size=chunk_size))
     with warehouse.engine.connect() as conn:
-        first, last = conn.execute(select(records.c.first_seen_at, records.c.last_crawled_at)
-                                   .where(records.c.natural_key == listing(1)["url"])).one()
-    assert (as_utc(first), as_utc(last)) == (datetime(2026, 11, 1, 10, 0, tzinfo=timezone.utc),
-                                             datetime(2026, 11, 1, 10, 30, tzinfo=timezone.utc))
+        first, last = conn.execute(
+            select(records.c.first_seen_at, records.c.last_crawled_at).where(records.c.natural_key == listing(1)["url"])
+        ).one()
+    assert (as_utc(first), as_utc(last)) == (
+        datetime(2026, 11, 1, 10, 0, tzinfo=UTC),
+        datetime(2026, 11, 1, 10, 30, tzinfo=UTC),
+    )
 
 
 def test_staged_payloads_are_carried_as_their_stored_text_and_stored_unchanged(warehouse, tmp_path):
     """The exact rung reads each payload as JSON text, never decodes it, and `records` gets the same value."""
-    odd = {"note": "Ünïcode ☕ \\ \"quoted\"", "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}
+    odd = {"note": 'Ünïcode ☕ \\ "quoted"', "dims": [1.5, 100000000000000000000000000001, {"deep": None}]}
     write_batch(tmp_path, "b", [listing(n, **odd) for n in range(12)] + [listing(3, price="7.00")])
     ingest_raw_batch(warehouse, find_batch(tmp_path, "b"))
     canonicalise_batch(warehouse, "b", LadderSettings(chunk_size=5))
@@ -376,79 +294,12 @@ def test_the_exact_rung_reads_a_fresh_batch_in_index_order(warehouse, tmp_path):
     write_batch(tmp_path, "big", [listing(n) for n in range(lines)])
     ingest_raw_batch(warehouse, find_batch(tmp_path, "big"))
     canonicalise_batch(warehouse, "big", LadderSettings(chunk_size=2000))
-    query = canonical_chunk_query("big", lines // 2, 2000).compile(warehouse.engine, compile_kwargs={"literal_binds": True})
+    query = canonical_chunk_query("big", lines // 2, 2000).compile(
+        warehouse.engine, compile_kwargs={"literal_binds": True}
+    )
     with warehouse.engine.connect() as conn:
         plan = "\n".join(conn.execute(text(f"EXPLAIN {query}")).scalars())
     assert "canonical_records_pkey" in plan and "Sort" not in plan, plan
-
-
-def _staged(warehouse, batch_id):
-    """The batch's canonical_records and quarantine rows, as comparable values."""
-    with warehouse.engine.connect() as conn:
-        staged = conn.execute(
-            select(canonical_records).where(canonical_records.c.batch_id == batch_id).order_by(canonical_records.c.line_no)
-        ).all()
-        quarantined = conn.execute(
-            select(quarantine.c.line_no, quarantine.c.rung, quarantine.c.reason, quarantine.c.raw_line)
-            .where(quarantine.c.batch_id == batch_id).order_by(quarantine.c.line_no)
-        ).all()
-    return [tuple(row) for row in staged], [tuple(row) for row in quarantined]
-
-
-def test_worker_processes_canonicalise_exactly_as_the_step_itself(warehouse, tmp_path, monkeypatch):
-    """Chunks spread over processes: the same rows, quarantine and counts as inline, and no process left."""
-    lines = [listing(n) for n in range(230)]
-    lines[17] = '{"url": "https://shop.example.com/p/17", "title": "broken'  # the raw rung's quarantine
-    lines[60] = {"title": "no url here"}  # the canonical rung's quarantine, in a later chunk
-    lines[201] = listing(201, url="ftp://shop.example.com/p/201")
-    write_batch(tmp_path, "wide", lines)
-    ingest_raw_batch(warehouse, find_batch(tmp_path, "wide"))
-    monkeypatch.setattr(canonical, "PARALLEL_FLOOR", 100)  # a small batch, many chunks, still through the pool
-
-    reports, states = [], []
-    for workers in (2, 1):  # each run rewrites the partition whole
-        reports.append(canonicalise_batch(warehouse, "wide", LadderSettings(chunk_size=25, canonical_workers=workers)))
-        states.append(_staged(warehouse, "wide"))
-    assert [r.workers for r in reports] == [2, 1]
-    assert [(r.records_in, r.canonical, r.quarantined) for r in reports] == [(229, 227, 2)] * 2
-    assert states[0] == states[1]
-    staged, quarantined = states[0]
-    assert [row[1] for row in staged] == [n for n in range(1, 231) if n not in (18, 61, 202)]
-    assert [(line, rung) for line, rung, _, _ in quarantined] == [(18, "raw"), (61, "canonical"), (202, "canonical")]
-    assert not multiprocessing.active_children()
-
-
-def test_worker_count_follows_the_batch_size_and_the_setting():
-    settings = LadderSettings(chunk_size=1000, canonical_workers=4)
-    assert worker_count(settings, PARALLEL_FLOOR - 1) == 1  # small batches stay in the step's process
-    assert worker_count(settings, PARALLEL_FLOOR) == 4
-    assert worker_count(LadderSettings(chunk_size=10_000, canonical_workers=4), PARALLEL_FLOOR) == 2  # two chunks
-    assert worker_count(LadderSettings(chunk_size=1000, canonical_workers=0), 10**6) == available_cpus()
-    assert worker_count(LadderSettings(chunk_size=1000, canonical_workers=1), 10**6) == 1
-    with pytest.raises(ValueError, match="canonical_workers"):
-        LadderSettings(canonical_workers=-1)
-
-
-def test_a_worker_killed_mid_batch_fails_the_rung_and_leaves_the_partition_as_it_was(warehouse, tmp_path, monkeypatch):
-    """A worker lost (out of memory, killed) fails the step; its transaction leaves nothing half-written."""
-    write_batch(tmp_path, "killed", [listing(n) for n in range(3000)])
-    ingest_raw_batch(warehouse, find_batch(tmp_path, "killed"))
-    canonicalise_batch(warehouse, "killed", LadderSettings(chunk_size=500, canonical_workers=1))
-    before = _staged(warehouse, "killed")
-    monkeypatch.setattr(canonical, "PARALLEL_FLOOR", 100)
-
-    def kill_a_worker():
-        while len(children := multiprocessing.active_children()) < 2:
-            time.sleep(0.002)
-        os.kill(children[0].pid, signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_a_worker, daemon=True)
-    killer.start()
-    with pytest.raises(BrokenProcessPool):
-        canonicalise_batch(warehouse, "killed", LadderSettings(chunk_size=20, canonical_workers=2))
-    killer.join(timeout=10)
-    assert _staged(warehouse, "killed") == before
-    assert not multiprocessing.active_children()
 
 
 def _staged_batch_of_30(warehouse, tmp_path) -> LadderSettings:
@@ -481,7 +332,9 @@ def _dies_after(monkeypatch, chunks: int):
 
 def _decided_lines(warehouse, run_id: str) -> list[int]:
     with warehouse.engine.connect() as conn:
-        return sorted(conn.execute(select(dedup_decisions.c.line_no).where(dedup_decisions.c.run_id == run_id)).scalars())
+        return sorted(
+            conn.execute(select(dedup_decisions.c.line_no).where(dedup_decisions.c.run_id == run_id)).scalars()
+        )
 
 
 def _counted(warehouse) -> dict:

@@ -13,10 +13,10 @@ empty warehouse:
 from __future__ import annotations
 
 import gzip
-import os
-from datetime import datetime, timezone
 import json
+import os
 import random
+from datetime import UTC, datetime
 from pathlib import Path
 
 _WORDS = (
@@ -69,7 +69,9 @@ def _fetch(record: dict, crawl: str, rng: random.Random, day: int) -> dict:
 
 
 def _tracking_variant(url: str, rng: random.Random) -> str:
-    extra = rng.choice(["?utm_source=newsletter&utm_medium=email", "?gclid=Cj0KCQ", "#reviews", "?ref=homepage&utm_campaign=bf"])
+    extra = rng.choice(
+        ["?utm_source=newsletter&utm_medium=email", "?gclid=Cj0KCQ", "#reviews", "?ref=homepage&utm_campaign=bf"]
+    )
     return url.replace("Shop.Example.com", rng.choice(["shop.example.com", "SHOP.example.com:443"])) + extra
 
 
@@ -108,16 +110,24 @@ def write_demo_crawl(folder: Path, seed: int = 7) -> list[Path]:
 
     syndication = []
     for n, article in enumerate(articles[:8]):
-        copy = {**article, "url": f"{_MIRROR}/world/{n}-{article['sku'].lower()}", "seller_id": "mirror-wire",
-                "description": _edit(article["description"], rng)}
+        copy = {
+            **article,
+            "url": f"{_MIRROR}/world/{n}-{article['sku'].lower()}",
+            "seller_id": "mirror-wire",
+            "description": _edit(article["description"], rng),
+        }
         syndication.append(json.dumps(_fetch(copy, "crawl-mirror", rng, 2)))
 
-    paths = [folder / "2026-11-01-shop.jsonl", folder / "2026-11-02-shop.jsonl.gz", folder / "2026-11-02-syndication.jsonl"]
+    paths = [
+        folder / "2026-11-01-shop.jsonl",
+        folder / "2026-11-02-shop.jsonl.gz",
+        folder / "2026-11-02-syndication.jsonl",
+    ]
     paths[0].write_text("\n".join(day1) + "\n", encoding="utf-8")
     with gzip.open(paths[1], "wt", encoding="utf-8") as handle:
         handle.write("\n".join(day2) + "\n")
     paths[2].write_text("\n".join(syndication) + "\n", encoding="utf-8")
     for day, path in zip((1, 2, 2), paths):  # landing time orders batches: the newest crawl wins
-        landed = datetime(2026, 11, day, 23, 0, tzinfo=timezone.utc).timestamp() + paths.index(path)
+        landed = datetime(2026, 11, day, 23, 0, tzinfo=UTC).timestamp() + paths.index(path)
         os.utime(path, (landed, landed))
     return paths

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from benchmarks.bench_exact import seed_content_hash  # the seeds' code, as the seeds write it
-from dedup_pipeline.core import batch
-from dedup_pipeline.core.batch import content_hashes, hash_records
+from dedup_pipeline.core import canonical
+from dedup_pipeline.core.canonical import content_hashes, hash_records
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.fields import canonical_fields, normalise_text
 from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes, content_hash
@@ -31,18 +31,67 @@ WHITESPACE = [c for c in map(chr, range(0x3001)) if c.isspace()]
 # "<", "=", ">" and Hangul jamo), case mappings that change length, JSON escapes, control
 # characters, the separator NUL, DEL, and a lone surrogate.
 ALPHABET = st.sampled_from(
-    list("aZ09 |-.") + WHITESPACE[:12] + ["\u3000", "\u0301", "\u0327", "\u0338", "e", "<", "=", "\u1100", "\u1161",
-                                          "\u00df", "\u01f0", "\ufb00", "\u03a3", '"', "\\", "\x01", "\x1b", "\x00",
-                                          "\x7f", "\ud800", "\U0001F600", "%"]
+    list("aZ09 |-.")
+    + WHITESPACE[:12]
+    + [
+        "\u3000",
+        "\u0301",
+        "\u0327",
+        "\u0338",
+        "e",
+        "<",
+        "=",
+        "\u1100",
+        "\u1161",
+        "\u00df",
+        "\u01f0",
+        "\ufb00",
+        "\u03a3",
+        '"',
+        "\\",
+        "\x01",
+        "\x1b",
+        "\x00",
+        "\x7f",
+        "\ud800",
+        "\U0001f600",
+        "%",
+    ]
 )
 TEXT = st.text(ALPHABET, max_size=12)
-URLS = st.sampled_from([
-    "https://shop.example.com/p/1", " HTTPS://Shop.Example.com:443/p/1?b=2&utm_source=x&a=1#top ",
-    "http://a.example/x/../y?q=%7e&gclid=1", "https://caf\u00e9.example/d\u00e9j\u00e0 vu", "javascript:alert(1)",
-    "ftp://files.example/", "", "   ", "https://a.example/\x00", "https://a.example/\"q\"", "not a url",
-])
-NUMBER_TEXT = st.sampled_from([" 9.90 ", "9.9", "call for price", "1E+3", "-0", "0.000", "12.345", "NaN", "-Infinity",
-                               "1e999", " -0.50", "12345678901234567890123.5", "7", "990"])
+URLS = st.sampled_from(
+    [
+        "https://shop.example.com/p/1",
+        " HTTPS://Shop.Example.com:443/p/1?b=2&utm_source=x&a=1#top ",
+        "http://a.example/x/../y?q=%7e&gclid=1",
+        "https://caf\u00e9.example/d\u00e9j\u00e0 vu",
+        "javascript:alert(1)",
+        "ftp://files.example/",
+        "",
+        "   ",
+        "https://a.example/\x00",
+        'https://a.example/"q"',
+        "not a url",
+    ]
+)
+NUMBER_TEXT = st.sampled_from(
+    [
+        " 9.90 ",
+        "9.9",
+        "call for price",
+        "1E+3",
+        "-0",
+        "0.000",
+        "12.345",
+        "NaN",
+        "-Infinity",
+        "1e999",
+        " -0.50",
+        "12345678901234567890123.5",
+        "7",
+        "990",
+    ]
+)
 SCALARS = {
     "text": TEXT,
     "number_text": NUMBER_TEXT,
@@ -55,12 +104,26 @@ SCALARS = {
 }
 NESTED = st.recursive(
     st.one_of(TEXT, st.integers(-9, 9), st.booleans(), st.none(), st.decimals(-10, 10, places=1)),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["w", "h", "b ", "price"]), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["w", "h", "b ", "price"]), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 KINDS = [*SCALARS, "nested"]
-FIELDS = ["url", "title", "description", "price", "price_minor", "currency", "seller_id", "sku", "specs", "scraped_at",
-          "etag", "n"]
+FIELDS = [
+    "url",
+    "title",
+    "description",
+    "price",
+    "price_minor",
+    "currency",
+    "seller_id",
+    "sku",
+    "specs",
+    "scraped_at",
+    "etag",
+    "n",
+]
 
 
 def value_of(kind):
@@ -155,21 +218,33 @@ def crawl(n: int, seed: int = 7) -> list[dict]:
     rng = random.Random(seed)
     records = []
     for i in range(n // 2):
-        overrides = rng.choice([
-            {}, {"price": round(rng.uniform(1, 500), 2)}, {"price": Decimal(f"{rng.randint(1, 9999)}.{rng.randint(0, 99)}")},
-            {"title": f"  Caf\u00e9\u0301 \t kettle {i} "}, {"description": None}, {"currency": "jpy", "price": str(rng.randint(1, 9999))},
-            {"price_minor": rng.randint(0, 10**6)}, {"tags": ["a", " b "], "specs": {"w": Decimal("1.50")}},
-            {"url": f"https://Shop.example.com/p/{i}?utm_source=feed&ref=home#frag"}, {"seller_id": rng.randint(1, 99)},
-            {"title": 'quoted "kettle" \\ back'}, {"price": "call for price"}, {"price": float("nan")},
-        ])
+        overrides = rng.choice(
+            [
+                {},
+                {"price": round(rng.uniform(1, 500), 2)},
+                {"price": Decimal(f"{rng.randint(1, 9999)}.{rng.randint(0, 99)}")},
+                {"title": f"  Caf\u00e9\u0301 \t kettle {i} "},
+                {"description": None},
+                {"currency": "jpy", "price": str(rng.randint(1, 9999))},
+                {"price_minor": rng.randint(0, 10**6)},
+                {"tags": ["a", " b "], "specs": {"w": Decimal("1.50")}},
+                {"url": f"https://Shop.example.com/p/{i}?utm_source=feed&ref=home#frag"},
+                {"seller_id": rng.randint(1, 99)},
+                {"title": 'quoted "kettle" \\ back'},
+                {"price": "call for price"},
+                {"price": float("nan")},
+            ]
+        )
         records.append(listing(i, **overrides))
-    records += [{**rng.choice(records), "scraped_at": "2026-12-01T00:00:00Z", "etag": "x"} for _ in range(n - len(records))]
+    records += [
+        {**rng.choice(records), "scraped_at": "2026-12-01T00:00:00Z", "etag": "x"} for _ in range(n - len(records))
+    ]
     rng.shuffle(records)
     return records
 
 
 def test_a_crawl_larger_than_a_block_hashes_like_the_per_record_path():
-    records = crawl(3 * batch.BLOCK + 17)
+    records = crawl(3 * canonical.BLOCK + 17)
     assert batched(records) == per_record(records)
     for version in VERSIONS:
         hashable = [r for r in records if not per_record([r], (version,))[0][2]]
@@ -202,18 +277,39 @@ def test_a_blank_required_field_is_missing_in_the_columns_too(field):
     records.append({**last, field: ""})  # the field last: a layout of its own, blank in its only row
     got = batched(records)
     assert got == per_record(records)
-    missing = [i for i, (_, _, errors) in enumerate(got) if errors.get("content/2") == f"content/2: missing identity field '{field}'"]
+    missing = [
+        i
+        for i, (_, _, errors) in enumerate(got)
+        if errors.get("content/2") == f"content/2: missing identity field '{field}'"
+    ]
     assert missing == [3, 7, 12, 20]
     assert all("content/1" in digests for _, digests, _ in got)
 
 
-@pytest.mark.parametrize("prices", [
-    [Decimal("-0"), Decimal("-0.00"), Decimal("0E-7"), Decimal("-12.5"), Decimal("1.000000000000000000000000000049999"),
-     Decimal("1E+3"), Decimal("0.00005"), Decimal("-0.00004"), Decimal("12345678901234567890.123"),
-     Decimal("1E+5000"), Decimal("-1E-5000"), Decimal("NaN"), Decimal("-Infinity"), Decimal("sNaN")],
-    ["-12.5", " -0.50 ", "-0", "1E+3", "12.345", "-7", "0.001", "123456789012345678901", "-99.99", "1E+5000"],
-    [-5, 0, 7, 10**17, -(10**18), 2**64, 10**30 + 1],
-], ids=["decimals", "numeric-text", "ints"])
+@pytest.mark.parametrize(
+    "prices",
+    [
+        [
+            Decimal("-0"),
+            Decimal("-0.00"),
+            Decimal("0E-7"),
+            Decimal("-12.5"),
+            Decimal("1.000000000000000000000000000049999"),
+            Decimal("1E+3"),
+            Decimal("0.00005"),
+            Decimal("-0.00004"),
+            Decimal("12345678901234567890.123"),
+            Decimal("1E+5000"),
+            Decimal("-1E-5000"),
+            Decimal("NaN"),
+            Decimal("-Infinity"),
+            Decimal("sNaN"),
+        ],
+        ["-12.5", " -0.50 ", "-0", "1E+3", "12.345", "-7", "0.001", "123456789012345678901", "-99.99", "1E+5000"],
+        [-5, 0, 7, 10**17, -(10**18), 2**64, 10**30 + 1],
+    ],
+    ids=["decimals", "numeric-text", "ints"],
+)
 @pytest.mark.parametrize("currency", ["EUR", "jpy", "KWD"])
 def test_price_columns_with_signs_zeros_and_long_digits(prices, currency):
     records = [listing(i, price=p, currency=currency) for i, p in enumerate(prices)]
@@ -263,10 +359,19 @@ def test_errors_other_than_record_errors_propagate_as_on_the_per_record_path():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.text(st.sampled_from(list("ab |") + WHITESPACE + ["\u0301", "\u1100", "\u1161", "\x00", "\x01", "\u00e9"]),
-                        max_size=8), min_size=1, max_size=6), st.booleans())
+@given(
+    st.lists(
+        st.text(
+            st.sampled_from(list("ab |") + WHITESPACE + ["\u0301", "\u1100", "\u1161", "\x00", "\x01", "\u00e9"]),
+            max_size=8,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.booleans(),
+)
 def test_a_joined_column_normalises_like_each_value(values, upper):
-    done = batch._normalised(values, upper)
+    done = canonical._normalised(values, upper)
     if any("\x00" in v for v in values):
         assert done is None  # the separator itself: left to the per-value path
     else:
@@ -275,13 +380,13 @@ def test_a_joined_column_normalises_like_each_value(values, upper):
 
 def test_every_whitespace_character_collapses_as_str_split_does():
     values = [f"a{c}{c}b{c}" for c in WHITESPACE] + [f"{c}x" for c in WHITESPACE]
-    assert batch._normalised(values)[0] == [normalise_text(v) for v in values]
+    assert canonical._normalised(values)[0] == [normalise_text(v) for v in values]
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=20))
 def test_floats_format_column_wise_as_format_does(values):
-    assert batch._formatted("%.4f", values) == [format(v, ".4f") for v in values]
+    assert canonical._formatted("%.4f", values) == [format(v, ".4f") for v in values]
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 2000])
@@ -311,13 +416,29 @@ def test_the_canonical_rung_stores_what_the_per_record_path_gives(warehouse, tmp
             continue
         expected_rows.append((c.line_no, c.natural_key, c.canonical_url, c.hashes, c.hash_errors, c.payload))
     with warehouse.engine.connect() as conn:
-        rows = [tuple(r) for r in conn.execute(
-            select(canonical_records.c.line_no, canonical_records.c.natural_key, canonical_records.c.canonical_url,
-                   canonical_records.c.hashes, canonical_records.c.hash_errors, canonical_records.c.payload)
-            .where(canonical_records.c.batch_id == "b1").order_by(canonical_records.c.line_no))]
-        bad = [tuple(r) for r in conn.execute(
-            select(quarantine.c.line_no, quarantine.c.reason)
-            .where(quarantine.c.batch_id == "b1", quarantine.c.rung == "canonical").order_by(quarantine.c.line_no))]
+        rows = [
+            tuple(r)
+            for r in conn.execute(
+                select(
+                    canonical_records.c.line_no,
+                    canonical_records.c.natural_key,
+                    canonical_records.c.canonical_url,
+                    canonical_records.c.hashes,
+                    canonical_records.c.hash_errors,
+                    canonical_records.c.payload,
+                )
+                .where(canonical_records.c.batch_id == "b1")
+                .order_by(canonical_records.c.line_no)
+            )
+        ]
+        bad = [
+            tuple(r)
+            for r in conn.execute(
+                select(quarantine.c.line_no, quarantine.c.reason)
+                .where(quarantine.c.batch_id == "b1", quarantine.c.rung == "canonical")
+                .order_by(quarantine.c.line_no)
+            )
+        ]
     assert rows == expected_rows and bad == expected_bad
     assert (report.records_in, report.canonical, report.quarantined) == (parsed, len(expected_rows), len(expected_bad))
     assert len(expected_rows) > 25 and len(expected_bad) >= 2

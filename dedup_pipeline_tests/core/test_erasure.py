@@ -8,8 +8,21 @@ import secrets
 import pytest
 
 from dedup_pipeline.core.erasure import (
-    Catalogue, RawLineMatcher, Subject, SubjectError, SubjectKind, digest_fingerprint, field_texts, field_value,
-    fingerprint, key_id, natural_key_fingerprint, payload_digests, record_fingerprints, subject_fingerprint, url_fingerprint,
+    Catalogue,
+    RawLineMatcher,
+    Subject,
+    SubjectError,
+    SubjectKind,
+    digest_fingerprint,
+    field_texts,
+    field_value,
+    fingerprint,
+    key_id,
+    natural_key_fingerprint,
+    payload_digests,
+    record_fingerprints,
+    subject_fingerprint,
+    url_fingerprint,
 )
 from dedup_pipeline.core.fields import canonical_fields
 from dedup_pipeline.core.hashing import content_hash
@@ -81,10 +94,19 @@ def test_record_fingerprints_cover_key_url_fields_and_every_tombstoned_version()
     record = canonicalise_record(listing(5, seller_id="s-9"), 1, ["content/1"], "content/1")
     assert "content/2" not in record.hashes  # the ladder was told not to compute it
     kid = key_id(KEY)
-    catalogue = Catalogue.from_rows([("field", "seller_id", kid), ("field", "author.email", kid), ("natural_key", "", kid),
-                                     ("canonical_url", "url/1", kid), ("content_digest", "content/1", kid),
-                                     ("content_digest", "content/2", kid)])
-    prints = set(record_fingerprints(KEY, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes))
+    catalogue = Catalogue.from_rows(
+        [
+            ("field", "seller_id", kid),
+            ("field", "author.email", kid),
+            ("natural_key", "", kid),
+            ("canonical_url", "url/1", kid),
+            ("content_digest", "content/1", kid),
+            ("content_digest", "content/2", kid),
+        ]
+    )
+    prints = set(
+        record_fingerprints(KEY, catalogue, record.natural_key, record.canonical_url, record.payload, record.hashes)
+    )
     v2 = content_hash(listing(5, seller_id="s-9"), "content/2")[0]
     assert digest_fingerprint(KEY, "content/2", v2) in prints  # computed from the payload
     assert digest_fingerprint(KEY, "content/1", record.hashes["content/1"]) in prints
@@ -93,8 +115,9 @@ def test_record_fingerprints_cover_key_url_fields_and_every_tombstoned_version()
     assert len(prints) == 5  # author.email is absent from this record
     # Only kinds that have tombstones are computed: with field tombstones alone, one fingerprint.
     only_fields = Catalogue.from_rows([("field", "seller_id", kid)])
-    assert record_fingerprints(KEY, only_fields, record.natural_key, record.canonical_url, record.payload,
-                               record.hashes) == [fingerprint(KEY, "field", "seller_id", "s-9")]
+    assert record_fingerprints(
+        KEY, only_fields, record.natural_key, record.canonical_url, record.payload, record.hashes
+    ) == [fingerprint(KEY, "field", "seller_id", "s-9")]
     assert payload_digests(record.payload) == {"content/1": record.hashes["content/1"], "content/2": v2}
 
 
@@ -104,8 +127,13 @@ def test_a_field_holding_a_list_names_each_of_its_elements():
     Must hold: each string or number element is one of the field's values, normalised like a scalar, for the
     tombstone fingerprints and the quarantine matcher alike; nested lists and objects are not looked into.
     """
-    payload = canonical_fields({"author": ["Jane\u00a0 Doe", "Bob Roe", 4711001, None, True, ["Ann Poe"]],
-                                "seller": {"ids": ["s-1"]}, "name": "Jane Doe"})
+    payload = canonical_fields(
+        {
+            "author": ["Jane\u00a0 Doe", "Bob Roe", 4711001, None, True, ["Ann Poe"]],
+            "seller": {"ids": ["s-1"]},
+            "name": "Jane Doe",
+        }
+    )
     assert field_texts(payload, "author") == {"Jane Doe", "Bob Roe", "4711001"}
     assert field_texts(payload, "seller.ids") == {"s-1"} and field_texts(payload, "name") == {"Jane Doe"}
     assert field_texts(payload, "missing") == frozenset() and field_texts(payload, "name.first") == frozenset()
@@ -132,7 +160,9 @@ def test_quarantine_matcher_reads_json_objects_exactly():
     record = listing(3, seller_id="s-3")
     digest = content_hash(record, "content/2")[0]
     assert _matcher(digests={"content/2": {digest}}).matches(json.dumps(record).encode())
-    assert _matcher(fields={"seller_id": {"s-3"}}).matches(json.dumps({"seller_id": " s-3 ", "url": "ftp://x"}).encode())
+    assert _matcher(fields={"seller_id": {"s-3"}}).matches(
+        json.dumps({"seller_id": " s-3 ", "url": "ftp://x"}).encode()
+    )
 
 
 def test_quarantine_matcher_searches_broken_lines_as_text():
@@ -165,11 +195,16 @@ def test_raw_lines_with_lone_surrogate_escapes_are_fingerprinted_without_failing
     from dedup_pipeline.core.erasure import Catalogue, raw_line_fingerprints
 
     key = b"k" * 32
-    catalogue = Catalogue(fields=frozenset({"seller_id"}), versions=frozenset({"content/1"}), key_ids=frozenset({"k"}),
-                          url_versions=frozenset({"url/1", "quarantine"}), natural_keys=True)
+    catalogue = Catalogue(
+        fields=frozenset({"seller_id"}),
+        versions=frozenset({"content/1"}),
+        key_ids=frozenset({"k"}),
+        url_versions=frozenset({"url/1", "quarantine"}),
+        natural_keys=True,
+    )
     named = b'"url": "https://x.example/a", "seller_id": "s-1"'
     clean = set(raw_line_fingerprints(key, catalogue, b"{" + named + b', "ti'))
     beside = set(raw_line_fingerprints(key, catalogue, b'{"title": "\\udc00", ' + named + b', "ti'))
     assert clean and clean <= beside  # the subject is still found beside the bad escape
     raw_line_fingerprints(key, catalogue, b'{"url": "https://x.example/a\\ud800", "seller_id": "\\ud800", "ti')
-    raw_line_fingerprints(key, catalogue, b'{' + named + b', "title": "\\ud800"}')
+    raw_line_fingerprints(key, catalogue, b"{" + named + b', "title": "\\ud800"}')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 
 from sqlalchemy import event
 
@@ -14,8 +15,7 @@ from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.exact import load_state
-from dedup_pipeline_tests.helpers import listing, write_batch
-from dedup_pipeline_tests.helpers import new_run_id
+from dedup_pipeline_tests.helpers import listing, new_run_id, write_batch
 
 # content/2 leaves the URL (the natural key) out, so one content can be stored under two keys.
 VERSION = "content/2"
@@ -91,13 +91,16 @@ def test_other_digests_are_looked_up_and_found_under_any_key(warehouse, tmp_path
 def test_a_rows_first_batch_is_loaded_only_for_a_chunk_older_than_its_last_version(warehouse, tmp_path):
     """A chunk of a batch landed after the rows' (the common case) costs no lookup of their first batch; one landed
     before them (an out-of-order run) costs one, which gives each row the batch it was first stored from."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     stored_warehouse(warehouse, tmp_path)  # batch "a", landed at 1e9
     chunk = canonical(listing(0, crawl_id="again"), listing(1, crawl_id="again"))
-    landed = datetime.fromtimestamp(1e9, timezone.utc)
-    for batch_time, lookups, first in ((datetime(2026, 11, 1, tzinfo=timezone.utc), 1, None), (landed, 1, None),
-                                       (datetime(2000, 1, 1, tzinfo=timezone.utc), 2, (landed, "a"))):
+    landed = datetime.fromtimestamp(1e9, UTC)
+    for batch_time, lookups, first in (
+        (datetime(2026, 11, 1, tzinfo=UTC), 1, None),
+        (landed, 1, None),
+        (datetime(2000, 1, 1, tzinfo=UTC), 2, (landed, "a")),
+    ):
         seen, stop = selects(warehouse.engine)
         try:
             with warehouse.engine.connect() as conn:

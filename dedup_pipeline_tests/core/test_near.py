@@ -117,7 +117,10 @@ def test_auto_verification_decides_a_pair_too_close_to_call_by_the_exact_jaccard
     }
     assert decided["auto"] == decided["exact"] != decided["estimate"]
     # far from the threshold the estimate decides alone: the stored similarity is the estimate
-    assert near_duplicate_links(texts, NearDupParams(threshold=min(estimate, exact) - 0.2, verify="auto"))[0][2] == estimate
+    assert (
+        near_duplicate_links(texts, NearDupParams(threshold=min(estimate, exact) - 0.2, verify="auto"))[0][2]
+        == estimate
+    )
 
 
 def test_results_are_deterministic():

@@ -15,22 +15,38 @@ def run_cli(args, cwd: Path, **env) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("DEDUP_", "DAGSTER_HOME"))}
     environment.update(env)
     return subprocess.run(
-        [sys.executable, "-m", "dedup_pipeline.cli", *args], cwd=cwd, env=environment,
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "dedup_pipeline.cli", *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 def test_run_json_on_the_embedded_default(tmp_path):
     landing = tmp_path / "landing"
     write_batch(landing, "a", [listing(n) for n in range(5)] + [listing(0, crawl_id="x"), "{broken"], landed=1e9)
-    write_batch(landing, "b", [listing(n, price="1.00") if n == 4 else listing(n) for n in range(3, 8)], landed=1e9 + 60)
+    write_batch(
+        landing, "b", [listing(n, price="1.00") if n == 4 else listing(n) for n in range(3, 8)], landed=1e9 + 60
+    )
     result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["warehouse_records"] == 8
     a, b = out["batches"]
-    assert a == {"batch": "a", "records_in": 7, "quarantined": 1, "exact_duplicates": 1, "changed": 0, "new": 5,
-                 "stale": 0, "near_duplicates": 0, "change_ignored": 0, "erased": 0}
+    assert a == {
+        "batch": "a",
+        "records_in": 7,
+        "quarantined": 1,
+        "exact_duplicates": 1,
+        "changed": 0,
+        "new": 5,
+        "stale": 0,
+        "near_duplicates": 0,
+        "change_ignored": 0,
+        "erased": 0,
+    }
     assert (b["exact_duplicates"], b["changed"], b["new"]) == (1, 1, 3)
     # the embedded default: a SQLite warehouse and a local Dagster instance inside the working directory
     assert (tmp_path / ".dedup" / "warehouse.sqlite").exists()
@@ -55,8 +71,9 @@ def test_every_line_of_a_run_is_counted_once_erased_records_too(tmp_path):
     a, b = json.loads(result.stdout)["batches"]
     assert (a["erased"], a["exact_duplicates"], b["erased"], b["changed"], b["quarantined"]) == (1, 2, 1, 1, 1)
     for batch in (a, b):
-        decided = sum(batch[k] for k in ("quarantined", "exact_duplicates", "changed", "new", "stale",
-                                         "change_ignored", "erased"))
+        decided = sum(
+            batch[k] for k in ("quarantined", "exact_duplicates", "changed", "new", "stale", "change_ignored", "erased")
+        )
         assert decided == batch["records_in"], batch
     table = run_cli(["run", "--landing", str(landing)], cwd=tmp_path, **env).stdout
     header, _, row_a, row_b = table.splitlines()[:4]
@@ -83,8 +100,9 @@ def test_run_goes_on_past_a_failed_batch_and_names_every_file_it_left_alone(tmp_
     write_batch(landing, "2026-11-03-c", [listing(n) for n in range(10, 12)], landed=1e9 + 120)
     write_batch(landing, "2026-11-04-d", [listing(20)])  # modified now: still being written
     for name in ("README.md", "2026-11-05 e.jsonl", "2026-11-06-f.JSONL"):
-        write_batch(landing, name.removesuffix(".jsonl"), [listing(30)], landed=1e9) if name.endswith(".jsonl") else \
-            (landing / name).write_text("notes\n")
+        write_batch(landing, name.removesuffix(".jsonl"), [listing(30)], landed=1e9) if name.endswith(".jsonl") else (
+            landing / name
+        ).write_text("notes\n")
     write_batch(landing, "2026-11-07-g", [listing(40)], landed=1e9)
     write_batch(landing, "2026-11-07-g", [listing(41)], landed=1e9, gz=True)  # two files, one batch key
 
@@ -117,7 +135,9 @@ def test_demo_prints_the_decision_table(tmp_path):
     assert header.split() == ["batch", "in", "quarantined", "exact", "dup", "changed", "new", "stale", "near", "dup"]
     rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith("2026-")}
     assert set(rows) == {"2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication"}
-    shop1 = dict(zip(["in", "quarantined", "exact", "changed", "new", "stale", "near"], map(int, rows["2026-11-01-shop"])))
+    shop1 = dict(
+        zip(["in", "quarantined", "exact", "changed", "new", "stale", "near"], map(int, rows["2026-11-01-shop"]))
+    )
     assert shop1["quarantined"] == 2 and shop1["exact"] > 0 and shop1["new"] > 0
     syndication = rows["2026-11-02-syndication"]
     assert int(syndication[-1]) > 0  # syndicated copies are linked as near duplicates
@@ -141,8 +161,11 @@ def test_decisions_piped_into_a_reader_that_stops_early_ends_without_a_traceback
     warehouse.dispose()
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("DEDUP_", "DAGSTER_HOME"))}
     process = subprocess.Popen(
-        [sys.executable, "-m", "dedup_pipeline.cli", "decisions"], cwd=tmp_path, env=environment,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "dedup_pipeline.cli", "decisions"],
+        cwd=tmp_path,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     assert json.loads(process.stdout.readline())["line_no"] == 1
     process.stdout.close()  # as `head` does once it has its line
@@ -166,21 +189,37 @@ def test_what_the_operator_must_fix_is_one_line_of_error_not_a_traceback(tmp_pat
     not_sqlite = tmp_path / "notes.sqlite"
     not_sqlite.write_text("a text file, not a database\n")
     cases = [
-        (["metrics", "--textfile", unwritable], {"DEDUP_DATABASE_URL": existing},
-         f"cannot write {unwritable}: No such file or directory"),
+        (
+            ["metrics", "--textfile", unwritable],
+            {"DEDUP_DATABASE_URL": existing},
+            f"cannot write {unwritable}: No such file or directory",
+        ),
         (["metrics"], down, "connection failed"),
         (["run", "--landing", str(tmp_path / "landing")], down, "connection failed"),
         (["run", "--landing", str(tmp_path / "nowhere")], {}, "does not exist or is not a folder"),
         (["metrics"], {"DEDUP_DATABASE_URL": "postgres://postgres@127.0.0.1/test"}, "the warehouse URL is not one"),
         (["metrics"], {"DEDUP_DATABASE_URL": "not a url"}, "the warehouse URL is not one"),
         (["metrics"], {"DEDUP_DATABASE_URL": f"sqlite:///{not_sqlite}"}, "file is not a database"),
-        (["run", "--landing", str(tmp_path / "landing")], {"DEDUP_DATABASE_URL": f"sqlite:///{not_sqlite}"},
-         "file is not a database"),
-        (["run", "--landing", str(tmp_path / "landing")], {"DAGSTER_HOME": str(tmp_path / "no-home")},
-         f"DAGSTER_HOME={tmp_path / 'no-home'} is not a folder"),
-        (["prune-retention"], {"DEDUP_HISTORY_RETENTION_DAYS": "a year"}, "DEDUP_HISTORY_RETENTION_DAYS must be a whole number"),
-        (["erase", "--kind", "canonical_url", "--value", "https://shop.example.com/p/1"],
-         {"DEDUP_DATABASE_URL": pg_database_url}, "DEDUP_TOMBSTONE_KEY is not set"),
+        (
+            ["run", "--landing", str(tmp_path / "landing")],
+            {"DEDUP_DATABASE_URL": f"sqlite:///{not_sqlite}"},
+            "file is not a database",
+        ),
+        (
+            ["run", "--landing", str(tmp_path / "landing")],
+            {"DAGSTER_HOME": str(tmp_path / "no-home")},
+            f"DAGSTER_HOME={tmp_path / 'no-home'} is not a folder",
+        ),
+        (
+            ["prune-retention"],
+            {"DEDUP_HISTORY_RETENTION_DAYS": "a year"},
+            "DEDUP_HISTORY_RETENTION_DAYS must be a whole number",
+        ),
+        (
+            ["erase", "--kind", "canonical_url", "--value", "https://shop.example.com/p/1"],
+            {"DEDUP_DATABASE_URL": pg_database_url},
+            "DEDUP_TOMBSTONE_KEY is not set",
+        ),
     ]
     for args, env, reason in cases:
         result = run_cli(args, cwd=tmp_path, **env)
@@ -194,7 +233,7 @@ def test_the_kubernetes_exporter_runs_a_command_the_cli_accepts():
 
     from dedup_pipeline.cli import build_parser
 
-    manifest = Path(__file__).resolve().parent.parent / "deploy" / "k8s" / "metrics-exporter.yaml"
+    manifest = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "metrics-exporter.yaml"
     deployment = next(doc for doc in yaml.safe_load_all(manifest.read_text()) if doc["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     program, *args = container["command"]
@@ -229,11 +268,13 @@ def test_read_only_commands_refuse_a_database_without_a_warehouse_and_create_not
         pg_url = database_url(name).replace("postgres@", "postgres:s3cret@")
         shown_pg = pg_url.replace(":s3cret@", ":***@")
         every = (["metrics"], ["metrics", "--serve", "127.0.0.1:0"], ["decisions"], ["prune-retention"])
-        cases = [(f"sqlite:///{missing}", "there is no dedup_pipeline warehouse at", every),
-                 (f"sqlite:///{empty}", "there is no dedup_pipeline warehouse at", (["decisions"],)),
-                 (f"sqlite:///{other}", "there is no dedup_pipeline warehouse at", (["metrics"],)),
-                 (f"sqlite:///{older}", "the dedup_pipeline warehouse at", (["metrics"],)),
-                 (pg_url, "there is no dedup_pipeline warehouse at", every)]
+        cases = [
+            (f"sqlite:///{missing}", "there is no dedup_pipeline warehouse at", every),
+            (f"sqlite:///{empty}", "there is no dedup_pipeline warehouse at", (["decisions"],)),
+            (f"sqlite:///{other}", "there is no dedup_pipeline warehouse at", (["metrics"],)),
+            (f"sqlite:///{older}", "the dedup_pipeline warehouse at", (["metrics"],)),
+            (pg_url, "there is no dedup_pipeline warehouse at", every),
+        ]
         for url, reason, commands in cases:
             for args in commands:
                 result = run_cli(args, cwd=tmp_path, DEDUP_DATABASE_URL=url)
@@ -241,10 +282,15 @@ def test_read_only_commands_refuse_a_database_without_a_warehouse_and_create_not
                 assert result.stderr.startswith(f"dedup-pipeline {args[0]}: error: {reason} "), result.stderr
                 assert (shown_pg if url == pg_url else url) in result.stderr and "s3cret" not in result.stderr
                 assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-                assert url != f"sqlite:///{older}" or "lacks the tables erasure_scopes: a `dedup-pipeline run`" in result.stderr
+                assert (
+                    url != f"sqlite:///{older}"
+                    or "lacks the tables erasure_scopes: a `dedup-pipeline run`" in result.stderr
+                )
         assert not missing.parent.exists()
         assert empty.stat().st_size == 0  # and no journal beside it, nor beside the other application's file:
-        assert not {"typo", "empty.sqlite-wal", "empty.sqlite-shm", "other.sqlite-wal"} & {p.name for p in tmp_path.iterdir()}
+        assert not {"typo", "empty.sqlite-wal", "empty.sqlite-shm", "other.sqlite-wal"} & {
+            p.name for p in tmp_path.iterdir()
+        }
         for url in (f"sqlite:///{other}", database_url(name)):
             engine = create_engine(url)
             with engine.connect() as conn:

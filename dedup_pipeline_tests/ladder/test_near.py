@@ -12,11 +12,13 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch, near_text, runaway_clusters
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, records
-from dedup_pipeline_tests.helpers import description, listing, write_batch
-from dedup_pipeline_tests.helpers import new_run_id
+from dedup_pipeline_tests.helpers import description, listing, new_run_id, write_batch
+
+RUNAWAY_CHECK = NearSettings(max_cluster_share=0.2, min_records_for_cluster_check=50)
+SMALL_BATCHES_PASS = NearSettings(max_cluster_share=0.2, min_records_for_cluster_check=81)
 
 BOILERPLATE = (
     "Free shipping on all orders over fifty euros. Returns accepted within thirty days of delivery. "
@@ -36,8 +38,14 @@ def stored(warehouse):
     """(texts by record id, links, clusters as sorted member lists)."""
     with warehouse.engine.connect() as conn:
         texts = {rid: near_text(p) for rid, p in conn.execute(select(records.c.record_id, records.c.payload))}
-        links = {(a, b): s for a, b, s in conn.execute(select(
-            near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity))}
+        links = {
+            (a, b): s
+            for a, b, s in conn.execute(
+                select(
+                    near_duplicate_links.c.record_a, near_duplicate_links.c.record_b, near_duplicate_links.c.similarity
+                )
+            )
+        }
         groups: dict = {}
         for rid, cid in conn.execute(select(near_duplicate_clusters.c.record_id, near_duplicate_clusters.c.cluster_id)):
             groups.setdefault(cid, []).append(rid)
@@ -46,9 +54,13 @@ def stored(warehouse):
 
 def test_boilerplate_caps_the_candidates_a_record_meets_and_still_forms_one_cluster(warehouse, tmp_path):
     n, cap = 60, 5
-    land(warehouse, tmp_path / "landing", "b1",
-         [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)])
-    report = cluster_batch(warehouse, "b1", NearDupParams(), chunk_size=25, max_candidates=cap)
+    land(
+        warehouse,
+        tmp_path / "landing",
+        "b1",
+        [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)],
+    )
+    report = cluster_batch(warehouse, "b1", NearSettings(chunk_size=25, max_candidates=cap))
 
     # every record meets at most `cap` others (the first stored), not n - 1; each had more (its chunk's, at least)
     assert report.candidate_pairs <= n * cap
@@ -65,9 +77,13 @@ def test_each_record_keeps_links_to_its_nearest_earlier_records_only(warehouse, 
     to a record landed before it; with ties in similarity, to the oldest: 0 + 1 + 2 + 3 * 27 links.
     """
     n = 30
-    land(warehouse, tmp_path / "landing", "b1",
-         [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)])
-    report = cluster_batch(warehouse, "b1", NearDupParams(), chunk_size=n, max_candidates=None, max_links=3)
+    land(
+        warehouse,
+        tmp_path / "landing",
+        "b1",
+        [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)],
+    )
+    report = cluster_batch(warehouse, "b1", NearSettings(chunk_size=n, max_candidates=None, max_links=3))
     assert report.candidate_pairs == report.pairs == n * (n - 1) // 2 and not report.capped
     _, links, clusters = stored(warehouse)
     assert [len(c) for c in clusters] == [n]
@@ -92,15 +108,17 @@ def _variants(seed: int, count: int) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("method, verify", [("minhash", "auto"), ("minhash", "estimate"), ("minhash", "exact"), ("simhash", "estimate")])
+@pytest.mark.parametrize(
+    "method, verify", [("minhash", "auto"), ("minhash", "estimate"), ("minhash", "exact"), ("simhash", "estimate")]
+)
 def test_the_warehouse_path_links_what_the_library_links(warehouse, tmp_path, method, verify):
     texts = [t for seed in (1, 2, 3) for t in _variants(seed, 6)] + [description(100 + i) for i in range(5)]
     rows = [listing(i, title="", description=t) for i, t in enumerate(texts)]
     land(warehouse, tmp_path / "landing", "b1", rows[:10])
     land(warehouse, tmp_path / "landing", "b2", rows[10:])  # partners across batches too
     params = NearDupParams(method=method, verify=verify)
-    cluster_batch(warehouse, "b1", params, chunk_size=4)
-    report = cluster_batch(warehouse, "b2", params, chunk_size=4)
+    cluster_batch(warehouse, "b1", NearSettings(params=params, chunk_size=4))
+    report = cluster_batch(warehouse, "b2", NearSettings(params=params, chunk_size=4))
     assert report.verify == verify and report.as_metadata()["verify"] == verify
 
     by_id, links, clusters = stored(warehouse)
@@ -120,22 +138,22 @@ def test_the_warehouse_path_links_what_the_library_links(warehouse, tmp_path, me
 def test_a_batch_of_near_copies_of_one_text_is_a_runaway_cluster(warehouse, tmp_path):
     folder = tmp_path / "landing"
     land(warehouse, folder, "good", [listing(i) for i in range(80)])
-    cluster_batch(warehouse, "good", NearDupParams())
-    good = runaway_clusters(warehouse, "good", max_share=0.2, min_records=50)
+    cluster_batch(warehouse, "good", NearSettings())
+    good = runaway_clusters(warehouse, "good", RUNAWAY_CHECK)
     assert good.passed and good.batch_records == 80
 
     # every record a near copy of one text (one word differs): one cluster swallows the whole batch
     land(warehouse, folder, "bad", [listing(1000 + i, description=f"{BOILERPLATE} item{i}") for i in range(80)])
-    cluster_batch(warehouse, "bad", NearDupParams())
-    bad = runaway_clusters(warehouse, "bad", max_share=0.2, min_records=50)
+    cluster_batch(warehouse, "bad", NearSettings())
+    bad = runaway_clusters(warehouse, "bad", RUNAWAY_CHECK)
     assert not bad.passed
     [(cluster_id, in_batch, size)] = bad.offenders
     assert in_batch == size == 80 and bad.batch_records == 80
     meta = bad.as_metadata()
     assert meta["offending_clusters"] == [cluster_id] and meta["offending_sizes"] == [80]
     assert "shipping" not in str(meta) and "Product" not in str(meta)  # ids and counts only
-    assert "too small" in runaway_clusters(warehouse, "bad", 0.2, min_records=81).description()
-    assert runaway_clusters(warehouse, "bad", 0.2, min_records=81).passed
+    assert "too small" in runaway_clusters(warehouse, "bad", SMALL_BATCHES_PASS).description()
+    assert runaway_clusters(warehouse, "bad", SMALL_BATCHES_PASS).passed
 
 
 def test_unchanged_recrawls_are_not_the_batch_s_records_for_the_runaway_check(warehouse, tmp_path):
@@ -147,19 +165,21 @@ def test_unchanged_recrawls_are_not_the_batch_s_records_for_the_runaway_check(wa
     """
     folder = tmp_path / "landing"
     land(warehouse, folder, "b1", [listing(i) for i in range(300)])
-    cluster_batch(warehouse, "b1", NearDupParams())
+    cluster_batch(warehouse, "b1", NearSettings())
     copies = [listing(1000 + i, description=f"{BOILERPLATE} item{i}") for i in range(60)]
     land(warehouse, folder, "b2", [listing(i) for i in range(300)] + copies, landed=1e9 + 10)
-    cluster_batch(warehouse, "b2", NearDupParams())
-    diluted = runaway_clusters(warehouse, "b2", max_share=0.2, min_records=50)
+    cluster_batch(warehouse, "b2", NearSettings())
+    diluted = runaway_clusters(warehouse, "b2", RUNAWAY_CHECK)
     assert not diluted.passed and diluted.batch_records == 60 and diluted.offenders[0][1] == 60
     land(warehouse, folder, "b3", copies, landed=1e9 + 20)
-    cluster_batch(warehouse, "b3", NearDupParams())
-    recrawled = runaway_clusters(warehouse, "b3", max_share=0.2, min_records=50)
+    cluster_batch(warehouse, "b3", NearSettings())
+    recrawled = runaway_clusters(warehouse, "b3", RUNAWAY_CHECK)
     assert recrawled.passed and recrawled.batch_records == 0
 
 
-def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the_newer_sketch(warehouse, tmp_path, monkeypatch):
+def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the_newer_sketch(
+    warehouse, tmp_path, monkeypatch
+):
     """Breaks: worker X reads record 1 (text A) to sketch it; before X takes the index lock, worker Y changes record 1
     to text B and indexes it (the interleaving is forced by running Y inside X's read).
 
@@ -171,24 +191,37 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
 
     text_a, text_b = description(1, words=120), description(2, words=120)
     folder = tmp_path / "landing"
-    land(warehouse, folder, "X", [listing(1, title="", description=text_a), listing(3, title="", description=text_a + " more")])
+    land(
+        warehouse,
+        folder,
+        "X",
+        [listing(1, title="", description=text_a), listing(3, title="", description=text_a + " more")],
+    )
     real = near.index.records_to_index
 
     def y_runs_in_the_window(conn, batch_id, after, limit, bands):
         rows = real(conn, batch_id, after, limit, bands)
         if batch_id == "X" and after == 0:
-            land(warehouse, folder, "Y", [listing(1, title="", description=text_b), listing(2, title="", description=text_b + " more")],
-                 landed=1e9 + 10)
-            cluster_batch(warehouse, "Y", NearDupParams())
+            land(
+                warehouse,
+                folder,
+                "Y",
+                [listing(1, title="", description=text_b), listing(2, title="", description=text_b + " more")],
+                landed=1e9 + 10,
+            )
+            cluster_batch(warehouse, "Y", NearSettings())
         return rows
 
     monkeypatch.setattr(near.index, "records_to_index", y_runs_in_the_window)
-    cluster_batch(warehouse, "X", NearDupParams())
+    cluster_batch(warehouse, "X", NearSettings())
     _, links, _ = stored(warehouse)
     with warehouse.engine.connect() as conn:
         ids = dict(conn.execute(select(records.c.natural_key, records.c.record_id)).all())
-        stale = conn.execute(select(near_index.c.record_id).join(records, records.c.record_id == near_index.c.record_id)
-                             .where(near_index.c.content_hash != records.c.content_hash)).all()
+        stale = conn.execute(
+            select(near_index.c.record_id)
+            .join(records, records.c.record_id == near_index.c.record_id)
+            .where(near_index.c.content_hash != records.c.content_hash)
+        ).all()
     one, two = ids[listing(1)["url"]], ids[listing(2)["url"]]
     assert (min(one, two), max(one, two)) in links and not stale
 
@@ -198,12 +231,12 @@ def test_a_record_that_meets_exactly_the_cap_is_not_capped(warehouse, tmp_path):
     capped; one more, and the newest is."""
     folder = tmp_path / "landing"
     land(warehouse, folder, "b1", [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(5)])
-    cluster_batch(warehouse, "b1", NearDupParams(), max_candidates=5)
+    cluster_batch(warehouse, "b1", NearSettings(max_candidates=5))
     land(warehouse, folder, "b2", [listing(5, title="Kitchen shop", description=BOILERPLATE)], landed=1e9 + 10)
-    report = cluster_batch(warehouse, "b2", NearDupParams(), max_candidates=5)
+    report = cluster_batch(warehouse, "b2", NearSettings(max_candidates=5))
     assert (report.candidate_pairs, len(report.capped)) == (5, 0)
     land(warehouse, folder, "b3", [listing(6, title="Kitchen shop", description=BOILERPLATE)], landed=1e9 + 20)
-    report = cluster_batch(warehouse, "b3", NearDupParams(), max_candidates=5)
+    report = cluster_batch(warehouse, "b3", NearSettings(max_candidates=5))
     assert (report.candidate_pairs, len(report.capped)) == (5, 1)
 
 
@@ -216,18 +249,20 @@ def test_a_new_price_keeps_the_sketch_links_and_cluster_and_a_new_text_leaves_it
     """
     folder = tmp_path / "landing"
     text = description(7, words=80)
-    land(warehouse, folder, "b1", [listing(1, title="", description=text), listing(2, title="", description=text + " x")])
-    cluster_batch(warehouse, "b1", NearDupParams())
+    land(
+        warehouse, folder, "b1", [listing(1, title="", description=text), listing(2, title="", description=text + " x")]
+    )
+    cluster_batch(warehouse, "b1", NearSettings())
     _, links, clusters = stored(warehouse)
     assert len(links) == 1 and [len(c) for c in clusters] == [2]
 
     land(warehouse, folder, "b2", [listing(1, title="", description=text, price="99.00")], landed=1e9 + 10)
-    report = cluster_batch(warehouse, "b2", NearDupParams())
+    report = cluster_batch(warehouse, "b2", NearSettings())
     assert (report.sketched, report.kept_sketches) == (0, 1)
     assert stored(warehouse)[1:] == (links, clusters)
 
     land(warehouse, folder, "b3", [listing(2, title="", description=description(8, words=80))], landed=1e9 + 20)
-    report = cluster_batch(warehouse, "b3", NearDupParams())
+    report = cluster_batch(warehouse, "b3", NearSettings())
     assert report.sketched == 1 and not report.near_duplicates
     assert stored(warehouse)[1:] == ({}, [])
 
@@ -239,15 +274,17 @@ def test_an_index_of_the_earlier_layout_is_refused_with_the_command_that_rebuild
 
     land(warehouse, tmp_path / "landing", "b1", [listing(1)])
     with warehouse.engine.begin() as conn:
-        conn.execute(settings.insert().values(name=INDEX_IDENTITY, value="neardup/1;method=minhash;...", updated_at=utcnow()))
+        conn.execute(
+            settings.insert().values(name=INDEX_IDENTITY, value="neardup/1;method=minhash;...", updated_at=utcnow())
+        )
     with pytest.raises(IndexMismatch, match="earlier version") as refused:
-        cluster_batch(warehouse, "b1", NearDupParams())
+        cluster_batch(warehouse, "b1", NearSettings())
     assert REBUILD_COMMAND in str(refused.value)
     with pytest.raises(IndexMismatch, match="keep the original sketch settings"):
         with warehouse.engine.begin() as conn:
             conn.execute(settings.delete())
-        cluster_batch(warehouse, "b1", NearDupParams())
-        cluster_batch(warehouse, "b1", NearDupParams(num_perm=64))
+        cluster_batch(warehouse, "b1", NearSettings())
+        cluster_batch(warehouse, "b1", NearSettings(params=NearDupParams(num_perm=64)))
 
 
 def test_rebuilding_the_index_gives_what_building_it_batch_by_batch_gave(warehouse, tmp_path):
@@ -263,13 +300,19 @@ def test_rebuilding_the_index_gives_what_building_it_batch_by_batch_gave(warehou
     texts = [t for seed in (1, 2) for t in _variants(seed, 5)]
     folder = tmp_path / "landing"
     land(warehouse, folder, "b1", [listing(i, title="", description=t) for i, t in enumerate(texts[:5])])
-    land(warehouse, folder, "b2", [listing(i, title="", description=t) for i, t in enumerate(texts[5:], 5)], landed=1e9 + 10)
+    land(
+        warehouse,
+        folder,
+        "b2",
+        [listing(i, title="", description=t) for i, t in enumerate(texts[5:], 5)],
+        landed=1e9 + 10,
+    )
     for key in ("b1", "b2"):
-        cluster_batch(warehouse, key, NearDupParams())
+        cluster_batch(warehouse, key, NearSettings())
     before = stored(warehouse)
     with warehouse.engine.begin() as conn:
         conn.execute(text("CREATE TABLE lsh_buckets (band INTEGER)"))
-    reports = rebuild_index(warehouse, NearDupParams())
+    reports = rebuild_index(warehouse, NearSettings())
     assert [r.batch_id for r in reports] == ["b1", "b2"] and sum(r.sketched for r in reports) == 10
     assert stored(warehouse) == before and before[2]
     assert "lsh_buckets" not in inspect(warehouse.engine).get_table_names()
