@@ -70,7 +70,7 @@ def stored_identity(conn: Connection) -> str | None:
 
 
 def claim_index(conn: Connection, identity: str, bands: int) -> None:
-    """Record the index identity on first use, with the B-tree indexes of its band columns; refuse another one after.
+    """Record the index identity on first use; refuse another one afterwards.
 
     An identity of an earlier layout (no `near-index/2` in it) is refused with the command that rebuilds the index.
     """
@@ -91,8 +91,6 @@ def claim_index(conn: Connection, identity: str, bands: int) -> None:
             f"the warehouse's near-duplicate index was built with {stored!r}, not {identity!r}; keep the original "
             f"sketch settings (the threshold may change freely), or run `{REBUILD_COMMAND}` to rebuild it with these"
         )
-    for column in band_columns(bands):
-        conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_near_index_{column.name} ON near_index ({column.name})"))
 
 
 def save_link_settings(conn: Connection, params: NearDupParams, max_links: int, max_candidates: int | None) -> None:
@@ -126,8 +124,6 @@ def drop_index(conn: Connection) -> dict[str, int]:
     conn.execute(delete(settings).where(settings.c.name.in_([INDEX_IDENTITY, LINK_SETTINGS])))
     for old in ("lsh_buckets", "minhash_signatures"):  # layout neardup/1
         conn.execute(text(f"DROP TABLE IF EXISTS {old}"))
-    for band in range(MAX_BANDS):
-        conn.execute(text(f"DROP INDEX IF EXISTS ix_near_index_b{band}"))
     return removed
 
 

@@ -147,7 +147,8 @@ dedup_decisions = Table(
 )
 
 #: Band-key columns of `near_index` (b0, b1, ...): an index uses as many as its identity has bands (or SimHash blocks),
-#: each under a B-tree index of its own made when the index is first claimed (`store.near.claim_index`).
+#: each under a B-tree index of its own. The indexes are partial (non-NULL keys only), so the unused columns' stay
+#: empty, and the schema's owner creates them all with the tables (the writer role cannot create indexes).
 MAX_BANDS = 64
 
 # One row per sketched record (layout near-index/2): the digest of the content sketched, the order of first landing
@@ -165,6 +166,9 @@ near_index = Table(
     Column("signature", LargeBinary, nullable=False),
     *[Column(f"b{band}", Integer) for band in range(MAX_BANDS)],
 )
+for _band in range(MAX_BANDS):
+    _key = near_index.c[f"b{_band}"]
+    Index(f"ix_near_index_b{_band}", _key, postgresql_where=_key.is_not(None), sqlite_where=_key.is_not(None))
 
 # Index rows stored and visible to other workers but not linked and clustered yet: between a chunk's two
 # transactions, or left by a chunk that stopped between them (a re-run links them). A table of its own, so that

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, insert, select
+from sqlalchemy import delete, func, insert, select
 
 from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.ladder.rehash import (
@@ -61,7 +61,11 @@ def index_every_record_in_pairs(warehouse) -> list[tuple[int, int]]:
     with warehouse.engine.begin() as conn:
         ids = sorted(conn.execute(select(records.c.record_id)).scalars())
         pairs = list(zip(ids[0::2], ids[1::2]))
-        # The two of a pair share every band key and their signature: near duplicates of each other alone.
+        # The two of a pair share every band key and their signature: near duplicates of each other alone. What the
+        # near rung stored of these records goes first.
+        for table in (near_duplicate_links, near_duplicate_clusters, near_index):
+            conn.execute(delete(table))
+        partner = {x: a for a, b in pairs for x in (a, b)}  # an odd one out keys on itself
         conn.execute(
             insert(near_index),
             [
@@ -71,11 +75,10 @@ def index_every_record_in_pairs(warehouse) -> list[tuple[int, int]]:
                     "first_landed_us": x,
                     "first_seen_us": x,
                     "key_order": x,
-                    "signature": bytes([a % 251]) * 128,
-                    **{f"b{band}": a for band in range(NearDupParams().bands)},
+                    "signature": bytes([partner.get(x, x) % 251]) * 128,
+                    **{f"b{band}": partner.get(x, x) for band in range(NearDupParams().bands)},
                 }
-                for a, b in pairs
-                for x in (a, b)
+                for x in ids
             ],
         )
         conn.execute(
