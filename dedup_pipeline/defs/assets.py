@@ -146,6 +146,8 @@ def near_duplicate_clusters(
             f"{len(report.capped)} record(s) met more than {near_dup.max_candidates} records sharing a band with them "
             "(boilerplate?): they met only the first stored"
         )
+    if report.threshold_warning:
+        context.log.warning(report.threshold_warning)
     figures = ladder_figures(warehouse.get(), context.partition_key, report.clusters)
     return dg.MaterializeResult(metadata={**report.as_metadata(), **figures})
 

@@ -99,6 +99,12 @@ class NearDupResource(dg.ConfigurableResource):
         default=NearDupParams.threshold, description="Estimated Jaccard similarity that links two records."
     )
     num_perm: int = Field(default=NearDupParams.num_perm, description="MinHash permutations.")
+    bands: Optional[int] = Field(
+        default=None,
+        description="MinHash LSH bands (with rows); empty means the index's, or for a new index the ones chosen for "
+        "the threshold. A threshold far below the one the bands were built for loses candidates (a warning says so).",
+    )
+    rows: Optional[int] = Field(default=None, description="MinHash LSH rows per band (with bands).")
     shingle: Optional[str] = Field(
         default=None,
         description="'auto' (by the text's length), 'word' or 'char' n-grams; empty means the method's default "
@@ -137,7 +143,11 @@ class NearDupResource(dg.ConfigurableResource):
     )
 
     def params(self) -> NearDupParams:
-        text = {k: v for k, v in (("shingle", self.shingle), ("ngram", self.ngram)) if v is not None}
+        given = {
+            k: v
+            for k, v in (("shingle", self.shingle), ("ngram", self.ngram), ("bands", self.bands), ("rows", self.rows))
+            if v is not None
+        }
         return make_params(
             self.threshold,
             self.method,
@@ -145,7 +155,7 @@ class NearDupResource(dg.ConfigurableResource):
             simhash_max_distance=self.simhash_max_distance,
             verify=self.verify,
             representative=self.representative,
-            **text,
+            **given,
         )
 
     def settings(self) -> NearSettings:
@@ -154,6 +164,7 @@ class NearDupResource(dg.ConfigurableResource):
             chunk_size=self.chunk_size,
             max_candidates=self.max_candidates,
             max_links=self.max_links,
+            bands_from_index=self.bands is None,
             max_cluster_share=self.max_cluster_share,
             min_records_for_cluster_check=self.min_records_for_cluster_check,
         )

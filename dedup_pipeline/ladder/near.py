@@ -78,6 +78,9 @@ class NearReport:
     near_duplicates: set = field(default_factory=set)
     clusters: dict = field(default_factory=dict)  # cluster id -> size, for clusters this batch touched
     chunk_retries: int = 0
+    threshold: float = 0.0
+    bands_rows: tuple = ()
+    threshold_warning: str | None = None  # the threshold is too far below the one the bands were built for
 
     def as_metadata(self) -> dict:
         """Figures for the asset (ids and counts only). The largest clusters table comes from `defs.plots`."""
@@ -98,6 +101,9 @@ class NearReport:
             "capped_records": len(self.capped),
             "capped_record_ids": sorted(self.capped)[:CAPPED_SHOWN],
             "chunk_retries": self.chunk_retries,
+            "threshold": self.threshold,
+            "bands_rows": "x".join(map(str, self.bands_rows)) if self.method == "minhash" else "",
+            **({"threshold_warning": self.threshold_warning} if self.threshold_warning else {}),
         }
 
 
@@ -121,11 +127,15 @@ def cluster_batch(warehouse: Warehouse, batch_id: str, settings: NearSettings, r
     given).
     """
     params, max_candidates, max_links = settings.params, settings.max_candidates, settings.max_links
-    report = NearReport(batch_id, params.method, params.verify, max_candidates)
-    bands = graph.band_count(params)
     with warehouse.engine.begin() as conn:
-        index.claim_index(conn, params.identity(), bands)
+        if settings.bands_from_index:
+            params = index.adopt_bands(conn, params)
+        index.claim_index(conn, params.identity(), graph.band_count(params))
         index.save_link_settings(conn, params, max_links, max_candidates)
+    report = NearReport(batch_id, params.method, params.verify, max_candidates)
+    report.threshold, report.bands_rows = params.threshold, (params.bands, params.rows)
+    report.threshold_warning = params.threshold_warning()
+    bands = graph.band_count(params)
     after = 0
     while True:
         with warehouse.engine.connect() as conn:
@@ -157,6 +167,28 @@ def rebuild_index(warehouse: Warehouse, settings: NearSettings) -> list[NearRepo
         batches = index.batches_in_landing_order(conn)
     run_id = f"rebuild-{uuid.uuid4().hex}"
     return [cluster_batch(warehouse, batch, settings, run_id) for batch in batches]
+
+
+def lean_minhashes(warehouse: Warehouse, batch_id: str | None = None, chunk_size: int = 2000):
+    """(record id, natural key, ``datasketch.LeanMinHash``) for every stored record (or those dated to `batch_id`).
+
+    The index keeps compact b-bit signatures; the full 32-bit sketches datasketch takes are made again from the
+    stored records under the settings the rung last linked with, so each equals the sketch the rung computed
+    (:func:`dedup_pipeline.core.near.to_lean_minhashes`). Memory is bounded by `chunk_size`.
+    """
+    from dedup_pipeline.core.near import to_lean_minhashes
+
+    after = 0
+    with warehouse.engine.connect() as conn:
+        params = index.link_settings(conn)[0]
+    while True:
+        with warehouse.engine.connect() as conn:
+            rows = index.records_after(conn, after, chunk_size, batch_id)
+        if not rows:
+            return
+        after = rows[-1][0]
+        sketches = to_lean_minhashes([near_text(payload) for _, _, payload in rows], params)
+        yield from ((rid, key, sketch) for (rid, key, _), sketch in zip(rows, sketches))
 
 
 def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, report, max_links, max_candidates):

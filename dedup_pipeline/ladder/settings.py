@@ -54,6 +54,8 @@ class NearSettings:
     - ``max_candidates``: a record meets at most this many (the first stored) of the records sharing a band key
       with it; None: no cap.
     - ``max_links``: links a record keeps, to its nearest earlier-landed near duplicates.
+    - ``bands_from_index``: an index that exists keeps the bands and rows it was built with, whatever the
+      threshold (which then only filters verified pairs); False when the settings pin bands and rows themselves.
     - ``max_cluster_share``: the runaway-cluster check fails when one cluster holds more of a batch.
     - ``min_records_for_cluster_check``: smaller batches pass that check.
     """
@@ -62,6 +64,7 @@ class NearSettings:
     chunk_size: int = CHUNK_SIZE
     max_candidates: int | None = 200
     max_links: int = 3
+    bands_from_index: bool = True
     max_cluster_share: float = 0.2
     min_records_for_cluster_check: int = 50
 

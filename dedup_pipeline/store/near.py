@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -91,6 +92,21 @@ def claim_index(conn: Connection, identity: str, bands: int) -> None:
             f"the warehouse's near-duplicate index was built with {stored!r}, not {identity!r}; keep the original "
             f"sketch settings (the threshold may change freely), or run `{REBUILD_COMMAND}` to rebuild it with these"
         )
+
+
+def adopt_bands(conn: Connection, params: NearDupParams) -> NearDupParams:
+    """`params` with the bands and rows of the stored index, if one exists with the same identity but for them.
+
+    Bands and rows are chosen for the threshold when an index is built; afterwards they are part of it, and a
+    new threshold only changes which verified pairs count (`NearDupParams.threshold_warning` says when it is too
+    far below the one the bands were built for).
+    """
+    stored = stored_identity(conn)
+    found = re.search(r";bands=(\d+);rows=(\d+);", stored or "")
+    if params.method != "minhash" or found is None:
+        return params
+    adopted = replace(params, bands=int(found.group(1)), rows=int(found.group(2)))
+    return adopted if f"{LAYOUT};{adopted.identity()}" == stored else params
 
 
 def save_link_settings(conn: Connection, params: NearDupParams, max_links: int, max_candidates: int | None) -> None:
@@ -228,6 +244,14 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
         .limit(limit)
     )
     return conn.execute(query).all()
+
+
+def records_after(conn: Connection, after_id: int, limit: int, batch_id: str | None = None) -> list:
+    """(record id, natural key, payload) of the next `limit` records after `after_id` (of `batch_id`'s, if given)."""
+    query = select(records.c.record_id, records.c.natural_key, records.c.payload).where(records.c.record_id > after_id)
+    if batch_id is not None:
+        query = query.where(records.c.last_batch_id == batch_id)
+    return [tuple(row) for row in conn.execute(query.order_by(records.c.record_id).limit(limit))]
 
 
 def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:

@@ -30,6 +30,10 @@ def test_the_resource_leaves_each_method_its_own_shingles():
     )
     assert NearDupResource(ngram=5).params().identity() != NearDupParams().identity()
     assert NearDupResource(verify="exact").params().verify == "exact"
+    # bands and rows are the index's unless given, and given they are pinned
+    assert NearDupResource(threshold=0.7).settings().bands_from_index
+    pinned = NearDupResource(bands=20, rows=4).settings()
+    assert not pinned.bands_from_index and (pinned.params.bands, pinned.params.rows) == (20, 4)
 
 
 def test_a_runaway_cluster_fails_the_run_and_names_the_cluster(tmp_path):

@@ -316,3 +316,35 @@ def test_rebuilding_the_index_gives_what_building_it_batch_by_batch_gave(warehou
     assert [r.batch_id for r in reports] == ["b1", "b2"] and sum(r.sketched for r in reports) == 10
     assert stored(warehouse) == before and before[2]
     assert "lsh_buckets" not in inspect(warehouse.engine).get_table_names()
+
+
+def test_a_new_threshold_runs_on_an_index_built_at_another_and_warns_when_it_loses_recall(warehouse, tmp_path):
+    """Breaks: an index built at the default threshold (0.5: 26 bands of 3 rows); later runs ask for 0.7, then 0.3.
+
+    Must hold: both run on the same index (its bands stay, the threshold filters verified pairs: no link of the
+    0.7 run is below 0.7); the run at 0.3, far below what 26 x 3 finds, says so in its figures; bands pinned to
+    other values are refused, with the command that rebuilds.
+    """
+    from dedup_pipeline.store.near import IndexMismatch
+
+    folder = tmp_path / "landing"
+    texts = [t for seed in (1, 2, 3) for t in _variants(seed, 6)]
+    for b in range(3):
+        rows = [listing(10 * b + i, title="", description=t) for i, t in enumerate(texts[6 * b : 6 * b + 6])]
+        land(warehouse, folder, f"b{b}", rows, landed=1e9 + b)
+    first = cluster_batch(warehouse, "b0", NearSettings())
+    assert first.as_metadata()["bands_rows"] == "26x3" and "threshold_warning" not in first.as_metadata()
+
+    strict = cluster_batch(warehouse, "b1", NearSettings(params=NearDupParams(threshold=0.7)))
+    meta = strict.as_metadata()
+    assert meta["bands_rows"] == "26x3" and meta["threshold"] == 0.7 and "threshold_warning" not in meta
+    _, links, _ = stored(warehouse)
+    with warehouse.engine.connect() as conn:
+        b1 = set(conn.execute(select(records.c.record_id).where(records.c.last_batch_id == "b1")).scalars())
+    assert strict.pairs and all(s >= 0.7 for (a, b), s in links.items() if b in b1)
+
+    loose = cluster_batch(warehouse, "b2", NearSettings(params=NearDupParams(threshold=0.3))).as_metadata()
+    assert loose["bands_rows"] == "26x3" and "26 bands of 3 rows" in loose["threshold_warning"]
+
+    with pytest.raises(IndexMismatch, match="rebuild-near-index"):
+        cluster_batch(warehouse, "b2", NearSettings(params=NearDupParams(bands=20, rows=4), bands_from_index=False))
