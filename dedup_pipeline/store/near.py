@@ -28,11 +28,11 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
-from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text, tuple_, update
+from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text, true, tuple_, update
 
 from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.core.near import NearDupParams
-from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values
+from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values, staging_table
 from dedup_pipeline.store.schema import (
     MAX_BANDS,
     crawl_batches,
@@ -105,7 +105,10 @@ def adopt_bands(conn: Connection, params: NearDupParams) -> NearDupParams:
     found = re.search(r";bands=(\d+);rows=(\d+);", stored or "")
     if params.method != "minhash" or found is None:
         return params
-    adopted = replace(params, bands=int(found.group(1)), rows=int(found.group(2)))
+    try:
+        adopted = replace(params, bands=int(found.group(1)), rows=int(found.group(2)))
+    except ValueError:  # bands the params cannot hold (fewer permutations): another index, refused by the claim
+        return params
     return adopted if f"{LAYOUT};{adopted.identity()}" == stored else params
 
 
@@ -265,7 +268,6 @@ def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
 def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes], pending: bool = True) -> None:
     """Insert or replace the index rows of `rows.ids` (their old rows, if any, go first), `pending` until linked."""
     ids = rows.ids.tolist()
-    delete_in(conn, near_index, [near_index.c.record_id], ids)
     bands = rows.keys.shape[1]
     keys = rows.keys.astype(np.int64).tolist()
     values = [
@@ -291,9 +293,28 @@ def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes], pend
         "signature",
         *(f"b{b}" for b in range(bands)),
     ]
-    copy_rows(conn, near_index, columns, ([v.get(c) for c in columns] for v in values))
-    if pending:
-        copy_rows(conn, near_pending, ["record_id"], ([rid] for rid in ids))
+    # Staged, then upserted: two workers indexing one record at once (the same partition run twice) end with one
+    # row, the later one's, never a key violation.
+    stage = staging_table(conn, near_index, "near_index_stage", columns)
+    copy_rows(conn, stage, columns, ([v.get(c) for c in columns] for v in values))
+    insert = _dialect_insert(conn)(near_index).from_select(
+        columns, select(*(stage.c[c] for c in columns)).where(true())
+    )
+    replaced = {c: insert.excluded[c] for c in near_index.c.keys() if c != "record_id"}
+    replaced.update({c: insert.excluded[c] if c in columns else None for c in replaced})  # fewer bands: NULL
+    conn.execute(insert.on_conflict_do_update(index_elements=[near_index.c.record_id], set_=replaced))
+    if conn.dialect.name != "postgresql":
+        conn.execute(stage.delete())
+    if pending and ids:
+        conn.execute(upsert_ignore(conn, near_pending), [{"record_id": rid} for rid in ids])
+
+
+def _dialect_insert(conn: Connection):
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert
 
 
 def update_digests(conn: Connection, digests: dict[int, bytes]) -> None:
