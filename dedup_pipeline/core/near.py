@@ -21,38 +21,45 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dedup_pipeline.core.clustering import DEFAULT_RULE, RULES, cluster_labels
-from dedup_pipeline.core.lsh import KEY_SCHEME, band_keys, candidate_pairs, choose_bands_rows
+from dedup_pipeline.core.clustering import RULES, cluster_labels
+from dedup_pipeline.core.lsh import KEY_SCHEME_32, band_keys, candidate_pairs, candidate_probability, choose_bands_rows
 from dedup_pipeline.core.minhash import (
-    DEFAULT_NUM_PERM,
-    DEFAULT_SEED,
     HASH_NAME,
     SCHEME,
+    SIGNATURE_BITS,
     empty_mask,
     estimated_jaccard_pairs,
     minhash_signatures,
+    minhash_signatures_from_texts,
+    to_lean_minhash,
 )
+from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.core.simhash import BITS, simhash_candidates, simhash_fingerprints
 from dedup_pipeline.core.text import TextNormaliser
 
-#: Version of how the pieces below are combined into an index identity.
-NEARDUP_VERSION = "neardup/1"
+if TYPE_CHECKING:
+    from datasketch import LeanMinHash
 
-#: Jaccard threshold on word 3-gram shingles, measured on the quality data
-#: (benchmarks/neardup_quality.py --sweep): 0.5 keeps F1 near the best on the
-#: crawled pages (0.98) while the short-record sets still work (cora 0.82,
-#: cddb 0.68); higher thresholds lose cora, lower ones merge distinct pages.
+#: Version of how the pieces below are combined into an index identity.
+NEARDUP_VERSION = "neardup/2"
+
+#: Jaccard threshold, measured on the quality data (benchmarks/neardup_quality.py --sweep, docs/near-quality.md):
+#: at 0.5 the default shingles beat datasketch's MinHashLSH over word sets and SimHash at the same threshold on
+#: most labelled sets, short records and long texts alike.
 DEFAULT_THRESHOLD = 0.5
 
-#: Default features per method. MinHash: word 3-grams (best F1 on the crawled
-#: pages, and about 6x fewer shingles per document than character n-grams).
+#: Default features per method. MinHash: ``shingle="auto"`` (word unigrams and character 4-grams for texts of
+#: fewer than 75 tokens, where one typo would remove 3 word 3-grams of 8; word 3-grams for longer ones, the best
+#: F1 on the crawled pages at a sixth of the shingles of character n-grams), chosen on the dev parts of every
+#: labelled set. The earlier default, word 3-grams for every text, is ``TextNormaliser(shingle="word", ngram=3)``.
 #: SimHash: character 4-grams, because a 64-bit fingerprint needs many features
 #: per document to be stable (word 3-grams lost on the short-text sets).
 DEFAULT_NORMALISERS = {
-    "minhash": TextNormaliser(shingle="word", ngram=3),
+    "minhash": TextNormaliser(),
     "simhash": TextNormaliser(shingle="char", ngram=4),
 }
 
@@ -78,7 +85,12 @@ class NearDupParams:
     """Every setting of near-duplicate detection; immutable and hashable.
 
     ``bands``/``rows`` default to :func:`choose_bands_rows` for ``threshold``
-    and ``num_perm``; ``normaliser`` defaults to the method's entry in
+    and ``num_perm``; given, they are kept whatever the threshold, so an index
+    built for one threshold can be queried at another without a rebuild
+    (``dataclasses.replace(params, threshold=t)`` keeps them too, and so does
+    :meth:`with_threshold`): the identity leaves the threshold out.
+    :meth:`threshold_warning` says when the threshold has gone too far below
+    what the bands were built for. ``normaliser`` defaults to the method's entry in
     :data:`DEFAULT_NORMALISERS`. ``threshold`` is a Jaccard threshold and applies to
     ``method="minhash"``; ``method="simhash"`` links documents whose
     fingerprints differ in at most ``simhash_max_distance`` bits.
@@ -86,15 +98,15 @@ class NearDupParams:
 
     method: str = "minhash"
     threshold: float = DEFAULT_THRESHOLD
-    num_perm: int = DEFAULT_NUM_PERM
-    seed: int = DEFAULT_SEED
+    num_perm: int = 128
+    seed: int = 1
     scheme: str = SCHEME
     bands: int | None = None
     rows: int | None = None
     normaliser: TextNormaliser | None = None
     simhash_max_distance: int = 3
     verify: str = "auto"
-    representative: str = DEFAULT_RULE
+    representative: str = "oldest"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -126,15 +138,101 @@ class NearDupParams:
         An index (band keys or fingerprints) built under a different identity
         must be refused. The threshold, the verification mode and the
         representative rule are left out: they only act on query results.
+        The warehouse index stores b-bit signatures and 32-bit band keys, and
+        says so.
         """
+        return self._identity(self.normaliser.identity())
+
+    def identities(self) -> tuple[str, ...]:
+        """:meth:`identity`, then the identities an index holding the same keys may carry from earlier versions.
+
+        An index stored under any of these holds exactly the keys these params make (the earlier rule
+        versions of :meth:`TextNormaliser.identities`): a warehouse may accept it instead of rebuilding.
+        """
+        return tuple(self._identity(text) for text in self.normaliser.identities())
+
+    def _identity(self, text_identity: str) -> str:
         if self.method == "minhash":
             sketch = (
                 f"method=minhash;scheme={self.scheme};hash={HASH_NAME};num_perm={self.num_perm};"
-                f"seed={self.seed};bands={self.bands};rows={self.rows};keys={KEY_SCHEME}"
+                f"seed={self.seed};bands={self.bands};rows={self.rows};keys={KEY_SCHEME_32};bits={SIGNATURE_BITS}"
             )
         else:
             sketch = f"method=simhash;hash=xxh64;bits={BITS};weights=tf;blocks={self.simhash_max_distance + 1}"
-        return f"{NEARDUP_VERSION};{sketch};{self.normaliser.identity()}"
+        return f"{NEARDUP_VERSION};{sketch};{text_identity}"
+
+    def with_threshold(self, threshold: float) -> NearDupParams:
+        """The same params (and index identity) at another threshold: ``bands``/``rows`` stay as they are."""
+        return replace(self, threshold=threshold)
+
+    def threshold_recall(self) -> float:
+        """MinHash: :func:`threshold_recall` of ``threshold`` under ``bands``/``rows`` (1.0 for SimHash)."""
+        return threshold_recall(self.threshold, self.bands, self.rows) if self.method == "minhash" else 1.0
+
+    def threshold_warning(self, min_recall: float | None = None) -> str | None:
+        """MinHash: :func:`threshold_warning` of ``threshold`` under ``bands``/``rows``; None for SimHash."""
+        if self.method != "minhash":
+            return None
+        return threshold_warning(
+            self.threshold, self.bands, self.rows, MIN_THRESHOLD_RECALL if min_recall is None else min_recall
+        )
+
+    def as_dict(self) -> dict:
+        """Every setting as plain JSON data (:meth:`from_dict` reads it back)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "normaliser"}
+        return {**values, "normaliser": {f.name: getattr(self.normaliser, f.name) for f in fields(self.normaliser)}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> NearDupParams:
+        values = dict(data)
+        normaliser = values.pop("normaliser", None)
+        return cls(**values, normaliser=TextNormaliser(**normaliser) if normaliser else None)
+
+
+#: :func:`threshold_warning` warns when fewer pairs at the threshold than this become candidates.
+MIN_THRESHOLD_RECALL = 0.9
+
+
+def threshold_recall(threshold: float, bands: int, rows: int) -> float:
+    """Probability that a pair whose Jaccard is exactly ``threshold`` becomes a candidate (shares a band).
+
+    :func:`~dedup_pipeline.core.lsh.candidate_probability` at the threshold: pairs above it fare better, so
+    this is the worst recall banding allows among the pairs verification would keep.
+    """
+    return candidate_probability(threshold, bands, rows)
+
+
+def lowest_threshold(bands: int, rows: int, min_recall: float = MIN_THRESHOLD_RECALL) -> float:
+    """The least threshold at which banding still makes candidates of ``min_recall`` of the pairs at it.
+
+    Solves ``1 - (1 - s**rows)**bands = min_recall`` for ``s``.
+    """
+    if not 0.0 < min_recall < 1.0:
+        raise ValueError("min_recall must be in (0, 1)")
+    return float((1.0 - (1.0 - min_recall) ** (1.0 / bands)) ** (1.0 / rows))
+
+
+def threshold_warning(threshold: float, bands: int, rows: int, min_recall: float = MIN_THRESHOLD_RECALL) -> str | None:
+    """A warning when ``threshold`` is too far below what ``bands``/``rows`` were built for, else None.
+
+    Far means: a pair at exactly the threshold becomes a candidate with probability below ``min_recall``,
+    so verification never sees many of the pairs it would keep. A threshold above the one the bands were
+    built for loses nothing (it only verifies more candidates than it needs) and gets no warning.
+    """
+    recall = threshold_recall(threshold, bands, rows)
+    if recall >= min_recall:
+        return None
+    return (
+        f"threshold {threshold:g} is too low for an index of {bands} bands of {rows} rows: a pair at Jaccard "
+        f"{threshold:g} becomes a candidate with probability {recall:.3f} (< {min_recall:g}); use a threshold of "
+        f"at least {lowest_threshold(bands, rows, min_recall):.3f}, or rebuild the index with the bands and rows "
+        f"chosen for {threshold:g} (choose_bands_rows)"
+    )
+
+
+def near_text(payload: Mapping) -> str:
+    """The text of a record compared for near duplicates: its title and description."""
+    return " ".join(str(payload[f]) for f in TEXT_FIELDS if payload.get(f))
 
 
 def shingle_texts(texts: Sequence[str], normaliser: TextNormaliser) -> list[list[bytes]]:
@@ -148,6 +246,7 @@ def verify_pairs(
     right: np.ndarray,
     params: NearDupParams,
     shingles: Sequence[Sequence[bytes]] | Callable[[np.ndarray], Mapping[int, Sequence[bytes]]] | None = None,
+    estimates: np.ndarray | None = None,
 ) -> list[Link]:
     """Keep the candidate pairs whose similarity reaches ``params.threshold``.
 
@@ -159,19 +258,23 @@ def verify_pairs(
     Jaccard. ``shingles`` (needed unless ``"estimate"``) is indexed by row,
     or is a function from the rows needed to their shingles, so a caller can
     load only those. Pairs involving an empty document never pass.
+    ``estimates`` replaces the estimated Jaccard of ``signatures`` (the
+    warehouse passes those of its b-bit signatures, :func:`~dedup_pipeline.core.minhash.bbit_jaccard_pairs`).
     """
     left = np.asarray(left, dtype=np.int64)
     right = np.asarray(right, dtype=np.int64)
     if params.verify == "exact":
         sims = _exact_jaccard(left, right, _shingles_of(shingles, left, right))
     else:
-        sims = estimated_jaccard_pairs(signatures, left, right)
+        sims = (
+            estimated_jaccard_pairs(signatures, left, right) if estimates is None else np.array(estimates, dtype=float)
+        )
         if params.verify == "auto":
             t = params.threshold
             unsure = np.flatnonzero(np.abs(sims - t) < UNSURE_STANDARD_ERRORS * np.sqrt(t * (1 - t) / params.num_perm))
             if unsure.size:
-                lhs, rhs = left[unsure], right[unsure]
-                sims[unsure] = _exact_jaccard(lhs, rhs, _shingles_of(shingles, lhs, rhs))
+                lo, hi = left[unsure], right[unsure]
+                sims[unsure] = _exact_jaccard(lo, hi, _shingles_of(shingles, lo, hi))
     keep = sims >= params.threshold
     return list(zip(left[keep].tolist(), right[keep].tolist(), sims[keep].tolist()))
 
@@ -227,6 +330,22 @@ def near_duplicate_links(texts: Sequence[str], params: NearDupParams | None = No
         return simhash_links(shingles, params)
     signatures = minhash_signatures(shingles, params.num_perm, params.seed)
     return minhash_links(signatures, params, shingles)
+
+
+def to_lean_minhashes(texts: Sequence[str], params: NearDupParams | None = None) -> list[LeanMinHash]:
+    """A ``datasketch.LeanMinHash`` per text under ``params`` (MinHash), for datasketch's own indexes.
+
+    The signatures are those the near-duplicate rung computes (:func:`minhash_signatures_from_texts`):
+    equal to ``datasketch.MinHash(num_perm, seed=seed, scheme="affine32", hashfunc=xxhash.xxh32_intdigest)``
+    updated with ``params.normaliser.shingle_bytes(text)``, so they can go into ``MinHashLSH``,
+    ``MinHashLSHForest`` or ``MinHashLSHEnsemble`` beside sketches datasketch made itself. An empty text gives
+    datasketch's empty sketch.
+    """
+    params = params or NearDupParams()
+    if params.method != "minhash":
+        raise ValueError("LeanMinHash sketches need method='minhash'")
+    signatures = minhash_signatures_from_texts(texts, params.normaliser, params.num_perm, params.seed)
+    return [to_lean_minhash(signature, params.seed) for signature in signatures]
 
 
 def make_params(threshold: float = DEFAULT_THRESHOLD, method: str = "minhash", **options) -> NearDupParams:

@@ -23,6 +23,15 @@ of the normalised text (spaces included). A non-empty document shorter than
 the n-gram size yields exactly one shingle, its whole normalised text; an
 empty document (or one that normalises to nothing) yields no shingle at all,
 so empty documents never share a shingle with anything.
+
+``shingle="auto"`` (the default) chooses by the document's length: a text of
+fewer than ``short_below`` tokens (after normalisation) is shingled as its word
+``short_words``-grams followed by its character ``short_chars``-grams, one set
+of both (a size of 0 leaves that kind out); a longer text as its word
+``ngram``-grams. One typo in a 10-token record removes 3 of its 8 word 3-grams,
+but only 1 of 10 words and about 4 of 50 character 4-grams; a long text has
+words enough for 3-grams, which keep distinct texts on one topic apart and cost
+a sixth of the shingles of character n-grams.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -39,11 +48,15 @@ import numpy as np
 #: Version of the rule *implementations* below. Bump it (``text/2``...) when
 #: the code of a rule changes what it outputs for some input; the golden test
 #: in ``test_text.py`` fails when that happens without a bump.
-RULES_VERSION = "text/1"
+RULES_VERSION = "text/2"
+
+#: The version before ``shingle="auto"``: its rules 1-5 and its word and char shingles are those of today, so an
+#: identity under it names the same shingles as today's (see :meth:`TextNormaliser.identities`).
+PREVIOUS_RULES_VERSION = "text/1"
 
 _UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
 _DIGIT_POLICIES = ("keep", "mask")
-_SHINGLE_KINDS = ("word", "char")
+_SHINGLE_KINDS = ("word", "char", "auto")
 
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _DIGIT = re.compile(r"\d")
@@ -80,6 +93,54 @@ def _ascii_spacing_table(casefold: bool, digits: str, strip_punctuation: bool) -
     return bytes(table)
 
 
+#: Joins texts that the rules then process as one string (see TextNormaliser._non_ascii_bytes).
+_SEPARATOR = "\x1f"
+_SEPARATOR_BYTE = _SEPARATOR.encode()
+_BEYOND_BMP = re.compile(rb"[\xf0-\xf7]")
+
+
+@lru_cache(maxsize=1)
+def _bmp_alnum() -> np.ndarray:
+    """One flag per BMP code point: is it alphanumeric (``str.isalnum``, which is what re's ``\\w`` is, but ``_``)?"""
+    return np.frombuffer(bytes(chr(c).isalnum() for c in range(0x10000)), dtype=np.uint8)
+
+
+@lru_cache(maxsize=1)
+def _separator_table() -> np.ndarray:
+    """Rule 4 for ASCII bytes (after casefolding): letters and digits stay, the separator stays, all else is a space."""
+    table = np.full(128, 0x20, dtype=np.uint8)
+    for c in range(128):
+        if chr(c).isalnum():
+            table[c] = c
+    table[ord(_SEPARATOR)] = ord(_SEPARATOR)
+    return table
+
+
+@lru_cache(maxsize=1)
+def _ascii_strip_table() -> np.ndarray:
+    table = _separator_table().copy()
+    table[ord(_SEPARATOR)] = 0x20
+    return table
+
+
+def _in_bmp(data: bytes) -> bool:
+    """Is this UTF-8 free of four-byte characters (code points beyond U+FFFF)?"""
+    return not _BEYOND_BMP.search(data)
+
+
+def _strip_non_alnum(text: str) -> str:
+    """Rule 4 for non-ASCII text: every run of characters that are neither letters nor digits becomes a space.
+
+    The same as ``re.sub(r"[\\W_]+", " ", text)`` up to the length of the runs (rule 5 collapses them anyway).
+    """
+    data = text.encode("utf-8", "surrogatepass")
+    if not _in_bmp(data):
+        return _NOT_ALNUM.sub(" ", text)
+    from dedup_pipeline.core.xxh32 import spaces_for_non_alnum
+
+    return spaces_for_non_alnum(data, _ascii_strip_table(), _bmp_alnum()).decode("utf-8", "surrogatepass")
+
+
 #: Marks where one text ends in a buffer of many: a byte that UTF-8 never uses.
 _TEXT_END = b"\xff"
 
@@ -102,16 +163,23 @@ class ShingleSpans:
 class TextNormaliser:
     """Normalisation and shingling rules; immutable and hashable.
 
-    The defaults (word 3-grams) were chosen on the quality data, see
-    ``benchmarks/neardup_quality.py``.
+    The defaults (``shingle="auto"``: word unigrams and character 4-grams for
+    texts of fewer than 75 tokens, word 3-grams for longer ones) were chosen
+    on the quality data, see ``benchmarks/neardup_quality.py --sweep``.
+    ``TextNormaliser(shingle="word", ngram=3)`` is the earlier default, shingle
+    for shingle. ``short_below``, ``short_words`` and ``short_chars`` only act
+    under ``shingle="auto"``.
     """
 
     unicode_form: str = "NFKC"
     casefold: bool = True
     strip_punctuation: bool = True
     digits: str = "keep"
-    shingle: str = "word"
+    shingle: str = "auto"
     ngram: int = 3
+    short_below: int = 75
+    short_words: int = 1
+    short_chars: int = 4
 
     version: ClassVar[str] = RULES_VERSION
 
@@ -122,47 +190,109 @@ class TextNormaliser:
             raise ValueError(f"digits must be one of {_DIGIT_POLICIES}, got {self.digits!r}")
         if self.shingle not in _SHINGLE_KINDS:
             raise ValueError(f"shingle must be one of {_SHINGLE_KINDS}, got {self.shingle!r}")
-        if not isinstance(self.ngram, int) or self.ngram < 1:
-            raise ValueError(f"ngram must be a positive int, got {self.ngram!r}")
+        for name in ("ngram", "short_below", "short_words", "short_chars"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "ngram" else 0):
+                raise ValueError(
+                    f"{name} must be a {'positive' if name == 'ngram' else 'non-negative'} int, got {value!r}"
+                )
+        if self.shingle == "auto" and self.short_below and not (self.short_words or self.short_chars):
+            raise ValueError("shingle='auto' needs short_words or short_chars for texts shorter than short_below")
 
     def identity(self) -> str:
-        """A stable string naming the rule version and every setting."""
-        return (
-            f"{self.version};unicode={self.unicode_form};casefold={int(self.casefold)};"
+        """A stable string naming the rule version and every setting that shapes the shingles."""
+        return self._identity(self.version)
+
+    def identities(self) -> tuple[str, ...]:
+        """:meth:`identity`, then the identities that earlier rule versions gave these same shingles.
+
+        Under ``text/1`` and ``text/2`` the word and char kinds are one rule, so an index built under the
+        ``text/1`` identity of a word or char normaliser holds the keys this one makes; ``shingle="auto"``
+        is new in ``text/2`` and has no earlier name.
+        """
+        if self.shingle == "auto":
+            return (self.identity(),)
+        return self.identity(), self._identity(PREVIOUS_RULES_VERSION)
+
+    def _identity(self, version: str) -> str:
+        identity = (
+            f"{version};unicode={self.unicode_form};casefold={int(self.casefold)};"
             f"punct={'strip' if self.strip_punctuation else 'keep'};digits={self.digits};"
             f"shingle={self.shingle};n={self.ngram}"
         )
+        if self.shingle == "auto":
+            identity += f";short_below={self.short_below};short_words={self.short_words};short_chars={self.short_chars}"
+        return identity
 
     def _apply_rules(self, text: str) -> str:
         """Rules 1-4; whitespace is not collapsed yet."""
+        text = self._rules_1_to_3(text)
+        if self.strip_punctuation:
+            text = text.translate(_ASCII_NOT_ALNUM) if text.isascii() else _strip_non_alnum(text)
+        return text
+
+    def _rules_1_to_3(self, text: str) -> str:
         if self.unicode_form != "none":
             text = unicodedata.normalize(self.unicode_form, text)
         if self.casefold:
             text = text.casefold()
         if self.digits == "mask":
             text = _DIGIT.sub("0", text)
-        if self.strip_punctuation:
-            text = text.translate(_ASCII_NOT_ALNUM) if text.isascii() else _NOT_ALNUM.sub(" ", text)
         return text
+
+    def _non_ascii_bytes(self, texts: list[str]) -> list[bytes]:
+        """Rules 1-4 of many non-ASCII texts, as UTF-8 (whitespace not collapsed).
+
+        Rules 1-3 run per text (the normalisation's quick check makes most of
+        them free); rule 4 runs compiled over all of them at once, joined by a
+        separator it leaves alone. A text holding the separator itself, or a
+        character beyond the BMP, takes rule 4 on its own.
+        """
+        from dedup_pipeline.core.xxh32 import spaces_for_non_alnum
+
+        if not self.strip_punctuation:  # rule 5 must see Unicode whitespace, which only str.split knows
+            return [self.normalise(t).encode("utf-8", "surrogatepass") for t in texts]
+        done = [self._rules_1_to_3(t).encode("utf-8", "surrogatepass") for t in texts]
+        alone = {i for i, data in enumerate(done) if _SEPARATOR_BYTE in data or not _in_bmp(data)}
+        together = [data for i, data in enumerate(done) if i not in alone]
+        if together:
+            stripped = iter(
+                spaces_for_non_alnum(_SEPARATOR_BYTE.join(together), _separator_table(), _bmp_alnum()).split(
+                    _SEPARATOR_BYTE
+                )
+            )
+        return [
+            _strip_non_alnum(data.decode("utf-8", "surrogatepass")).encode("utf-8", "surrogatepass")
+            if i in alone
+            else next(stripped)
+            for i, data in enumerate(done)
+        ]
 
     def normalise(self, text: str) -> str:
         """Apply rules 1-5 and return the normalised text."""
         return " ".join(self._apply_rules(text).split())
 
+    def _kinds(self, tokens: int) -> tuple[tuple[str, int], ...]:
+        """The shingle kinds and sizes of a non-empty text of this many tokens, in the order they are emitted."""
+        if self.shingle != "auto":
+            return ((self.shingle, self.ngram),)
+        if tokens >= self.short_below:
+            return (("word", self.ngram),)
+        return tuple((kind, n) for kind, n in (("word", self.short_words), ("char", self.short_chars)) if n)
+
     def shingles(self, text: str) -> list[str]:
-        """Shingles of ``text`` in document order (duplicates kept)."""
+        """Shingles of ``text`` in document order (duplicates kept); under ``"auto"``, word shingles first."""
         norm = self.normalise(text)
         if not norm:
             return []
-        n = self.ngram
-        if self.shingle == "word":
-            tokens = norm.split(" ")
-            if len(tokens) <= n:
-                return [norm]
-            return list(map(" ".join, zip(*(tokens[i:] for i in range(n)))))
-        if len(norm) <= n:
-            return [norm]
-        return [norm[i : i + n] for i in range(len(norm) - n + 1)]
+        tokens = norm.split(" ")
+        out: list[str] = []
+        for kind, n in self._kinds(len(tokens)):
+            if kind == "word":
+                out += [norm] if len(tokens) <= n else list(map(" ".join, zip(*(tokens[i:] for i in range(n)))))
+            else:
+                out += [norm] if len(norm) <= n else [norm[i : i + n] for i in range(len(norm) - n + 1)]
+        return out
 
     def shingle_bytes(self, text: str) -> list[bytes]:
         """``[s.encode("utf-8") for s in self.shingles(text)]``, computed faster.
@@ -174,18 +304,20 @@ class TextNormaliser:
         data = self.normalised_bytes(text)
         if not data:
             return []
-        n = self.ngram
-        if self.shingle == "word":
-            tokens = data.split(b" ")
-            if len(tokens) <= n:
-                return [data]
-            return list(map(b" ".join, zip(*(tokens[i:] for i in range(n)))))
-        norm = data.decode("utf-8")
-        if len(norm) <= n:
-            return [data]
-        if len(data) == len(norm):  # ASCII: character and byte offsets agree
-            return [data[i : i + n] for i in range(len(data) - n + 1)]
-        return [norm[i : i + n].encode("utf-8") for i in range(len(norm) - n + 1)]
+        tokens = data.split(b" ")
+        out: list[bytes] = []
+        for kind, n in self._kinds(len(tokens)):
+            if kind == "word":
+                out += [data] if len(tokens) <= n else list(map(b" ".join, zip(*(tokens[i:] for i in range(n)))))
+                continue
+            norm = data.decode("utf-8")
+            if len(norm) <= n:
+                out.append(data)
+            elif len(data) == len(norm):  # ASCII: character and byte offsets agree
+                out += [data[i : i + n] for i in range(len(data) - n + 1)]
+            else:
+                out += [norm[i : i + n].encode("utf-8") for i in range(len(norm) - n + 1)]
+        return out
 
     def normalised_bytes(self, text: str) -> bytes:
         """``normalise(text).encode("utf-8")``; ASCII text takes one byte-table pass instead of rules 1-4."""
@@ -210,9 +342,9 @@ class TextNormaliser:
         if not texts:
             return b"", np.zeros(0, dtype=np.int64)
         table = _ascii_spacing_table(self.casefold, self.digits, self.strip_punctuation)
+        others = iter(self._non_ascii_bytes([text for text in texts if not text.isascii()]))
         joined = _TEXT_END.join(
-            text.encode("ascii").translate(table) if text.isascii() else self.normalise(text).encode("utf-8")
-            for text in texts
+            text.encode("ascii").translate(table) if text.isascii() else next(others) for text in texts
         )
         data = np.frombuffer(joined, dtype=np.uint8)
         not_space = data != 0x20
@@ -233,26 +365,65 @@ class TextNormaliser:
         n-gram of normalised text is one contiguous run of it (its tokens are
         one space apart), and a character n-gram too. Only the normalisation
         runs per text; the slicing is a few numpy passes over the whole buffer.
+        Under ``"auto"`` each text's kinds are chosen from its token count, and
+        the kinds' spans are merged into text order by one stable sort.
         """
         buffer, sizes = self.normalised_buffer(texts)
         data = np.frombuffer(buffer, dtype=np.uint8)
         doc_starts = np.cumsum(sizes + 1) - (sizes + 1)
-        if self.shingle == "word":  # units are tokens; the separators are spaces like any other
-            spaces = np.flatnonzero(data == 0x20)
-            unit_starts = np.concatenate(([0], spaces + 1))
-            unit_ends = np.concatenate((spaces, [len(data)]))
-            keep = unit_ends > unit_starts  # empty texts leave empty tokens
-        else:  # units are characters: UTF-8 lead bytes; the separators are not part of any text
-            unit_starts = np.flatnonzero((data & 0xC0) != 0x80)
-            unit_ends = np.concatenate((unit_starts[1:], [len(data)]))
-            keep = np.ones(unit_starts.size, dtype=bool)
-            keep[np.searchsorted(unit_starts, doc_starts[1:] - 1)] = False
-        unit_starts, unit_ends = unit_starts[keep], unit_ends[keep]
-        units = np.bincount(np.searchsorted(doc_starts, unit_starts, side="right") - 1, minlength=len(sizes))
-        n = self.ngram
-        counts = np.where(units > n, units - n + 1, units > 0).astype(np.int64)
-        first_unit = np.repeat(np.cumsum(units) - units, counts)
-        first_unit += np.arange(first_unit.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        last_unit = first_unit + np.repeat(np.minimum(units, n), counts) - 1
-        starts = unit_starts[first_unit]
-        return ShingleSpans(buffer, starts, unit_ends[last_unit] - starts, counts)
+        words = _units(data, doc_starts, "word") if self.shingle != "char" else None
+        if self.shingle != "auto":
+            units = words if words is not None else _units(data, doc_starts, "char")
+            starts, lengths, counts = _gram_spans(*units, self.ngram, None)
+            return ShingleSpans(buffer, starts, lengths, counts)
+        short = words[2] < self.short_below
+        parts = [_gram_spans(*words, self.ngram, ~short)]
+        if short.any():
+            if self.short_words:
+                parts.append(_gram_spans(*words, self.short_words, short))
+            if self.short_chars:
+                parts.append(_gram_spans(*_units(data, doc_starts, "char"), self.short_chars, short))
+        counts = sum(part[2] for part in parts)
+        if len(parts) == 1:
+            return ShingleSpans(buffer, parts[0][0], parts[0][1], counts)
+        # Each part lists its texts' spans in text order: a stable sort by text interleaves them, part by part.
+        text_of = np.concatenate([np.repeat(np.arange(counts.size), part[2]) for part in parts])
+        order = np.argsort(text_of, kind="stable")
+        starts = np.concatenate([part[0] for part in parts])[order]
+        lengths = np.concatenate([part[1] for part in parts])[order]
+        return ShingleSpans(buffer, starts, lengths, counts)
+
+
+def _units(data: np.ndarray, doc_starts: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each token (``"word"``) or character (``"char"``) of a normalised buffer starts and ends, and how many
+    each text has."""
+    if kind == "word":  # the separators are spaces like any other
+        spaces = np.flatnonzero(data == 0x20)
+        unit_starts = np.concatenate(([0], spaces + 1))
+        unit_ends = np.concatenate((spaces, [len(data)]))
+        keep = unit_ends > unit_starts  # empty texts leave empty tokens
+    else:  # UTF-8 lead bytes; the separators are not part of any text
+        unit_starts = np.flatnonzero((data & 0xC0) != 0x80)
+        unit_ends = np.concatenate((unit_starts[1:], [len(data)]))
+        keep = np.ones(unit_starts.size, dtype=bool)
+        keep[np.searchsorted(unit_starts, doc_starts[1:] - 1)] = False
+    unit_starts, unit_ends = unit_starts[keep], unit_ends[keep]
+    per_text = np.bincount(np.searchsorted(doc_starts, unit_starts, side="right") - 1, minlength=len(doc_starts))
+    return unit_starts, unit_ends, per_text
+
+
+def _gram_spans(
+    unit_starts: np.ndarray, unit_ends: np.ndarray, units: np.ndarray, n: int, take: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Starts and lengths of the n-grams of units of the texts that ``take`` flags (all when None), and their counts.
+
+    A text of ``u`` units has ``u - n + 1`` n-grams, or one (all of it) when ``0 < u <= n``.
+    """
+    counts = np.where(units > n, units - n + 1, units > 0).astype(np.int64)
+    if take is not None:
+        counts[~take] = 0
+    first_unit = np.repeat(np.cumsum(units) - units, counts)
+    first_unit += np.arange(first_unit.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    last_unit = first_unit + np.repeat(np.minimum(units, n), counts) - 1
+    starts = unit_starts[first_unit]
+    return starts, unit_ends[last_unit] - starts, counts

@@ -152,3 +152,46 @@ def xxh32_slices(buffer: bytes, starts: np.ndarray, lengths: np.ndarray, seed: i
     if starts.size:
         _xxh32_each(np.frombuffer(buffer, dtype=np.uint8), starts, lengths, seed, out)
     return out
+
+
+@_compiled()
+def _spaces_for_non_alnum(data, ascii_table, alnum, out):
+    """Copy UTF-8 ``data`` to ``out``, each character that is not alphanumeric replaced by a space; return the length.
+
+    ASCII bytes go through ``ascii_table``; a character of two or three bytes is kept when ``alnum`` (one flag
+    per BMP code point) says so. The caller sends only text of the BMP (no four-byte characters).
+    """
+    o = 0
+    i = 0
+    n = data.size
+    while i < n:
+        b = data[i]
+        if b < 0x80:
+            out[o] = ascii_table[b]
+            o += 1
+            i += 1
+            continue
+        if b < 0xE0:
+            width = 2
+            code = ((np.int64(b) & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+        else:
+            width = 3
+            code = ((np.int64(b) & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+        if alnum[code]:
+            for k in range(width):
+                out[o + k] = data[i + k]
+            o += width
+        else:
+            out[o] = 0x20
+            o += 1
+        i += width
+    return o
+
+
+def spaces_for_non_alnum(data: bytes, ascii_table: np.ndarray, alnum: np.ndarray) -> bytes:
+    """:func:`_spaces_for_non_alnum` of the UTF-8 bytes of BMP text (see core.text for the tables)."""
+    source = np.frombuffer(data, dtype=np.uint8)
+    if source.size and source.max() >= 0xF0:
+        raise ValueError("text outside the BMP")  # the kernel decodes at most three bytes a character
+    out = np.empty(source.size, dtype=np.uint8)
+    return out[: _spaces_for_non_alnum(source, ascii_table, alnum, out)].tobytes()

@@ -134,18 +134,20 @@ def near_duplicate_clusters(
     """Near-duplicate clusters over the title and description of the batch's survivors, MinHash + LSH (or SimHash)
     against every earlier batch: pairs in `near_duplicate_links`, clusters in `near_duplicate_clusters`, the
     records all kept. Read `sketched`, `candidate_pairs` -> `pairs`, `near_duplicates`, `largest_cluster`,
-    `capped_buckets`, the `largest_clusters` preview and the `funnel` of the whole ladder. Check:
+    `capped_records`, the `largest_clusters` preview and the `funnel` of the whole ladder. Check:
     `no_runaway_cluster` (blocks).
 
     See docs/near.md.
     """
     with retried_only_if_transient():
         report = cluster_batch(warehouse.get(), context.partition_key, near_dup.settings(), context.run.run_id)
-    if report.capped_buckets:
+    if report.capped:
         context.log.warning(
-            f"{len(report.capped_buckets)} LSH bucket(s) held more than {near_dup.max_bucket_size} records "
-            "(boilerplate?): their records met only the oldest members of those buckets"
+            f"{len(report.capped)} record(s) met more than {near_dup.max_candidates} records sharing a band with them "
+            "(boilerplate?): they met only the first stored"
         )
+    if report.threshold_warning:
+        context.log.warning(report.threshold_warning)
     figures = ladder_figures(warehouse.get(), context.partition_key, report.clusters)
     return dg.MaterializeResult(metadata={**report.as_metadata(), **figures})
 

@@ -99,9 +99,16 @@ class NearDupResource(dg.ConfigurableResource):
         default=NearDupParams.threshold, description="Estimated Jaccard similarity that links two records."
     )
     num_perm: int = Field(default=NearDupParams.num_perm, description="MinHash permutations.")
+    bands: Optional[int] = Field(
+        default=None,
+        description="MinHash LSH bands (with rows); empty means the index's, or for a new index the ones chosen for "
+        "the threshold. A threshold far below the one the bands were built for loses candidates (a warning says so).",
+    )
+    rows: Optional[int] = Field(default=None, description="MinHash LSH rows per band (with bands).")
     shingle: Optional[str] = Field(
         default=None,
-        description="'word' or 'char' n-grams; empty means the method's default (MinHash word, SimHash char).",
+        description="'auto' (by the text's length), 'word' or 'char' n-grams; empty means the method's default "
+        "(MinHash auto, SimHash char).",
     )
     ngram: Optional[int] = Field(
         default=None, description="n-gram size; empty means the method's default (MinHash 3, SimHash 4)."
@@ -118,9 +125,13 @@ class NearDupResource(dg.ConfigurableResource):
         default=NearDupParams.representative, description="Cluster representative: 'oldest' or 'longest'."
     )
     chunk_size: int = Field(default=NearSettings.chunk_size, description="Records sketched and linked per transaction.")
-    max_bucket_size: Optional[int] = Field(
-        default=NearSettings.max_bucket_size,
-        description="A record meets at most this many (oldest) members of each LSH bucket; empty means no cap.",
+    max_candidates: Optional[int] = Field(
+        default=NearSettings.max_candidates,
+        description="A record meets at most this many (first stored) records sharing a band with it; empty: no cap.",
+    )
+    max_links: int = Field(
+        default=NearSettings.max_links,
+        description="Links a record keeps: to its nearest earlier-landed near duplicates.",
     )
     max_cluster_share: float = Field(
         default=NearSettings.max_cluster_share,
@@ -132,7 +143,11 @@ class NearDupResource(dg.ConfigurableResource):
     )
 
     def params(self) -> NearDupParams:
-        text = {k: v for k, v in (("shingle", self.shingle), ("ngram", self.ngram)) if v is not None}
+        given = {
+            k: v
+            for k, v in (("shingle", self.shingle), ("ngram", self.ngram), ("bands", self.bands), ("rows", self.rows))
+            if v is not None
+        }
         return make_params(
             self.threshold,
             self.method,
@@ -140,14 +155,16 @@ class NearDupResource(dg.ConfigurableResource):
             simhash_max_distance=self.simhash_max_distance,
             verify=self.verify,
             representative=self.representative,
-            **text,
+            **given,
         )
 
     def settings(self) -> NearSettings:
         return NearSettings(
             params=self.params(),
             chunk_size=self.chunk_size,
-            max_bucket_size=self.max_bucket_size,
+            max_candidates=self.max_candidates,
+            max_links=self.max_links,
+            bands_from_index=self.bands is None,
             max_cluster_share=self.max_cluster_share,
             min_records_for_cluster_check=self.min_records_for_cluster_check,
         )

@@ -1,12 +1,15 @@
 """Rung 4: near-duplicate clusters over the survivors of the exact rung, incremental and persistent.
 
 Each chunk of the batch's new or changed records is sketched (MinHash or
-SimHash) outside any transaction. Then, in one transaction per chunk, under
-a lock that serialises this short database part between workers: the
-sketches and LSH buckets are stored, candidates from every earlier batch are
-found by a bucket join, verified, linked, and the touched clusters are
-recomputed. A crash leaves either the whole chunk or nothing, and a re-run
-picks up exactly the records whose sketch is missing or stale.
+SimHash) outside any transaction. A first transaction stores the chunk's
+index rows and commits, so that every worker querying after it sees them; a
+second finds the chunk's candidates in the whole index with one statement,
+verifies them, links each record to its nearest earlier near duplicates and
+merges the clusters they join (`store.near_graph`), locking only the rows
+and clusters it changes. A crash between the two leaves rows marked not
+linked, which a re-run picks up with the records whose sketch is missing or
+stale. A record whose content changed but whose text did not (a new price)
+keeps its sketch, links and cluster.
 """
 
 from __future__ import annotations
@@ -17,43 +20,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from sqlalchemy.exc import OperationalError
 
-from dedup_pipeline.core.lsh import band_keys
-from dedup_pipeline.core.minhash import (
-    empty_mask,
-    minhash_signatures_from_texts,
-    signature_from_bytes,
-    signature_to_bytes,
-)
-from dedup_pipeline.core.near import NearDupParams, verify_pairs
-from dedup_pipeline.core.records import TEXT_FIELDS
-from dedup_pipeline.core.simhash import block_bounds, hamming_distance, simhash_fingerprints
+from dedup_pipeline.core.lsh import band_keys, fold_to_int32
+from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, pack_bbit
+from dedup_pipeline.core.near import NearDupParams, near_text
+from dedup_pipeline.core.simhash import block_bounds, simhash_fingerprints
 from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.store import near as index
+from dedup_pipeline.store import near_graph as graph
 from dedup_pipeline.store.schema import near_rung_runs
+from dedup_pipeline.store.tombstones import lock_for_ingestion
 from dedup_pipeline.store.warehouse import Warehouse, analyze_grown, record_rung_run
-
-
-def near_text(payload: dict) -> str:
-    """The text compared for near duplicates: title and description."""
-    return " ".join(str(payload[f]) for f in TEXT_FIELDS if payload.get(f))
 
 
 @dataclass
 class Sketches:
-    """Per record: the stored sketch bytes, LSH bucket keys (one per band) and whether it can be indexed."""
+    """Per record: the compact signature stored, its band keys (int32, one per band) and whether it can be indexed."""
 
-    blobs: list[bytes]
-    buckets: np.ndarray
-    indexable: np.ndarray
-
-    def subset(self, positions: Sequence[int]) -> Sketches:
-        """The sketches of the records at `positions`, in that order."""
-        return Sketches([self.blobs[i] for i in positions], self.buckets[positions], self.indexable[positions])
+    signatures: np.ndarray  # (n, width) uint8
+    keys: np.ndarray  # (n, bands) int32
+    indexable: np.ndarray  # bool
 
 
 def sketch(texts: Sequence[str], params: NearDupParams) -> Sketches:
-    """MinHash signatures and their band keys, or SimHash fingerprints and their pigeonhole blocks."""
+    """b-bit MinHash signatures and their band keys, or SimHash fingerprints and their pigeonhole blocks."""
     if params.method == "simhash":
         shingles = [params.normaliser.shingle_bytes(t) for t in texts]
         fingerprints = simhash_fingerprints(shingles)
@@ -61,29 +52,16 @@ def sketch(texts: Sequence[str], params: NearDupParams) -> Sketches:
             ((fingerprints >> np.uint64(low)) & np.uint64((1 << width) - 1)).astype(np.int64)
             for low, width in block_bounds(params.simhash_max_distance)
         ]
-        buckets = np.stack(blocks, axis=1) if texts else np.empty((0, len(blocks)), dtype=np.int64)
-        blobs = [int(fp).to_bytes(8, "little") for fp in fingerprints]
-        return Sketches(blobs, buckets, np.array([len(s) > 0 for s in shingles], dtype=bool))
+        keys = np.stack(blocks, axis=1) if texts else np.empty((0, len(blocks)), dtype=np.int64)
+        return Sketches(
+            fingerprints.astype("<u8").view(np.uint8).reshape(len(texts), 8),
+            fold_to_int32(keys),
+            np.array([len(s) > 0 for s in shingles], dtype=bool),
+        )
     signatures = minhash_signatures_from_texts(texts, params.normaliser, params.num_perm, params.seed)
     return Sketches(
-        [signature_to_bytes(sig) for sig in signatures],
-        band_keys(signatures, params.bands, params.rows),
-        ~empty_mask(signatures),
+        pack_bbit(signatures), fold_to_int32(band_keys(signatures, params.bands, params.rows)), ~empty_mask(signatures)
     )
-
-
-def verified_similarity(blob_a: bytes, blob_b: bytes, params: NearDupParams) -> float | None:
-    """The similarity of two stored sketches if they are near duplicates, else None.
-
-    MinHash: estimated Jaccard, at least the threshold. SimHash: 1 - Hamming/64,
-    with at most `simhash_max_distance` differing bits.
-    """
-    if params.method == "simhash":
-        distance = hamming_distance(int.from_bytes(blob_a, "little"), int.from_bytes(blob_b, "little"))
-        return 1.0 - distance / 64 if distance <= params.simhash_max_distance else None
-    a, b = signature_from_bytes(blob_a), signature_from_bytes(blob_b)
-    score = float(np.count_nonzero(a == b)) / a.size
-    return score if score >= params.threshold else None
 
 
 @dataclass
@@ -91,13 +69,18 @@ class NearReport:
     batch_id: str
     method: str
     verify: str = "auto"
-    max_bucket_size: int | None = None
+    max_candidates: int | None = None
     sketched: int = 0
+    kept_sketches: int = 0  # records with new content and the same text: their sketch, links and cluster stay
     candidate_pairs: int = 0
     pairs: int = 0
-    capped_buckets: set = field(default_factory=set)  # (band, bucket) keys whose candidates were capped
+    capped: set = field(default_factory=set)  # records of the batch that met `max_candidates` others (boilerplate?)
     near_duplicates: set = field(default_factory=set)
     clusters: dict = field(default_factory=dict)  # cluster id -> size, for clusters this batch touched
+    chunk_retries: int = 0
+    threshold: float = 0.0
+    bands_rows: tuple = ()
+    threshold_warning: str | None = None  # the threshold is too far below the one the bands were built for
 
     def as_metadata(self) -> dict:
         """Figures for the asset (ids and counts only). The largest clusters table comes from `defs.plots`."""
@@ -107,109 +90,181 @@ class NearReport:
             "method": self.method,
             "verify": self.verify,
             "sketched": self.sketched,
+            "kept_sketches": self.kept_sketches,
             "candidate_pairs": self.candidate_pairs,
             "pairs": self.pairs,
             "near_duplicates": len(self.near_duplicates),
             "clusters_touched": len(self.clusters),
             "largest_cluster": max(self.clusters.values(), default=0),
             "cluster_sizes": {str(size): count for size, count in sorted(sizes.items())},
-            "max_bucket_size": self.max_bucket_size if self.max_bucket_size is not None else "none",
-            "capped_buckets": len(self.capped_buckets),
-            "capped_bucket_keys": [
-                f"{band}:{bucket}" for band, bucket in sorted(self.capped_buckets)[:CAPPED_KEYS_SHOWN]
-            ],
+            "max_candidates": self.max_candidates if self.max_candidates is not None else "none",
+            "capped_records": len(self.capped),
+            "capped_record_ids": sorted(self.capped)[:CAPPED_SHOWN],
+            "chunk_retries": self.chunk_retries,
+            "threshold": self.threshold,
+            "bands_rows": "x".join(map(str, self.bands_rows)) if self.method == "minhash" else "",
+            **({"threshold_warning": self.threshold_warning} if self.threshold_warning else {}),
         }
 
 
-#: Capped bucket keys listed in the metadata (the count is always complete).
-CAPPED_KEYS_SHOWN = 20
+#: Capped record ids listed in the metadata (the count is always complete).
+CAPPED_SHOWN = 20
+#: A chunk's linking transaction that lost a lock cycle to another worker's (PostgreSQL detects it) runs again.
+CHUNK_ATTEMPTS = 5
+
+
+def _order(row) -> tuple[int, int, int]:
+    return index.order_of(row.first_landed_at, row.first_seen_at, row.natural_key)
 
 
 def cluster_batch(warehouse: Warehouse, batch_id: str, settings: NearSettings, run_id: str | None = None) -> NearReport:
     """Sketch, index, link and cluster the batch's new and changed records.
 
-    ``settings.max_bucket_size`` caps the partners a record meets per LSH
-    bucket (see `store.near.candidate_partners`; None: no cap); the capped
-    buckets are counted in the report. The run's figures are kept in
+    ``settings.max_candidates`` caps the candidates a record meets (None: no
+    cap); the records capped are counted in the report. ``settings.max_links``
+    bounds the links a record keeps. The run's figures are kept in
     `near_rung_runs` under ``run_id`` (the Dagster run; a fresh id when not
     given).
     """
-    params, max_bucket_size = settings.params, settings.max_bucket_size
-    report = NearReport(batch_id, params.method, params.verify, max_bucket_size)
-    identity = params.identity()
+    params, max_candidates, max_links = settings.params, settings.max_candidates, settings.max_links
     with warehouse.engine.begin() as conn:
-        index.claim_index(conn, identity)
+        if settings.bands_from_index:
+            params = index.adopt_bands(conn, params)
+        index.claim_index(conn, params.identity(), graph.band_count(params))
+        index.save_link_settings(conn, params, max_links, max_candidates)
+    report = NearReport(batch_id, params.method, params.verify, max_candidates)
+    report.threshold, report.bands_rows = params.threshold, (params.bands, params.rows)
+    report.threshold_warning = params.threshold_warning()
+    bands = graph.band_count(params)
     after = 0
     while True:
         with warehouse.engine.connect() as conn:
-            rows = index.records_to_index(conn, batch_id, after, settings.chunk_size)
+            rows = index.records_to_index(conn, batch_id, after, settings.chunk_size, bands)
         if not rows:
             break
         after = rows[-1].record_id
-        sketches = sketch([near_text(row.payload) for row in rows], params)
-        with warehouse.engine.begin() as conn:
-            index.lock_clusters(conn)
-            # The rows were read before the lock: one that another worker has changed (and indexed) since, or an
-            # erasure removed, is left to them, never indexed by content it no longer holds.
-            current = index.current_contents(conn, [row.record_id for row in rows])
-            keep = [i for i, row in enumerate(rows) if current.get(row.record_id) == bytes(row.content_hash)]
-            rows, sketches = [rows[i] for i in keep], sketches.subset(keep)
-            index.plan_for_cached_tables(conn)
-            index.replace_sketches(conn, identity, rows, sketches.blobs, sketches.buckets, sketches.indexable)
-            _link_and_cluster(conn, [row.record_id for row in rows], params, batch_id, report, max_bucket_size)
-        report.sketched += len(rows)
+        texts = {row.record_id: near_text(row.payload) for row in rows}
+        sketches = sketch([texts[row.record_id] for row in rows], params)
+        _index_chunk(warehouse, rows, sketches, texts, params, batch_id, report, max_links, max_candidates)
         with warehouse.engine.begin() as conn:
             analyze_grown(conn, {table: () for table in index.INDEX_TABLES})
     with warehouse.engine.begin() as conn:
+        report.clusters = index.cluster_sizes(conn, report.clusters)  # a cluster merged into another since is gone
         record_rung_run(conn, near_rung_runs, batch_id, run_id or f"local-{uuid.uuid4().hex}", report.as_metadata())
     return report
 
 
-def verify_candidates(conn, pairs: Sequence[tuple[int, int]], params: NearDupParams) -> dict[tuple[int, int], float]:
-    """The verified links (a < b) -> similarity among candidate pairs of record ids.
+def rebuild_index(warehouse: Warehouse, settings: NearSettings) -> list[NearReport]:
+    """Drop the near-duplicate index (an earlier layout's tables too), its links and clusters, and build it again
+    with `settings`: every stored record sketched, linked and clustered, batch by batch in landing order.
 
-    MinHash goes through the library's :func:`verify_pairs`: estimated Jaccard
-    of the stored signatures and, where ``verify`` asks for it, the Jaccard of
-    the shingles, recomputed from the stored payloads of just the records of
-    those pairs (one SELECT for the chunk).
-    SimHash: Hamming distance of the stored fingerprints, as in the library.
+    The records and every other table are left as they are; the batches' figures in `near_rung_runs` gain a
+    `rebuild-...` run each.
     """
-    ids = sorted({x for pair in pairs for x in pair})
-    if not ids:
-        return {}
-    blobs = index.load_sketches(conn, ids)
-    if params.method == "simhash":
-        scores = ((a, b, verified_similarity(blobs[a], blobs[b], params)) for a, b in pairs)
-        return {(min(a, b), max(a, b)): s for a, b, s in scores if s is not None}
-    position = {rid: i for i, rid in enumerate(ids)}
-    signatures = np.stack([signature_from_bytes(blobs[rid]) for rid in ids])
-
-    def shingles(rows: np.ndarray) -> dict[int, list[bytes]]:  # only for the pairs that need the exact Jaccard
-        payloads = index.load_payloads(conn, [ids[row] for row in rows.tolist()])
-        return {row: params.normaliser.shingle_bytes(near_text(payloads[ids[row]])) for row in rows.tolist()}
-
-    unique = sorted({(min(a, b), max(a, b)) for a, b in pairs})
-    left = np.array([position[a] for a, _ in unique], dtype=np.int64)
-    right = np.array([position[b] for _, b in unique], dtype=np.int64)
-    return {(ids[i], ids[j]): s for i, j, s in verify_pairs(signatures, left, right, params, shingles)}
+    with warehouse.engine.begin() as conn:
+        index.drop_index(conn)
+    with warehouse.engine.connect() as conn:
+        batches = index.batches_in_landing_order(conn)
+    run_id = f"rebuild-{uuid.uuid4().hex}"
+    return [cluster_batch(warehouse, batch, settings, run_id) for batch in batches]
 
 
-def _link_and_cluster(
-    conn, ids: list[int], params: NearDupParams, batch_id: str, report: NearReport, max_bucket_size: int | None
-) -> None:
-    rule = params.representative
-    pairs, capped = index.candidate_partners(conn, ids, max_bucket_size)
-    report.candidate_pairs += len(pairs)
-    report.capped_buckets.update(capped)
-    links = verify_candidates(conn, pairs, params)
-    link_rows = [(a, b, s) for (a, b), s in sorted(links.items())]
-    index.add_links(conn, link_rows, params.method, batch_id)
-    report.pairs += len(link_rows)
-    mine = set(ids)
-    report.near_duplicates |= {x for a, b, _ in link_rows for x in (a, b) if x in mine}
+def lean_minhashes(warehouse: Warehouse, batch_id: str | None = None, chunk_size: int = 2000):
+    """(record id, natural key, ``datasketch.LeanMinHash``) for every stored record (or those dated to `batch_id`).
 
-    clusters = index.recluster(conn, index.component_members(conn, mine | {x for pair in links for x in pair}), rule)
-    report.clusters.update({c.cluster_id: len(c.members) for c in clusters if mine & set(c.members)})
+    The index keeps compact b-bit signatures; the full 32-bit sketches datasketch takes are made again from the
+    stored records under the settings the rung last linked with, so each equals the sketch the rung computed
+    (:func:`dedup_pipeline.core.near.to_lean_minhashes`). Memory is bounded by `chunk_size`.
+    """
+    from dedup_pipeline.core.near import to_lean_minhashes
+
+    after = 0
+    with warehouse.engine.connect() as conn:
+        params = index.link_settings(conn)[0]
+    while True:
+        with warehouse.engine.connect() as conn:
+            rows = index.records_after(conn, after, chunk_size, batch_id)
+        if not rows:
+            return
+        after = rows[-1][0]
+        sketches = to_lean_minhashes([near_text(payload) for _, _, payload in rows], params)
+        yield from ((rid, key, sketch) for (rid, key, _), sketch in zip(rows, sketches))
+
+
+def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, report, max_links, max_candidates):
+    bands = sketches.keys.shape[1]
+    with warehouse.engine.begin() as conn:
+        lock_for_ingestion(conn)
+        # The rows were read outside this transaction: one that another worker has changed (and indexed) since, or
+        # an erasure removed, is left to them, never indexed by content it no longer holds.
+        current = index.current_contents(conn, [row.record_id for row in rows])
+        fresh = [p for p, row in enumerate(rows) if current.get(row.record_id) == bytes(row.content_hash)]
+        same_text, to_link, changed_text = {}, [], []
+        for p in fresh:
+            row = rows[p]
+            if row.indexed_hash is not None and _same_sketch(row, sketches, p, bands):
+                same_text[row.record_id] = bytes(row.content_hash)
+                if row.linked:
+                    continue
+            elif row.indexed_hash is not None:
+                changed_text.append(row.record_id)
+            to_link.append(p)
+        index.update_digests(conn, same_text)
+        mine = index.IndexRows(
+            ids=np.array([rows[p].record_id for p in to_link], dtype=np.int64),
+            signatures=sketches.signatures[to_link],
+            order=np.array([_order(rows[p]) for p in to_link], dtype=np.int64).reshape(-1, 3),
+            keys=sketches.keys[to_link],
+            indexable=sketches.indexable[to_link],
+        )
+        fresh_rows = [p for p in to_link if rows[p].record_id not in same_text]
+        index.write_rows(
+            conn, mine.subset([to_link.index(p) for p in fresh_rows]), [bytes(rows[p].content_hash) for p in fresh_rows]
+        )
+    report.kept_sketches += len([rid for rid in same_text if rid not in set(mine.ids.tolist())])
+    report.sketched += len(to_link)
+    if not to_link:
+        return
+
+    def chunk_texts(ids: list[int]) -> dict[int, str]:
+        known = {rid: texts[rid] for rid in ids if rid in texts}
+        missing = [rid for rid in ids if rid not in known]
+        if missing:
+            with warehouse.engine.connect() as other:
+                known.update({rid: near_text(p) for rid, p in index.load_payloads(other, missing).items()})
+        return known
+
+    for attempt in range(CHUNK_ATTEMPTS):
+        try:
+            with warehouse.engine.begin() as conn:
+                lock_for_ingestion(conn)
+                index.plan_for_cached_tables(conn)
+                if changed_text:
+                    graph.remove_records(
+                        conn, changed_text, params, chunk_texts, max_links, max_candidates, keep_rows=True
+                    )
+                outcome = graph.link_records(conn, mine, params, chunk_texts, batch_id, max_links, max_candidates)
+                index.mark_linked(conn, mine.ids.tolist())
+            break
+        except OperationalError as exc:  # a deadlock between two workers' lock orders: PostgreSQL ended one
+            if getattr(exc.orig, "sqlstate", None) != "40P01" or attempt == CHUNK_ATTEMPTS - 1:
+                raise
+            report.chunk_retries += 1
+    report.candidate_pairs += outcome.candidate_pairs
+    report.pairs += outcome.pairs
+    report.capped.update(outcome.capped)
+    report.near_duplicates |= outcome.linked
+    report.clusters.update(outcome.clusters)
+
+
+def _same_sketch(row, sketches: Sketches, p: int, bands: int) -> bool:
+    """Does the stored index row hold the sketch just made (the text did not change)?"""
+    if row.indexed_signature is None or bytes(row.indexed_signature) != sketches.signatures[p].tobytes():
+        return False
+    stored = [getattr(row, f"ib{b}") for b in range(bands)]
+    if not sketches.indexable[p]:
+        return all(value is None for value in stored)
+    return stored == sketches.keys[p].astype(np.int64).tolist()
 
 
 _CLUSTERS_SHOWN = 10

@@ -23,10 +23,10 @@ from sqlalchemy import Connection, select, update
 from dedup_pipeline.core.clustering import DEFAULT_RULE
 from dedup_pipeline.core.hashing import hash_rule
 from dedup_pipeline.store import rehash_switch as store
-from dedup_pipeline.store.near import lock_clusters
 from dedup_pipeline.store.rehash import progress, unhashable_rows
 from dedup_pipeline.store.rehash_compare import latest_comparison
 from dedup_pipeline.store.schema import hash_version_events, settings
+from dedup_pipeline.store.tombstones import lock_for_erasure
 from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, Warehouse, active_hash_version, as_utc, utcnow
 
 
@@ -56,11 +56,11 @@ def _lock_active(conn: Connection) -> str:
     """The active version, locked for a switch or a retire, which both rewrite rows of the near-duplicate index.
 
     The settings row is locked on PostgreSQL so switches and retires serialise. Then, before any record row,
-    the near index's lock, as erasure takes it: the step waits for a near rung's write section in progress,
-    and can never hold a row that the near rung, holding that lock, waits for (a deadlock).
+    the erasure lock, exclusively: the step waits for the rungs' chunks in progress (they hold it shared), and
+    can never hold a row that a near-rung chunk waits for (a deadlock).
     """
     conn.execute(select(settings.c.value).where(settings.c.name == ACTIVE_HASH_VERSION).with_for_update())
-    lock_clusters(conn)
+    lock_for_erasure(conn)
     return active_hash_version(conn)
 
 

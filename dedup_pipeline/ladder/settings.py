@@ -51,21 +51,29 @@ class NearSettings:
 
     - ``params``: the sketch, verification and representative settings (`NearDupParams`).
     - ``chunk_size``: records sketched and linked per transaction.
-    - ``max_bucket_size``: a record meets at most this many (oldest) members of each LSH bucket; None: no cap.
+    - ``max_candidates``: a record meets at most this many (the first stored) of the records sharing a band key
+      with it; None: no cap.
+    - ``max_links``: links a record keeps, to its nearest earlier-landed near duplicates.
+    - ``bands_from_index``: an index that exists keeps the bands and rows it was built with, whatever the
+      threshold (which then only filters verified pairs); False when the settings pin bands and rows themselves.
     - ``max_cluster_share``: the runaway-cluster check fails when one cluster holds more of a batch.
     - ``min_records_for_cluster_check``: smaller batches pass that check.
     """
 
     params: NearDupParams = field(default_factory=NearDupParams)
     chunk_size: int = CHUNK_SIZE
-    max_bucket_size: int | None = 200
+    max_candidates: int | None = 200
+    max_links: int = 3
+    bands_from_index: bool = True
     max_cluster_share: float = 0.2
     min_records_for_cluster_check: int = 50
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
             raise ValueError("chunk_size must be at least 1")
-        if self.max_bucket_size is not None and self.max_bucket_size < 1:
-            raise ValueError("max_bucket_size must be at least 1 (or None for no cap)")
+        if self.max_candidates is not None and self.max_candidates < 1:
+            raise ValueError("max_candidates must be at least 1 (or None for no cap)")
+        if self.max_links < 1:
+            raise ValueError("max_links must be at least 1")
         if not 0.0 < self.max_cluster_share <= 1.0:
             raise ValueError("max_cluster_share must be in (0, 1]")

@@ -8,11 +8,10 @@ handful of statements whatever its size.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-from sqlalchemy import JSON, BigInteger, Column, Connection, Integer, MetaData, SmallInteger, Table
+from sqlalchemy import JSON, Column, Connection, MetaData, Table
 from sqlalchemy.schema import CreateTable
 
 from dedup_pipeline.store import json_text
@@ -61,49 +60,6 @@ def copy_rows(
     conn.connection.driver_connection.cursor().executemany(
         f'INSERT INTO "{table.name}" ({names}) VALUES ({placeholders})', rows
     )
-
-
-# PostgreSQL's binary COPY framing: signature, flags, header-extension length ... rows ... trailer.
-_BINARY_HEADER = b"PGCOPY\n\xff\r\n\0" + bytes(8)
-_BINARY_TRAILER = b"\xff\xff"
-
-
-def _pg_int_width(column_type) -> int:
-    for kind, width in ((BigInteger, 8), (SmallInteger, 2), (Integer, 4)):  # subclasses before Integer
-        if isinstance(column_type, kind):
-            return width
-    raise TypeError(f"not an integer column type: {column_type!r}")
-
-
-def copy_int_columns(conn: Connection, table: Table, columns: Mapping[str, np.ndarray]) -> None:
-    """Append rows given column-wise as integer arrays of one length.
-
-    On PostgreSQL the whole set is framed with numpy as one binary COPY
-    (each row: field count, then length and big-endian value per field), so
-    no Python code runs per row; the LSH index writes 26 such rows per record.
-    Elsewhere it is :func:`copy_rows`.
-    """
-    names = list(columns)
-    arrays = [np.asarray(columns[name]) for name in names]
-    count = len(arrays[0]) if arrays else 0
-    widths = [_pg_int_width(table.c[name].type) for name in names]
-    if count == 0:
-        return
-    if conn.dialect.name != "postgresql":
-        copy_rows(conn, table, names, zip(*(array.tolist() for array in arrays)))
-        return
-    layout = [("fields", ">i2")]
-    for i, width in enumerate(widths):
-        layout += [(f"length{i}", ">i4"), (f"value{i}", f">i{width}")]
-    rows = np.empty(count, dtype=np.dtype(layout))
-    rows["fields"] = len(names)
-    for i, (width, array) in enumerate(zip(widths, arrays)):
-        rows[f"length{i}"] = width
-        rows[f"value{i}"] = array
-    cursor = conn.connection.driver_connection.cursor()
-    quoted = ", ".join(f'"{name}"' for name in names)
-    with cursor.copy(f'COPY "{table.name}" ({quoted}) FROM STDIN (FORMAT BINARY)') as copy:
-        copy.write(_BINARY_HEADER + rows.tobytes() + _BINARY_TRAILER)
 
 
 def staging_table(

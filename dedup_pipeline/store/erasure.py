@@ -44,7 +44,7 @@ from dedup_pipeline.core import erasure as core
 from dedup_pipeline.core.clustering import DEFAULT_RULE
 from dedup_pipeline.core.erasure import RawLineMatcher, Subject, SubjectKind
 from dedup_pipeline.core.url import URL_VERSION
-from dedup_pipeline.store import near as index
+from dedup_pipeline.store import near_graph
 from dedup_pipeline.store.bulk import chunked, delete_in
 from dedup_pipeline.store.schema import (
     canonical_records,
@@ -53,11 +53,10 @@ from dedup_pipeline.store.schema import (
     erasure_requests,
     erasure_scopes,
     erasure_tombstones,
-    lsh_buckets,
     metadata,
-    minhash_signatures,
     near_duplicate_clusters,
     near_duplicate_links,
+    near_index,
     quarantine,
     record_hashes,
     record_history,
@@ -88,8 +87,7 @@ _HANDLED = {
         dedup_decisions,
         quarantine,
         canonical_records,
-        minhash_signatures,
-        lsh_buckets,
+        near_index,
         near_duplicate_links,
         near_duplicate_clusters,
         crawl_batches,
@@ -493,8 +491,7 @@ def erase(
     representative: str = DEFAULT_RULE,
 ) -> ErasureResult:
     """Remove every copy of `subject` and leave its tombstones, inside the caller's transaction."""
-    lock_for_erasure(conn)
-    index.lock_clusters(conn)  # always in this order (erasure, then clusters): no lock cycle with the rungs
+    lock_for_erasure(conn)  # excludes every near-rung chunk (they hold it shared), so no lock cycle with them
     key = tombstone_key(conn)
     checked_key(conn, load_catalogue(conn))
     kid = core.key_id(key)
@@ -504,7 +501,7 @@ def erase(
     removed: dict[str, int] = {}
     removed.update(_sweep_other_tables(conn, found))
     removed.update(_redact_json_columns(conn, found))
-    near, clusters_recomputed = index.remove_records(conn, found.record_ids, representative)
+    near, clusters_recomputed = near_graph.remove_from_index(conn, found.record_ids, representative)
     removed.update(near)
     removed["record_hashes"] = delete_in(conn, record_hashes, [record_hashes.c.record_id], found.record_ids)
     history_ids = found.history_ids

@@ -1,71 +1,260 @@
-"""The persistent near-duplicate index: sketches, LSH buckets, verified links and clusters.
+"""The persistent near-duplicate index (layout `near-index/2`): a row per record, bounded links, merged clusters.
 
-The LSH index is a table of (band, bucket, record_id) rows indexed on
-(band, bucket), so a batch's candidates come from one join whatever the size
-of the warehouse, workers share it, and erasure can delete from it. The
-index identity (method, scheme, num_perm, bands/rows, shingling, normaliser
-version) is stored in the warehouse; an index built with other parameters is
-refused rather than silently mixed.
+`near_index` holds one row per sketched record: a compact signature, its
+band keys as integer columns (each under a B-tree index of its own) and the
+order of first landing. A chunk's candidates come from one statement (per
+record, one probe of every band's index at once; at most `max_candidates`
+of them, each once). Links are bounded: each record keeps its
+`max_links` nearest earlier-landed near duplicates. Clusters are the
+connected components of every verified pair, kept by merges (union-find):
+a chunk relabels only the clusters it joins, and locks only those.
+
+Nothing serialises all workers. A chunk commits its index rows before it
+queries, so of two racing records the later sees the earlier; the rows a
+chunk changes (the links of a record, the clusters it merges) are locked
+row by row, in a fixed order. The index identity (method, scheme, num_perm,
+bands/rows, shingling, normaliser version, layout) is stored in the
+warehouse; an index built with other parameters is refused rather than
+silently mixed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
-from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, true, union
+from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text, true, tuple_, update
 
-from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.core.exact import Decision
-from dedup_pipeline.store.bulk import chunked, copy_int_columns, copy_rows, delete_in, in_values
+from dedup_pipeline.core.near import NearDupParams
+from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values, staging_table
 from dedup_pipeline.store.schema import (
+    MAX_BANDS,
+    crawl_batches,
     dedup_decisions,
-    lsh_buckets,
-    minhash_signatures,
     near_duplicate_clusters,
     near_duplicate_links,
+    near_index,
+    near_pending,
     records,
     settings,
 )
 from dedup_pipeline.store.warehouse import read_setting, upsert_ignore, utcnow
 
 INDEX_IDENTITY = "near_dup_index_identity"
-# Any constant works; it names the lock that serialises cluster rewrites across workers.
-_CLUSTER_LOCK = 7_301_042
+LINK_SETTINGS = "near_dup_link_settings"
+#: Names the index layout in every identity, so that an index of an earlier layout is refused by name.
+LAYOUT = "near-index/2"
+#: The command that rebuilds an index (every record re-sketched, linked and clustered again).
+REBUILD_COMMAND = "dedup-pipeline rebuild-near-index"
+# Advisory-lock classes (two-int form): claiming the index (once per rung run), and one cluster or record.
+_CLAIM_LOCK = (7_301_045, 0)
+_CLUSTER_LOCK_CLASS = 7_301_046
+_US = 1_000_000
 
 
 class IndexMismatch(RuntimeError):
     """The warehouse's near-duplicate index was built with other parameters."""
 
 
-def claim_index(conn: Connection, identity: str) -> None:
-    """Record the index identity on first use; refuse a different one afterwards."""
+def band_columns(bands: int) -> list:
+    return [near_index.c[f"b{band}"] for band in range(bands)]
+
+
+def stored_identity(conn: Connection) -> str | None:
+    return read_setting(conn, INDEX_IDENTITY)
+
+
+def claim_index(conn: Connection, identity: str, bands: int) -> None:
+    """Record the index identity on first use; refuse another one afterwards.
+
+    An identity of an earlier layout (no `near-index/2` in it) is refused with the command that rebuilds the index.
+    """
+    if bands > MAX_BANDS:
+        raise ValueError(f"the warehouse index holds at most {MAX_BANDS} bands (or SimHash blocks), not {bands}")
+    identity = f"{LAYOUT};{identity}"
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:a, :b)"), {"a": _CLAIM_LOCK[0], "b": _CLAIM_LOCK[1]})
     conn.execute(upsert_ignore(conn, settings).values(name=INDEX_IDENTITY, value=identity, updated_at=utcnow()))
-    stored = read_setting(conn, INDEX_IDENTITY)
+    stored = stored_identity(conn)
     if stored != identity:
+        if LAYOUT not in stored:
+            raise IndexMismatch(
+                f"the warehouse's near-duplicate index was built by an earlier version ({stored!r}); "
+                f"run `{REBUILD_COMMAND}` once to rebuild it in the current layout"
+            )
         raise IndexMismatch(
-            f"the warehouse's near-duplicate index was built with {stored!r}, not {identity!r}; "
-            "keep the original parameters or rebuild the index"
+            f"the warehouse's near-duplicate index was built with {stored!r}, not {identity!r}; keep the original "
+            f"sketch settings (the threshold may change freely), or run `{REBUILD_COMMAND}` to rebuild it with these"
         )
 
 
-def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int) -> list:
-    """Records dated to this batch (stored or re-crawled by it) whose sketch is missing or made from other content."""
-    s = minhash_signatures
+def adopt_bands(conn: Connection, params: NearDupParams) -> NearDupParams:
+    """`params` with the bands and rows of the stored index, if one exists with the same identity but for them.
+
+    Bands and rows are chosen for the threshold when an index is built; afterwards they are part of it, and a
+    new threshold only changes which verified pairs count (`NearDupParams.threshold_warning` says when it is too
+    far below the one the bands were built for).
+    """
+    stored = stored_identity(conn)
+    found = re.search(r";bands=(\d+);rows=(\d+);", stored or "")
+    if params.method != "minhash" or found is None:
+        return params
+    try:
+        adopted = replace(params, bands=int(found.group(1)), rows=int(found.group(2)))
+    except ValueError:  # bands the params cannot hold (fewer permutations): another index, refused by the claim
+        return params
+    return adopted if f"{LAYOUT};{adopted.identity()}" == stored else params
+
+
+def save_link_settings(conn: Connection, params: NearDupParams, max_links: int, max_candidates: int | None) -> None:
+    """Keep the settings the rung links with, for what changes the index outside it (erasure, the retire step)."""
+    value = json.dumps(
+        {"params": params.as_dict(), "max_links": max_links, "max_candidates": max_candidates}, sort_keys=True
+    )
+    if read_setting(conn, LINK_SETTINGS) == value:
+        return
+    conn.execute(delete(settings).where(settings.c.name == LINK_SETTINGS))
+    conn.execute(upsert_ignore(conn, settings).values(name=LINK_SETTINGS, value=value, updated_at=utcnow()))
+
+
+def link_settings(conn: Connection, representative: str | None = None) -> tuple[NearDupParams, int, int | None]:
+    """(params, max_links, max_candidates) the rung last linked with (the defaults if it never ran), and the
+    `representative` rule if one is given."""
+    stored = read_setting(conn, LINK_SETTINGS)
+    data = json.loads(stored) if stored else {"params": {}, "max_links": 3, "max_candidates": 200}
+    params = NearDupParams.from_dict(data["params"]) if data["params"] else NearDupParams()
+    if representative is not None:
+        params = replace(params, representative=representative)
+    return params, data["max_links"], data["max_candidates"]
+
+
+def drop_index(conn: Connection) -> dict[str, int]:
+    """Empty the index, its links and clusters, and forget its identity (tables of the earlier layout dropped too)."""
+    removed = {
+        table.name: conn.execute(delete(table)).rowcount
+        for table in (near_duplicate_links, near_duplicate_clusters, near_pending, near_index)
+    }
+    conn.execute(delete(settings).where(settings.c.name.in_([INDEX_IDENTITY, LINK_SETTINGS])))
+    for old in ("lsh_buckets", "minhash_signatures"):  # layout neardup/1
+        conn.execute(text(f"DROP TABLE IF EXISTS {old}"))
+    return removed
+
+
+def batches_in_landing_order(conn: Connection) -> list[str]:
+    """The batches that hold the stored records' current versions, oldest landing first."""
     query = (
-        select(records.c.record_id, records.c.content_hash, records.c.payload)
-        # The bound on the sketches is implied by the join, but said so that their scan starts at the page,
-        # not at the first record ever sketched.
-        .select_from(records.outerjoin(s, and_(s.c.record_id == records.c.record_id, s.c.record_id > after_id)))
+        select(records.c.last_batch_id)
+        .group_by(records.c.last_batch_id)
+        .order_by(func.min(records.c.last_landed_at), records.c.last_batch_id)
+    )
+    return list(conn.execute(query).scalars())
+
+
+# ---------------------------------------------------------------- the rows of the index
+
+
+@dataclass
+class IndexRows:
+    """Index rows of some records, column-wise: what verification and ordering need of them."""
+
+    ids: np.ndarray  # int64
+    signatures: np.ndarray  # (n, width) uint8: b-bit MinHash values, or the 8 bytes of a SimHash fingerprint
+    order: np.ndarray  # (n, 3) int64: first landed, first seen, key order: smaller is older
+    keys: np.ndarray  # (n, bands) int32 band keys (undefined where not indexable)
+    indexable: np.ndarray  # bool
+
+    @classmethod
+    def empty(cls, width: int, bands: int) -> IndexRows:
+        return cls(
+            np.zeros(0, np.int64),
+            np.zeros((0, width), np.uint8),
+            np.zeros((0, 3), np.int64),
+            np.zeros((0, bands), np.int32),
+            np.zeros(0, bool),
+        )
+
+    def subset(self, positions) -> IndexRows:
+        return IndexRows(
+            self.ids[positions],
+            self.signatures[positions],
+            self.order[positions],
+            self.keys[positions],
+            self.indexable[positions],
+        )
+
+    def concat(self, other: IndexRows) -> IndexRows:
+        return IndexRows(
+            *(
+                np.concatenate((a, b))
+                for a, b in zip(
+                    (self.ids, self.signatures, self.order, self.keys, self.indexable),
+                    (other.ids, other.signatures, other.order, other.keys, other.indexable),
+                )
+            )
+        )
+
+
+def key_order(natural_key: str) -> int:
+    """A record's last tiebreak in landing order: a number from its natural key, the same in every run."""
+    return int.from_bytes(hashlib.sha256(natural_key.encode("utf-8")).digest()[:8], "big", signed=True)
+
+
+def order_of(first_landed, first_seen, natural_key: str) -> tuple[int, int, int]:
+    return (int(first_landed.timestamp() * _US), int(first_seen.timestamp() * _US), key_order(natural_key))
+
+
+def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int, bands: int) -> list:
+    """Records dated to this batch (stored or re-crawled by it) not yet indexed as they are: no index row, a row of
+    other content, or a row not linked yet (its chunk stopped between its two transactions).
+
+    Each row: record id, digest, payload, natural key, first seen, first landed (its first batch's landing), and the
+    index row's digest, signature, band keys (`ib0`...) and linked flag (None when it has none).
+    """
+    n = near_index
+    first_landed = func.coalesce(crawl_batches.c.landed_at, records.c.first_seen_at)
+    query = (
+        select(
+            records.c.record_id,
+            records.c.content_hash,
+            records.c.payload,
+            records.c.natural_key,
+            records.c.first_seen_at,
+            first_landed.label("first_landed_at"),
+            n.c.content_hash.label("indexed_hash"),
+            n.c.signature.label("indexed_signature"),
+            near_pending.c.record_id.is_(None).label("linked"),
+            *(column.label(f"i{column.name}") for column in band_columns(bands)),
+        )
+        .select_from(
+            records.outerjoin(crawl_batches, crawl_batches.c.batch_id == records.c.first_batch_id)
+            .outerjoin(n, n.c.record_id == records.c.record_id)
+            .outerjoin(near_pending, near_pending.c.record_id == records.c.record_id)
+        )
         .where(
             records.c.last_batch_id == batch_id,
             records.c.record_id > after_id,
-            or_(s.c.record_id.is_(None), s.c.content_hash != records.c.content_hash),
+            (n.c.record_id.is_(None))
+            | (n.c.content_hash != records.c.content_hash)
+            | near_pending.c.record_id.is_not(None),
         )
         .order_by(records.c.record_id)
         .limit(limit)
     )
     return conn.execute(query).all()
+
+
+def records_after(conn: Connection, after_id: int, limit: int, batch_id: str | None = None) -> list:
+    """(record id, natural key, payload) of the next `limit` records after `after_id` (of `batch_id`'s, if given)."""
+    query = select(records.c.record_id, records.c.natural_key, records.c.payload).where(records.c.record_id > after_id)
+    if batch_id is not None:
+        query = query.where(records.c.last_batch_id == batch_id)
+    return [tuple(row) for row in conn.execute(query.order_by(records.c.record_id).limit(limit))]
 
 
 def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
@@ -76,155 +265,185 @@ def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
     return {record_id: bytes(digest) for record_id, digest in rows}
 
 
-def replace_sketches(
-    conn: Connection,
-    identity: str,
-    rows: Sequence,
-    signatures: Sequence[bytes],
-    buckets: np.ndarray,
-    indexable: np.ndarray,
-) -> None:
-    """Store sketches and buckets for `rows`, dropping their old sketches, buckets and links."""
-    ids = [row.record_id for row in rows]
-    link = near_duplicate_links
-    delete_in(conn, lsh_buckets, [lsh_buckets.c.record_id], ids)
-    delete_in(conn, minhash_signatures, [minhash_signatures.c.record_id], ids)
-    delete_in(conn, link, [link.c.record_a, link.c.record_b], ids)
-    copy_rows(
-        conn,
-        minhash_signatures,
-        ("record_id", "index_identity", "content_hash", "signature"),
-        ((row.record_id, identity, row.content_hash, sig) for row, sig in zip(rows, signatures)),
-    )
-    copy_buckets(conn, ids, buckets, indexable)
-
-
-def copy_buckets(conn: Connection, ids: Sequence[int], buckets: np.ndarray, indexable: np.ndarray) -> None:
-    """Append the LSH rows (band, bucket, record id) of the records `ids` that can be indexed, in one bulk write."""
-    indexed = np.asarray(indexable, dtype=bool)
-    keys = np.asarray(buckets, dtype=np.int64)[indexed]  # (records, bands), row-major: record by record
-    owners = np.asarray(ids, dtype=np.int64)[indexed]
-    band = np.tile(np.arange(keys.shape[1], dtype=np.int32), len(keys))
-    bucket, record_id = keys.ravel(), np.repeat(owners, keys.shape[1])
-    # Rows in primary-key order: each insert lands next to the previous one in the index (see capped_lateral_query).
-    order = np.lexsort((record_id, bucket, band))
-    copy_int_columns(conn, lsh_buckets, {"band": band[order], "bucket": bucket[order], "record_id": record_id[order]})
-
-
-def candidate_partners(
-    conn: Connection, ids: Sequence[int], max_bucket_size: int | None = None
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(record, other record) pairs sharing at least one bucket, from every batch so far, and the capped buckets.
-
-    A bucket holding m records yields about m^2/2 pairs (boilerplate pages all
-    land in the same buckets). With ``max_bucket_size``, a record meets only
-    the ``max_bucket_size`` oldest (smallest id) members of each bucket; the
-    buckets that had more are returned as (band, bucket) keys. The limit of a
-    bucket comes from one short index scan (the (max_bucket_size + 1)-th id in
-    the bucket, found by OFFSET on the (band, bucket, record_id) key), so a
-    huge bucket costs `max_bucket_size` index entries per record, not m.
-    """
-    if max_bucket_size is not None and conn.dialect.name == "postgresql":
-        pairs, capped = set(), set()
-        for mine, other, rank, band, bucket in conn.execute(capped_lateral_query(conn, ids, max_bucket_size)):
-            if rank > max_bucket_size:
-                capped.add((band, bucket))
-            else:
-                pairs.add((mine, other))
-        return sorted(pairs), sorted(capped)
-    query, capped_query = candidate_queries(conn, ids, max_bucket_size)
-    pairs = [(a, b) for a, b in conn.execute(query)]
-    if capped_query is None:
-        return pairs, []
-    return pairs, sorted((band, bucket) for band, bucket in conn.execute(capped_query))
-
-
-def capped_lateral_query(conn: Connection, ids: Sequence[int], max_bucket_size: int):
-    """PostgreSQL: per bucket key of `ids`, its `max_bucket_size` + 1 oldest members in one LATERAL index probe.
-
-    Rows are (record, other record, rank in the bucket, band, bucket), the
-    record itself left out; a row of rank `max_bucket_size` + 1 marks a capped
-    bucket and is not a candidate.
-    """
-    # In key order, consecutive probes share the index's upper pages and often a leaf: on a large index
-    # that is far fewer cache misses than probing in record order.
-    keys = (
-        select(lsh_buckets.c.record_id, lsh_buckets.c.band, lsh_buckets.c.bucket)
-        .where(in_values(conn, lsh_buckets.c.record_id, ids))
-        .order_by(lsh_buckets.c.band, lsh_buckets.c.bucket)
-        .cte("keys")
-    )
-    inner = lsh_buckets.alias("inner")
-    top = (
-        select(inner.c.record_id.label("other_id"), func.row_number().over(order_by=inner.c.record_id).label("rank"))
-        .where(inner.c.band == keys.c.band, inner.c.bucket == keys.c.bucket)
-        .order_by(inner.c.record_id)
-        .limit(max_bucket_size + 1)
-        .lateral("top")
-    )
-    return (
-        select(keys.c.record_id, top.c.other_id, top.c.rank, keys.c.band, keys.c.bucket)
-        .select_from(keys.join(top, true()))
-        .where(top.c.other_id != keys.c.record_id)
-    )
-
-
-def candidate_queries(conn: Connection, ids: Sequence[int], max_bucket_size: int | None = None):
-    """The SELECTs behind :func:`candidate_partners`: (pairs query, capped-buckets query or None)."""
-    mine, other = lsh_buckets.alias("mine"), lsh_buckets.alias("other")
-    if max_bucket_size is None:
-        query = (
-            select(mine.c.record_id, other.c.record_id)
-            .select_from(mine.join(other, and_(mine.c.band == other.c.band, mine.c.bucket == other.c.bucket)))
-            .where(in_values(conn, mine.c.record_id, ids), other.c.record_id != mine.c.record_id)
-            .distinct()
+def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes], pending: bool = True) -> None:
+    """Insert or replace the index rows of `rows.ids` (their old rows, if any, go first), `pending` until linked."""
+    ids = rows.ids.tolist()
+    bands = rows.keys.shape[1]
+    keys = rows.keys.astype(np.int64).tolist()
+    values = [
+        {
+            "record_id": rid,
+            "content_hash": digest,
+            "first_landed_us": order[0],
+            "first_seen_us": order[1],
+            "key_order": order[2],
+            "signature": signature.tobytes(),
+            **({f"b{b}": keys[i][b] for b in range(bands)} if indexable else {}),
+        }
+        for i, (rid, digest, order, signature, indexable) in enumerate(
+            zip(ids, digests, rows.order.tolist(), rows.signatures, rows.indexable.tolist())
         )
-        return query, None
-    inner = lsh_buckets.alias("inner")
-    first_excluded = (
-        select(inner.c.record_id)
-        .where(inner.c.band == lsh_buckets.c.band, inner.c.bucket == lsh_buckets.c.bucket)
-        .order_by(inner.c.record_id)
-        .offset(max_bucket_size)
-        .limit(1)
-        .scalar_subquery()
+    ]
+    columns = [
+        "record_id",
+        "content_hash",
+        "first_landed_us",
+        "first_seen_us",
+        "key_order",
+        "signature",
+        *(f"b{b}" for b in range(bands)),
+    ]
+    # Staged, then upserted: two workers indexing one record at once (the same partition run twice) end with one
+    # row, the later one's, never a key violation.
+    stage = staging_table(conn, near_index, "near_index_stage", columns)
+    copy_rows(conn, stage, columns, ([v.get(c) for c in columns] for v in values))
+    insert = _dialect_insert(conn)(near_index).from_select(
+        columns, select(*(stage.c[c] for c in columns)).where(true())
     )
-    limits = (
-        select(lsh_buckets.c.record_id, lsh_buckets.c.band, lsh_buckets.c.bucket, first_excluded.label("upto"))
-        .where(in_values(conn, lsh_buckets.c.record_id, ids))
-        .cte("limits")
-        .prefix_with("MATERIALIZED", dialect="postgresql")
-    )
-    query = (
-        select(limits.c.record_id, other.c.record_id)
-        .select_from(limits.join(other, and_(limits.c.band == other.c.band, limits.c.bucket == other.c.bucket)))
-        .where(
-            other.c.record_id != limits.c.record_id,
-            or_(limits.c.upto.is_(None), other.c.record_id < limits.c.upto),
+    replaced = {c: insert.excluded[c] for c in near_index.c.keys() if c != "record_id"}
+    replaced.update({c: insert.excluded[c] if c in columns else None for c in replaced})  # fewer bands: NULL
+    conn.execute(insert.on_conflict_do_update(index_elements=[near_index.c.record_id], set_=replaced))
+    if conn.dialect.name != "postgresql":
+        conn.execute(stage.delete())
+    if pending and ids:
+        conn.execute(upsert_ignore(conn, near_pending), [{"record_id": rid} for rid in ids])
+
+
+def _dialect_insert(conn: Connection):
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert
+
+
+def update_digests(conn: Connection, digests: dict[int, bytes]) -> None:
+    """Re-label rows whose record holds new content with the same text (a price change): nothing else changes."""
+    if digests:
+        conn.execute(
+            update(near_index)
+            .where(near_index.c.record_id == bindparam("rid"))
+            .values(content_hash=bindparam("digest")),
+            [{"rid": rid, "digest": digest} for rid, digest in sorted(digests.items())],
         )
-        .distinct()
-    )
-    # Capped when a member was left out: the first one past the cap, unless that is the record itself (it met every
-    # other).
-    capped = (
-        select(limits.c.band, limits.c.bucket)
-        .where(limits.c.upto.is_not(None), limits.c.upto != limits.c.record_id)
-        .distinct()
-    )
-    return query, capped
 
 
-def load_sketches(conn: Connection, ids: Iterable[int]) -> dict[int, bytes]:
+def mark_linked(conn: Connection, ids: Sequence[int]) -> None:
+    delete_in(conn, near_pending, [near_pending.c.record_id], ids)
+
+
+def load_rows(conn: Connection, ids: Iterable[int], width: int, bands: int) -> IndexRows:
+    """The index rows of `ids` that exist, in id order."""
     ids = sorted(set(ids))
     if not ids:
-        return {}
-    query = select(minhash_signatures.c.record_id, minhash_signatures.c.signature).where(
-        in_values(conn, minhash_signatures.c.record_id, ids)
+        return IndexRows.empty(width, bands)
+    n = near_index.c
+    fetched = []
+    for part in chunked(ids):
+        fetched += conn.execute(
+            select(n.record_id, n.signature, n.first_landed_us, n.first_seen_us, n.key_order, *band_columns(bands))
+            .where(in_values(conn, n.record_id, part))
+            .order_by(n.record_id)
+        ).all()
+    if not fetched:
+        return IndexRows.empty(width, bands)
+    fetched = [tuple(row) for row in fetched]
+    indexable = np.array([row[5] is not None for row in fetched], dtype=bool)
+    keys = np.zeros((len(fetched), bands), dtype=np.int64)
+    if indexable.any():
+        keys[indexable] = np.array([row[5:] for row, ok in zip(fetched, indexable.tolist()) if ok], dtype=np.int64)
+    return IndexRows(
+        ids=np.array([row[0] for row in fetched], dtype=np.int64),
+        signatures=np.frombuffer(b"".join(bytes(row[1]) for row in fetched), dtype=np.uint8).reshape(len(fetched), -1),
+        order=np.array([row[2:5] for row in fetched], dtype=np.int64),
+        keys=keys.astype(np.int32),
+        indexable=indexable,
     )
-    return dict(conn.execute(query).all())
+
+
+# ---------------------------------------------------------------- candidates
+
+
+@lru_cache(maxsize=32)
+def _candidate_sql(bands: int, limited: bool) -> str:
+    """PostgreSQL: per queried record, the records sharing one of its band keys (one BitmapOr over the bands'
+    indexes, so each candidate's row is read once however many bands it shares), at most `:limit` of them."""
+    shares = " OR ".join(f"i.b{b} = q.b{b}" for b in range(bands))
+    return (
+        f"WITH q AS MATERIALIZED (SELECT record_id, {', '.join(f'b{b}' for b in range(bands))} FROM near_index "
+        "WHERE record_id = ANY(:ids) AND b0 IS NOT NULL)\n"
+        "SELECT array_agg(q.record_id), array_agg(t.record_id) FROM q CROSS JOIN LATERAL "
+        f"(SELECT i.record_id FROM near_index i WHERE ({shares}) AND i.record_id <> q.record_id"
+        f"{' LIMIT :limit' if limited else ''}) t"
+    )
+
+
+def candidate_pairs(
+    conn: Connection, ids: Sequence[int], bands: int, max_candidates: int | None
+) -> tuple[np.ndarray, set[int]]:
+    """(record, other record) pairs sharing a band key, from the whole index, and the records whose candidates
+    were capped.
+
+    Each of the records `ids` meets at most `max_candidates` others (None: all), the first stored: boilerplate
+    shared by many records would otherwise make every one of them meet every other. Pairs come as an (m, 2)
+    array, both orders possible.
+    """
+    ids = sorted(set(ids))
+    if not ids:
+        return np.zeros((0, 2), np.int64), set()
+    # One more than the cap is asked for: a record that gets it had more, and is reported capped.
+    limit = max_candidates + 1 if max_candidates is not None else None
+    if conn.dialect.name == "postgresql":
+        mine, other = conn.execute(text(_candidate_sql(bands, limit is not None)), {"ids": ids, "limit": limit}).one()
+        pairs = np.column_stack((np.array(mine or [], dtype=np.int64), np.array(other or [], dtype=np.int64)))
+    else:
+        pairs = np.array([tuple(row) for row in _sqlite_candidates(conn, ids, bands, limit)], dtype=np.int64).reshape(
+            -1, 2
+        )
+    if limit is None or not len(pairs):
+        return pairs, set()
+    order = np.argsort(pairs[:, 0], kind="stable")  # each record's candidates stay in the order they came
+    grouped = pairs[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(grouped[:, 0])) + 1]
+    rank = np.arange(len(grouped)) - np.repeat(starts, np.diff(np.r_[starts, len(grouped)]))
+    return grouped[rank < max_candidates], set(grouped[rank == max_candidates, 0].tolist())
+
+
+def _sqlite_candidates(conn: Connection, ids: Sequence[int], bands: int, limit: int | None) -> list:
+    """The same as the PostgreSQL statement, with a window function in place of the LATERAL LIMIT."""
+    q = near_index.alias("q")
+    i = near_index.alias("i")
+    shares = or_(*(i.c[f"b{b}"] == q.c[f"b{b}"] for b in range(bands)))
+    out: list = []
+    for part in chunked(ids, 500):
+        rank = func.row_number().over(partition_by=q.c.record_id, order_by=i.c.record_id).label("rank")
+        hits = (
+            select(q.c.record_id.label("mine"), i.c.record_id.label("other"), rank)
+            .select_from(q.join(i, shares))
+            .where(q.c.record_id.in_(part), q.c.b0.is_not(None), i.c.record_id != q.c.record_id)
+            .subquery()
+        )
+        query = select(hits.c.mine, hits.c.other)
+        out += conn.execute(query.where(hits.c.rank <= limit) if limit is not None else query).all()
+    return out
+
+
+# ---------------------------------------------------------------- links
+
+
+def lock_rows(conn: Connection, ids: Sequence[int]) -> None:
+    """Row locks on the index rows of `ids`, in id order (PostgreSQL): who changes a record's links holds its row."""
+    if conn.dialect.name == "postgresql" and len(ids):
+        conn.execute(
+            select(near_index.c.record_id)
+            .where(in_values(conn, near_index.c.record_id, sorted(ids)))
+            .order_by(near_index.c.record_id)
+            .with_for_update()
+        ).all()
 
 
 def add_links(conn: Connection, links: Sequence[tuple[int, int, float]], method: str, batch_id: str) -> None:
+    """Insert links (earlier record, later record, similarity); a link stored already is kept."""
     if links:
         conn.execute(
             upsert_ignore(conn, near_duplicate_links),
@@ -235,78 +454,216 @@ def add_links(conn: Connection, links: Sequence[tuple[int, int, float]], method:
         )
 
 
-def lock_clusters(conn: Connection) -> None:
-    """Serialise cluster rewrites between workers (PostgreSQL; SQLite writers are serial already)."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CLUSTER_LOCK})
+def prune_links(conn: Connection, owners: Sequence[int], max_links: int) -> int:
+    """Keep each owner's `max_links` nearest earlier neighbours: highest similarity, then the oldest."""
+    if not len(owners):
+        return 0
+    link, n = near_duplicate_links, near_index
+    removed = 0
+    for part in chunked(sorted(owners)):
+        rank = func.row_number().over(
+            partition_by=link.c.record_b,
+            order_by=(link.c.similarity.desc(), n.c.first_landed_us, n.c.first_seen_us, n.c.key_order),
+        )
+        ranked = (
+            select(link.c.record_a, link.c.record_b, rank.label("rank"))
+            .select_from(link.join(n, n.c.record_id == link.c.record_a))
+            .where(in_values(conn, link.c.record_b, part))
+            .subquery()
+        )
+        doomed = select(ranked.c.record_a, ranked.c.record_b).where(ranked.c.rank > max_links)
+        removed += conn.execute(delete(link).where(tuple_(link.c.record_a, link.c.record_b).in_(doomed))).rowcount
+    return removed
+
+
+def detach_links(conn: Connection, ids: Sequence[int]) -> tuple[int, set[int]]:
+    """Delete every link of `ids` (either end); returns how many, and the other records that linked to them."""
+    link = near_duplicate_links
+    ids = sorted(set(ids))
+    owners = {
+        owner
+        for part in chunked(ids)
+        for owner in conn.execute(select(link.c.record_b).where(in_values(conn, link.c.record_a, part))).scalars()
+    }
+    return delete_in(conn, link, [link.c.record_a, link.c.record_b], ids), owners - set(ids)
+
+
+# ---------------------------------------------------------------- clusters
+
+
+def lock_clusters(conn: Connection, roots: Iterable[int]) -> None:
+    """Transaction locks on clusters (a cluster id, or the id of a record in none), in id order (PostgreSQL)."""
+    keys = sorted({int(root) % (1 << 31) for root in roots})
+    if conn.dialect.name == "postgresql" and keys:
+        conn.execute(
+            text(
+                "SELECT count(pg_advisory_xact_lock(:a, k)) "
+                "FROM (SELECT k FROM unnest(CAST(:keys AS int[])) k ORDER BY k) o"
+            ),
+            {"a": _CLUSTER_LOCK_CLASS, "keys": keys},
+        )
+
+
+def cluster_of(conn: Connection, ids: Iterable[int]) -> dict[int, tuple[int, bool]]:
+    """record id -> (cluster id, is representative), for those of `ids` in a cluster."""
+    c = near_duplicate_clusters.c
+    out = {}
+    for part in chunked(sorted(set(ids))):
+        out.update(
+            {
+                rid: (cid, rep)
+                for rid, cid, rep in conn.execute(
+                    select(c.record_id, c.cluster_id, c.is_representative).where(in_values(conn, c.record_id, part))
+                )
+            }
+        )
+    return out
+
+
+def locked_roots(conn: Connection, ids: Iterable[int]) -> dict[int, tuple[int, bool]]:
+    """Lock the clusters of `ids` (each record's cluster, or the record itself if in none) and return their rows.
+
+    A cluster merged away by another worker between the read and the lock shows up in the second read; its new
+    cluster is locked too, until a read changes nothing.
+    """
+    ids = set(ids)
+    held: set[int] = set()
+    while True:
+        current = cluster_of(conn, ids)
+        roots = {current[rid][0] if rid in current else rid for rid in ids}
+        if roots <= held:
+            return current
+        lock_clusters(conn, roots - held)
+        held |= roots
+
+
+def cluster_representatives(conn: Connection, cluster_ids: Iterable[int]) -> dict[int, int]:
+    c = near_duplicate_clusters.c
+    out = {}
+    for part in chunked(sorted(set(cluster_ids))):
+        out.update(
+            dict(
+                conn.execute(
+                    select(c.cluster_id, c.record_id).where(in_values(conn, c.cluster_id, part), c.is_representative)
+                ).all()
+            )
+        )
+    return out
+
+
+def relabel_clusters(conn: Connection, moves: dict[int, int]) -> None:
+    """Merge clusters: every member of cluster `old` joins cluster `new` (moves: old -> new)."""
+    c = near_duplicate_clusters
+    if moves:
+        conn.execute(
+            update(c)
+            .where(c.c.cluster_id == bindparam("old"))
+            .values(cluster_id=bindparam("new"), is_representative=False),
+            [{"old": old, "new": new} for old, new in sorted(moves.items())],
+        )
+
+
+def add_members(conn: Connection, members: dict[int, int]) -> None:
+    """New cluster rows: record -> cluster id (not representative; `set_representatives` says who is)."""
+    if members:
+        conn.execute(
+            near_duplicate_clusters.insert(),
+            [{"record_id": rid, "cluster_id": cid, "is_representative": False} for rid, cid in sorted(members.items())],
+        )
+
+
+def set_representatives(conn: Connection, chosen: dict[int, int]) -> None:
+    """cluster id -> its representative record: that member's flag set, every other member's cleared."""
+    c = near_duplicate_clusters
+    if not chosen:
+        return
+    conn.execute(
+        update(c)
+        .where(c.c.cluster_id == bindparam("cid"), c.c.is_representative | (c.c.record_id == bindparam("rep")))
+        .values(is_representative=(c.c.record_id == bindparam("rep"))),
+        [{"cid": cid, "rep": rep} for cid, rep in sorted(chosen.items())],
+    )
+
+
+def cluster_members(conn: Connection, cluster_ids: Iterable[int]) -> dict[int, list[int]]:
+    c = near_duplicate_clusters.c
+    out: dict[int, list[int]] = {}
+    for part in chunked(sorted(set(cluster_ids))):
+        for cid, rid in conn.execute(select(c.cluster_id, c.record_id).where(in_values(conn, c.cluster_id, part))):
+            out.setdefault(cid, []).append(rid)
+    return out
+
+
+def cluster_sizes(conn: Connection, cluster_ids: Iterable[int]) -> dict[int, int]:
+    c = near_duplicate_clusters.c
+    out = {}
+    for part in chunked(sorted(set(cluster_ids))):
+        out.update(
+            dict(
+                conn.execute(
+                    select(c.cluster_id, func.count()).where(in_values(conn, c.cluster_id, part)).group_by(c.cluster_id)
+                ).all()
+            )
+        )
+    return out
+
+
+def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[int, tuple[int, bool]]) -> None:
+    """Rewrite the cluster rows of `members`: record -> (cluster id, is representative)."""
+    members = sorted(set(members))
+    if not members:
+        return
+    delete_in(conn, near_duplicate_clusters, [near_duplicate_clusters.c.record_id], members)
+    if assignment:
+        conn.execute(
+            near_duplicate_clusters.insert(),
+            [
+                {"record_id": rid, "cluster_id": cid, "is_representative": rep}
+                for rid, (cid, rep) in sorted(assignment.items())
+            ],
+        )
+
+
+def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
+    """record id -> stored payload, in one SELECT a part."""
+    out = {}
+    for part in chunked(sorted(set(ids))):
+        out.update(
+            dict(
+                conn.execute(
+                    select(records.c.record_id, records.c.payload).where(in_values(conn, records.c.record_id, part))
+                ).all()
+            )
+        )
+    return out
+
+
+def remove_rows(conn: Connection, ids: Sequence[int]) -> dict[str, int]:
+    """Delete the index rows, links and cluster rows of `ids` (the caller recomputes what they leave)."""
+    c, link = near_duplicate_clusters, near_duplicate_links
+    return {
+        "near_duplicate_links": delete_in(conn, link, [link.c.record_a, link.c.record_b], ids),
+        "near_duplicate_clusters": delete_in(conn, c, [c.c.record_id], ids),
+        "near_index": delete_in(conn, near_index, [near_index.c.record_id], ids),
+        "near_pending": delete_in(conn, near_pending, [near_pending.c.record_id], ids),
+    }
 
 
 #: The cost PostgreSQL's planner gives a random page read during the rung's transactions (its default, 4, is
 #: for spinning disks). The rung looks up a few thousand ids a chunk in tables that are meant to stay in cache
-#: (see deploy/README.md, sizing); at the default cost the planner reads the whole clusters table instead of
-#: probing its index, which made every chunk slower as the corpus grew.
+#: (see docs/scale-out.md, sizing); at the default cost the planner may scan a table instead of probing its index.
 CACHED_RANDOM_PAGE_COST = 1.1
 
 
 def plan_for_cached_tables(conn: Connection) -> None:
-    """For the rest of this transaction, plan lookups as the index probes they should be (PostgreSQL).
-
-    JIT compilation is off too: a chunk's bucket join, estimated expensive on a
-    fast-growing table, spent 100-200 ms compiling for a few hundred ms of work.
-    """
+    """For the rest of this transaction, plan lookups as the index probes they should be (PostgreSQL), without JIT."""
     if conn.dialect.name == "postgresql":
         conn.execute(text(f"SET LOCAL random_page_cost = {CACHED_RANDOM_PAGE_COST}"))
         conn.execute(text("SET LOCAL jit = off"))
 
 
 #: The tables a near-rung chunk writes and the next chunk's lookups read.
-INDEX_TABLES = (lsh_buckets, minhash_signatures, near_duplicate_links, near_duplicate_clusters)
-
-
-def component_members(conn: Connection, seeds: Iterable[int]) -> set[int]:
-    """The seeds plus every record in a stored cluster with one of them."""
-    seeds = set(seeds)
-    if not seeds:
-        return set()
-    c = near_duplicate_clusters
-    clusters = select(c.c.cluster_id).where(in_values(conn, c.c.record_id, sorted(seeds))).scalar_subquery()
-    members = conn.execute(select(c.c.record_id).where(c.c.cluster_id.in_(clusters))).scalars()
-    return seeds | set(members)
-
-
-def links_among(conn: Connection, ids: Iterable[int]) -> list[tuple[int, int, float]]:
-    ids = sorted(set(ids))
-    if not ids:
-        return []
-    link = near_duplicate_links
-    # A UNION of one lookup per column uses both indexes; an OR of the two is planned as a scan of every link.
-    query = union(
-        *(
-            select(link.c.record_a, link.c.record_b, link.c.similarity).where(in_values(conn, column, ids))
-            for column in (link.c.record_a, link.c.record_b)
-        )
-    )
-    return [tuple(row) for row in conn.execute(query)]
-
-
-def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
-    """record id -> stored payload, in one SELECT."""
-    ids = sorted(set(ids))
-    if not ids:
-        return {}
-    return dict(
-        conn.execute(
-            select(records.c.record_id, records.c.payload).where(in_values(conn, records.c.record_id, ids))
-        ).all()
-    )
-
-
-def text_lengths(conn: Connection, ids: Iterable[int]) -> dict[int, int]:
-    """Length of the near-duplicate text of each record (for the 'longest' representative rule)."""
-    return {
-        rid: len(str(p.get("title") or "")) + len(str(p.get("description") or ""))
-        for rid, p in load_payloads(conn, ids).items()
-    }
+INDEX_TABLES = (near_index, near_pending, near_duplicate_links, near_duplicate_clusters)
 
 
 def batch_cluster_shares(conn: Connection, batch_id: str, limit: int) -> tuple[int, list[tuple[int, int, int]]]:
@@ -340,63 +697,3 @@ def batch_cluster_shares(conn: Connection, batch_id: str, limit: int) -> tuple[i
         .order_by(mine.c.in_batch.desc(), mine.c.cluster_id)
     )
     return total, [(int(cid), int(n), int(size)) for cid, n, size in conn.execute(whole)]
-
-
-def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[int, tuple[int, bool]]) -> None:
-    """Rewrite the cluster rows of `members`: record -> (cluster id, is representative)."""
-    members = sorted(set(members))
-    if not members:
-        return
-    conn.execute(delete(near_duplicate_clusters).where(in_values(conn, near_duplicate_clusters.c.record_id, members)))
-    if assignment:
-        conn.execute(
-            insert(near_duplicate_clusters),
-            [
-                {"record_id": rid, "cluster_id": cid, "is_representative": rep}
-                for rid, (cid, rep) in sorted(assignment.items())
-            ],
-        )
-
-
-def remove_records(conn: Connection, ids: Iterable[int], representative: str) -> tuple[dict[str, int], int]:
-    """Take records out of the index before they are deleted: sketches, buckets, links, cluster rows.
-
-    The clusters they were in are recomputed over the members that stay (a
-    cluster may split, or lose its representative). Returns the rows removed
-    per table and how many clusters the records were in. Erasure and the
-    rehash retire step delete records through this.
-    """
-    plan_for_cached_tables(conn)  # the same lookups as the rung's, so the same planning
-    ordered = sorted(set(ids))
-    survivors = component_members(conn, ordered) - set(ordered)
-    c, link = near_duplicate_clusters, near_duplicate_links
-    old_clusters = {
-        cid
-        for part in chunked(ordered)
-        for cid in conn.execute(select(c.c.cluster_id).where(in_values(conn, c.c.record_id, part))).scalars()
-    }
-    counts = {
-        "near_duplicate_links": delete_in(conn, link, [link.c.record_a, link.c.record_b], ordered),
-        "near_duplicate_clusters": delete_in(conn, c, [c.c.record_id], ordered),
-        "lsh_buckets": delete_in(conn, lsh_buckets, [lsh_buckets.c.record_id], ordered),
-        "minhash_signatures": delete_in(conn, minhash_signatures, [minhash_signatures.c.record_id], ordered),
-    }
-    if survivors:
-        recluster(conn, survivors, representative)
-    return counts, len(old_clusters)
-
-
-def recluster(conn: Connection, members: set[int], representative: str) -> list:
-    """Recompute and store the clusters of `members` and of every record linked to them.
-
-    Returns the clusters of two or more records (`core.clustering.Cluster`);
-    the members left alone get no cluster row.
-    """
-    links = links_among(conn, members)
-    members = members | {x for a, b, _ in links for x in (a, b)}
-    lengths = text_lengths(conn, members) if representative == "longest" else None
-    clusters = [k for k in cluster_records(sorted(members), links, representative, lengths) if len(k.members) > 1]
-    replace_clusters(
-        conn, members, {rid: (k.cluster_id, rid == k.representative) for k in clusters for rid in k.members}
-    )
-    return clusters

@@ -15,11 +15,11 @@ from datetime import datetime
 from sqlalchemy import Connection, and_, delete, exists, func, insert, select, update
 
 from dedup_pipeline.store.bulk import in_values
-from dedup_pipeline.store.near import remove_records
+from dedup_pipeline.store.near_graph import remove_from_index
 from dedup_pipeline.store.rehash import of_record
 from dedup_pipeline.store.schema import (
     hash_version_events,
-    minhash_signatures,
+    near_index,
     record_hashes,
     record_history,
     records,
@@ -72,7 +72,7 @@ def follow_sketches(conn: Connection, source: str, target: str) -> int:
     """
     old = record_hashes.alias("old")
     current = records.alias("current")
-    s = minhash_signatures
+    s = near_index
     statement = (
         update(s)
         .where(
@@ -143,7 +143,7 @@ def move_merged_to_history(
         )
         if not doomed:
             continue
-        remove_records(conn, doomed, representative)
+        remove_from_index(conn, doomed, representative)
         gone = conn.execute(
             delete(records)
             .where(in_values(conn, records.c.record_id, doomed))

@@ -29,16 +29,19 @@ GRANT TEMPORARY ON DATABASE ${database} TO ${writer};
 
 -- Analyst: the deduplicated records (every column but the content digest, a hash over personal
 -- fields), near-duplicate links and clusters, batch registrations and settings. Not: hash tables
--- (record_hashes, minhash_signatures, lsh_buckets), history, staged rows, the decision log,
+-- (record_hashes, near_index), history, staged rows, the decision log,
 -- quarantine, tombstones or the erasure audit.
 GRANT SELECT (${analyst_record_columns}) ON records TO ${analyst};
 GRANT SELECT ON near_duplicate_links, near_duplicate_clusters, crawl_batches, dedup_settings TO ${analyst};
 
--- Erasure operator: finds and deletes a subject's rows, recomputes the clusters they were in, adds
--- tombstones and writes the audit. It cannot insert or change records, nor remove a tombstone.
+-- Erasure operator: finds and deletes a subject's rows, recomputes the clusters they were in (and the links
+-- of the records that linked to them), adds tombstones and writes the audit. It cannot insert or change
+-- records, nor remove a tombstone. (UPDATE on near_index: the row locks of records whose links change.)
 GRANT SELECT, DELETE ON records, record_hashes, record_history, canonical_records, dedup_decisions, quarantine,
-    minhash_signatures, lsh_buckets, near_duplicate_links, near_duplicate_clusters TO ${eraser};
-GRANT INSERT ON near_duplicate_clusters TO ${eraser};
+    near_index, near_pending, near_duplicate_links, near_duplicate_clusters TO ${eraser};
+GRANT UPDATE ON near_index TO ${eraser};
+GRANT INSERT ON near_duplicate_links TO ${eraser};
+GRANT INSERT, UPDATE ON near_duplicate_clusters TO ${eraser};
 GRANT SELECT ON dedup_settings, crawl_batches TO ${eraser};
 GRANT SELECT, INSERT ON erasure_tombstones, erasure_scopes TO ${eraser};
 GRANT SELECT, INSERT, UPDATE ON erasure_requests TO ${eraser};

@@ -146,31 +146,41 @@ dedup_decisions = Table(
     Index("ix_decisions_batch", "batch_id", "line_no"),
 )
 
-minhash_signatures = Table(
-    "minhash_signatures",
+#: Band-key columns of `near_index` (b0, b1, ...): an index uses as many as its identity has bands (or SimHash blocks),
+#: each under a B-tree index of its own. The indexes are partial (non-NULL keys only), so the unused columns' stay
+#: empty, and the schema's owner creates them all with the tables (the writer role cannot create indexes).
+MAX_BANDS = 64
+
+# One row per sketched record (layout near-index/2): the digest of the content sketched, the order of first landing
+# (which of two records is "older", the same whatever order batches ran in), a compact signature (one byte per
+# MinHash permutation, or the 8-byte SimHash fingerprint) and the band keys as 32-bit integers. `linked` is false
+# between the commit that makes the row visible to other workers and the one that links and clusters it.
+near_index = Table(
+    "near_index",
     metadata,
     Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
-    Column("index_identity", String(255), nullable=False),
     Column("content_hash", Digest, nullable=False),
+    Column("first_landed_us", BigInteger, nullable=False),
+    Column("first_seen_us", BigInteger, nullable=False),
+    Column("key_order", BigInteger, nullable=False),
     Column("signature", LargeBinary, nullable=False),
+    *[Column(f"b{band}", Integer) for band in range(MAX_BANDS)],
 )
+for _band in range(MAX_BANDS):
+    _key = near_index.c[f"b{_band}"]
+    Index(f"ix_near_index_b{_band}", _key, postgresql_where=_key.is_not(None), sqlite_where=_key.is_not(None))
 
-# No foreign key on record_id: the check trigger per row more than doubled the cost of writing the index
-# (26 rows per record). Every statement that deletes records deletes their buckets itself
-# (erasure, retire); `ix_lsh_buckets_record` serves those deletes.
-lsh_buckets = Table(
-    "lsh_buckets",
+# Index rows stored and visible to other workers but not linked and clustered yet: between a chunk's two
+# transactions, or left by a chunk that stopped between them (a re-run links them). A table of its own, so that
+# linking deletes a small row instead of rewriting the index row and its band keys' index entries.
+near_pending = Table(
+    "near_pending",
     metadata,
-    Column("band", Integer, primary_key=True),
-    Column("bucket", BigInteger, primary_key=True),
-    Column("record_id", Id, primary_key=True),
-    Index("ix_lsh_buckets_record", "record_id"),
-    # The bucket join reads the primary key with index-only scans, which touch the table too for pages the
-    # visibility map does not mark all-visible. Autovacuum's default waits for 20% new rows, so on a large index
-    # the unmarked tail grows for many batches; a fixed threshold marks it every million rows, in small runs.
-    postgresql_with={"autovacuum_vacuum_insert_scale_factor": 0, "autovacuum_vacuum_insert_threshold": 1_000_000},
+    Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
 )
 
+# A record's links go to at most `max_links` earlier-landed near duplicates, its nearest (record_b is the record,
+# record_a the earlier one); its cluster may hold many more records than it links to.
 near_duplicate_links = Table(
     "near_duplicate_links",
     metadata,
@@ -251,7 +261,7 @@ rehash_merged_records = Table(
     Column("reason", Text, nullable=False),
 )
 
-# ---------------------------------------------------------------- erasure (store/erasure.py, store/tombstones.py)
+# ---------------------------------------------------------------- erasure (dedup_pipeline/store/erasure.py)
 
 # One row per erasure request: who asked (an operator's reference, never the subject) and what was removed (counts).
 erasure_requests = Table(

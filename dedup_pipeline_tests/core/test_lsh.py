@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import xxhash
 from datasketch import MinHashLSH
-from datasketch.lsh import _optimal_param
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +19,7 @@ from dedup_pipeline.core.lsh import (
     xxh64_words,
 )
 from dedup_pipeline.core.minhash import minhash_signatures, to_lean_minhash
+from dedup_pipeline.core.near import LSH_WEIGHTS, NearDupParams
 
 
 @pytest.mark.parametrize(
@@ -29,20 +29,34 @@ from dedup_pipeline.core.minhash import minhash_signatures, to_lean_minhash
         (0.9, 128, (0.5, 0.5)),
         (0.3, 64, (0.3, 0.7)),
         (0.75, 256, (0.05, 0.95)),
-        (0.1, 16, (0.9, 0.1)),
+        (0.2, 16, (0.9, 0.1)),
     ],
 )
-def test_choose_bands_rows_matches_datasketch(threshold, num_perm, weights):
-    assert choose_bands_rows(threshold, num_perm, *weights) == _optimal_param(threshold, num_perm, *weights)
+def test_choose_bands_rows_is_what_datasketch_chooses(threshold, num_perm, weights):
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=weights)
+    assert choose_bands_rows(threshold, num_perm, *weights) == (lsh.b, lsh.r)
+
+
+def test_the_default_banding_is_26_bands_of_3_rows():
+    """threshold 0.5, 128 permutations, recall-leaning weights: the bands every default index is built with."""
+    assert LSH_WEIGHTS == (0.05, 0.95)
+    assert choose_bands_rows(0.5, 128, *LSH_WEIGHTS) == (26, 3)
+    params = NearDupParams()
+    assert (params.threshold, params.num_perm, params.bands, params.rows) == (0.5, 128, 26, 3)
 
 
 def test_choose_bands_rows_validates_and_fits():
     bands, rows = choose_bands_rows(0.5, 128, 0.05, 0.95)
     assert bands * rows <= 128
     assert candidate_probability(0.5, bands, rows) > 0.95  # recall-leaning weights
-    for bad in ((0.0, 128), (1.0, 128), (0.5, 0)):
+    for bad in ((0.0, 128), (1.0, 128), (0.5, 1)):
         with pytest.raises(ValueError):
             choose_bands_rows(*bad)
+    # where datasketch's optimum is a single band it refuses, and so do we, saying what to do instead
+    with pytest.raises(ValueError, match="give bands and rows"):
+        choose_bands_rows(0.95, 4, 0.05, 0.95)
+    with pytest.raises(ValueError, match="give bands and rows"):
+        choose_bands_rows(0.5, 128, 0.3, 0.3)  # weights must sum to 1
 
 
 @settings(max_examples=80, deadline=None)

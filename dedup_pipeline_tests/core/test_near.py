@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
+import xxhash
+from datasketch import LeanMinHash, MinHash, MinHashLSH, MinHashLSHForest
 
 from dedup_pipeline.core.lsh import candidate_probability
 from dedup_pipeline.core.near import (
     DEFAULT_THRESHOLD,
+    MIN_THRESHOLD_RECALL,
     NearDupParams,
     cluster_near_duplicates,
+    lowest_threshold,
     make_params,
     near_duplicate_links,
+    threshold_recall,
+    threshold_warning,
+    to_lean_minhashes,
 )
-from dedup_pipeline.core.text import TextNormaliser
+from dedup_pipeline.core.text import RULES_VERSION, TextNormaliser
 
 ARTICLE = (
     "The city council met on Tuesday to discuss the new budget for public transport, "
@@ -124,7 +132,7 @@ def test_results_are_deterministic():
 def test_default_params_and_banding():
     params = NearDupParams()
     assert params.threshold == DEFAULT_THRESHOLD
-    assert params.normaliser == TextNormaliser(shingle="word", ngram=3)
+    assert params.normaliser == TextNormaliser() and params.normaliser.shingle == "auto"
     assert NearDupParams(method="simhash").normaliser == TextNormaliser(shingle="char", ngram=4)
     assert params.bands * params.rows <= params.num_perm
     assert candidate_probability(params.threshold, params.bands, params.rows) > 0.95
@@ -135,7 +143,7 @@ def test_default_params_and_banding():
 def test_identity_names_everything_that_shapes_the_index():
     base = NearDupParams()
     identity = base.identity()
-    for part in ("scheme=affine32", "num_perm=128", f"bands={base.bands}", f"rows={base.rows}", "n=3", "text/1"):
+    for part in ("scheme=affine32", "num_perm=128", f"bands={base.bands}", f"rows={base.rows}", "n=3", RULES_VERSION):
         assert part in identity
     assert identity == NearDupParams().identity()
     changed = [
@@ -180,3 +188,93 @@ def test_make_params_routes_options():
         make_params(colour="blue")
     with pytest.raises(TypeError):
         make_params(normaliser=TextNormaliser(), ngram=2)
+
+
+# A person record, its copy with typos in the surname and the street, and one with two fields swapped:
+# one token in ten changed removes most of a short record's word 3-grams, but few of its words and characters.
+PERSON = "margaret thompson 42 wattle street braddon canberra 2612 act 19710312 5512093"
+PEOPLE = [
+    PERSON,
+    "margaret thomson 42 wattle streat braddon canberra 2612 act 19710312 5512093",
+    "margaret thompson 42 wattle street canberra braddon 2612 act 19710312 5512093",
+    "jonathan ellis 7 banksia crescent kambah canberra 2902 act 19850227 7731046",
+    "margaret ellis 15 wattle street braddon canberra 2612 act 19520918 2209113",
+]
+
+
+def test_short_records_with_typos_and_swaps_cluster_at_the_defaults_but_not_under_word_3_grams():
+    assert cluster_near_duplicates(PEOPLE) == [0, 0, 0, 3, 4]
+    assert cluster_near_duplicates(PEOPLE, shingle="word", ngram=3) == [0, 1, 2, 3, 4]
+
+
+def test_threshold_recall_is_the_candidate_probability_at_the_threshold():
+    assert threshold_recall(0.5, 26, 3) == candidate_probability(0.5, 26, 3) == pytest.approx(1 - (1 - 0.125) ** 26)
+    assert threshold_recall(0.5, 26, 3) > threshold_recall(0.4, 26, 3) > threshold_recall(0.3, 26, 3)
+    params = NearDupParams()
+    assert params.threshold_recall() == threshold_recall(params.threshold, params.bands, params.rows)
+    assert NearDupParams(method="simhash").threshold_recall() == 1.0
+
+
+def test_threshold_warning_only_when_pairs_at_the_threshold_are_likely_missed():
+    assert threshold_warning(0.5, 26, 3) is None  # what 26 x 3 was built for
+    assert threshold_warning(0.9, 26, 3) is None  # higher thresholds lose nothing
+    warning = threshold_warning(0.3, 26, 3)
+    assert warning is not None and "0.509" in warning and "26 bands of 3 rows" in warning
+    lowest = lowest_threshold(26, 3)
+    assert threshold_recall(lowest, 26, 3) == pytest.approx(MIN_THRESHOLD_RECALL)
+    assert threshold_warning(lowest + 1e-6, 26, 3) is None and threshold_warning(lowest - 1e-3, 26, 3) is not None
+    assert threshold_warning(0.5, 26, 3, min_recall=0.99) is not None  # 0.969 < 0.99
+    with pytest.raises(ValueError):
+        lowest_threshold(26, 3, 1.0)
+
+
+def test_bands_and_rows_pinned_keep_the_index_identity_whatever_the_threshold():
+    built = NearDupParams()
+    for threshold in (0.3, 0.6, 0.8):
+        moved = built.with_threshold(threshold)
+        assert (moved.bands, moved.rows, moved.threshold) == (built.bands, built.rows, threshold)
+        assert moved.identity() == built.identity()
+        assert dataclasses.replace(built, threshold=threshold).identity() == built.identity()
+        assert make_params(threshold, bands=built.bands, rows=built.rows).identity() == built.identity()
+        assert NearDupParams.from_dict(moved.as_dict()) == moved
+    # left to choose, the bands follow the threshold, and so does the identity
+    assert NearDupParams(threshold=0.8).identity() != built.identity()
+    assert built.with_threshold(0.3).threshold_warning() == threshold_warning(0.3, built.bands, built.rows)
+    assert built.with_threshold(0.6).threshold_warning() is None
+    # queries at the new threshold: the pinned bands find the same candidates, verification decides
+    texts = [ARTICLE, EDITED, RECIPE]
+    [(_, _, similarity)] = near_duplicate_links(texts, built.with_threshold(0.3))
+    assert near_duplicate_links(texts, built.with_threshold(similarity + 0.01)) == []
+
+
+def test_identities_name_earlier_versions_only_where_the_keys_are_unchanged():
+    params = NearDupParams()
+    assert params.identities() == (params.identity(),)
+    pinned = NearDupParams(normaliser=TextNormaliser(shingle="word", ngram=3))
+    current, earlier = pinned.identities()
+    assert current == pinned.identity() and earlier == current.replace(f";{RULES_VERSION};", ";text/1;")
+    assert earlier.startswith("neardup/2;method=minhash") and ";shingle=word;n=3" in earlier
+
+
+@pytest.mark.parametrize("normaliser", [TextNormaliser(), TextNormaliser(shingle="word", ngram=3)])
+def test_lean_minhashes_are_datasketchs_own_sketches_of_the_shingles(normaliser):
+    params = NearDupParams(num_perm=64, seed=7, normaliser=normaliser)
+    texts = [*PEOPLE, ARTICLE, EDITED, "", "!!!"]
+    leans = to_lean_minhashes(texts, params)
+    assert len(leans) == len(texts) and all(isinstance(m, LeanMinHash) for m in leans)
+    for text, lean in zip(texts, leans):
+        theirs = MinHash(num_perm=64, seed=7, scheme="affine32", hashfunc=xxhash.xxh32_intdigest)
+        theirs.update_batch(normaliser.shingle_bytes(text))
+        assert np.array_equal(lean.hashvalues, theirs.hashvalues) and lean.seed == 7
+    # ... so datasketch's own indexes take them
+    forest = MinHashLSHForest(num_perm=64)
+    for i, lean in enumerate(leans[:7]):
+        forest.add(i, lean)
+    forest.index()
+    assert 6 in forest.query(leans[5], 2)  # the edited copy is the article's nearest neighbour
+    lsh = MinHashLSH(num_perm=64, params=(16, 4))
+    for i, lean in enumerate(leans[:7]):
+        lsh.insert(i, lean)
+    assert {5, 6} <= set(lsh.query(leans[5])) and 0 not in lsh.query(leans[5])
+    with pytest.raises(ValueError):
+        to_lean_minhashes(texts, NearDupParams(method="simhash"))

@@ -14,13 +14,16 @@ from dedup_pipeline.core.text import TextNormaliser
 from dedup_pipeline.core.xxh32 import xxh32_slices
 
 NORMALISERS = st.builds(
-    TextNormaliser,
+    lambda short, **settings: TextNormaliser(short_words=short[0], short_chars=short[1], **settings),
+    # auto: word and/or character n-grams, and small cut-offs, so that a list of texts mixes short and long ones
+    st.tuples(st.integers(0, 3), st.integers(0, 5)).filter(any),
     unicode_form=st.sampled_from(["NFC", "NFKC", "NFD", "NFKD", "none"]),
     casefold=st.booleans(),
     strip_punctuation=st.booleans(),
     digits=st.sampled_from(["keep", "mask"]),
-    shingle=st.sampled_from(["word", "char"]),
+    shingle=st.sampled_from(["word", "char", "auto"]),
     ngram=st.integers(1, 5),
+    short_below=st.integers(0, 12),
 )
 # ASCII controls and separators, Unicode spaces, combining marks, ligatures, CJK, emoji, RTL: every rule has work.
 # Pure ASCII texts take their own fast path, so half the texts are drawn from ASCII alone, runs of spaces included.
@@ -91,9 +94,33 @@ def test_signatures_from_texts_equal_the_per_shingle_path(normaliser, texts, chu
     assert got.dtype == np.uint32 and np.array_equal(got, want)
 
 
+def test_auto_spans_interleave_the_kinds_of_short_texts_in_text_order():
+    normaliser = TextNormaliser(short_below=3, short_words=1, short_chars=2)
+    texts = ["ab cd", "one two three four", "", "é x", "x"]
+    spans = normaliser.shingle_spans(texts)
+    cut = [spans.buffer[a : a + n] for a, n in zip(spans.starts.tolist(), spans.lengths.tolist())]
+    assert cut == [
+        b"ab",
+        b"cd",
+        b"ab",
+        b"b ",
+        b" c",
+        b"cd",  # short: words, then character 2-grams
+        b"one two three",
+        b"two three four",  # long: word 3-grams
+        "é".encode(),
+        b"x",
+        "é ".encode(),
+        b" x",
+        b"x",
+        b"x",  # one character: its word and its whole text
+    ]
+    assert spans.counts.tolist() == [6, 2, 0, 4, 2]
+
+
 def test_a_megabyte_token_is_one_shingle_hashed_exactly():
     token = "x" * 1_000_000
-    normaliser = TextNormaliser()
+    normaliser = TextNormaliser(shingle="word", ngram=3)
     [signature] = minhash_signatures_from_texts([f"a {token} b"], normaliser, 32, 1)
     assert np.array_equal(signature, minhash_signatures([normaliser.shingle_bytes(f"a {token} b")], 32, 1)[0])
 

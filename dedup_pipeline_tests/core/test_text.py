@@ -8,15 +8,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dedup_pipeline.core.text import RULES_VERSION, TextNormaliser
+from dedup_pipeline.core.text import PREVIOUS_RULES_VERSION, RULES_VERSION, TextNormaliser
 
 SAMPLE = "Ｆｕｌｌ-width ﬁne Straße!  It's 3.14\u00a0€ — café\tnaïve_x 2024"
 
 
+#: The default shingles of text/1, which text/2 names explicitly and must reproduce exactly.
+TEXT_1 = TextNormaliser(shingle="word", ngram=3)
+
+
 def test_golden_normalisation_pins_the_rule_version():
-    # If this fails, a rule's output changed: bump RULES_VERSION (text/2...)
+    # If this fails, a rule's output changed: bump RULES_VERSION (text/3...)
     # and update the expectations, never the other way round.
-    assert RULES_VERSION == "text/1"
+    assert RULES_VERSION == "text/2" and PREVIOUS_RULES_VERSION == "text/1"
     n = TextNormaliser()
     assert n.normalise(SAMPLE) == "full width fine strasse it s 3 14 café naïve x 2024"
     assert TextNormaliser(digits="mask").normalise(SAMPLE) == "full width fine strasse it s 0 00 café naïve x 0000"
@@ -26,8 +30,86 @@ def test_golden_normalisation_pins_the_rule_version():
     assert TextNormaliser(unicode_form="none", casefold=False).normalise(SAMPLE) == (
         "Ｆｕｌｌ width ﬁne Straße It s 3 14 café naïve x 2024"
     )
-    assert n.shingles("One two, three. Four") == ["one two three", "two three four"]
+    assert TEXT_1.shingles("One two, three. Four") == ["one two three", "two three four"]
     assert TextNormaliser(shingle="char", ngram=4).shingles("Ab, cd") == ["ab c", "b cd"]
+    # text/2's default: a short text is its words, then its character 4-grams, one set of both
+    assert n.shingles("Jon Smith, 12 High St") == [
+        "jon",
+        "smith",
+        "12",
+        "high",
+        "st",
+        "jon ",
+        "on s",
+        "n sm",
+        " smi",
+        "smit",
+        "mith",
+        "ith ",
+        "th 1",
+        "h 12",
+        " 12 ",
+        "12 h",
+        "2 hi",
+        " hig",
+        "high",
+        "igh ",
+        "gh s",
+        "h st",
+    ]
+    # ... and a long one its word 3-grams, as text/1 shingled every text
+    long_text = " ".join(f"w{i}" for i in range(n.short_below))
+    assert n.shingles(long_text) == TEXT_1.shingles(long_text)
+    assert n.identity() == (
+        "text/2;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=auto;n=3;short_below=75;short_words=1;short_chars=4"
+    )
+    assert TEXT_1.identity() == "text/2;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=word;n=3"
+
+
+def test_text_1_shingles_are_reproduced_by_explicit_settings_and_keep_their_old_name():
+    """Pinning text/1's defaults gives its shingles, and names the index text/1 built as one of its identities."""
+    text = "The quick brown fox, jumps over the lazy dog; again and again"
+    assert TEXT_1.shingles(text) == [
+        "the quick brown",
+        "quick brown fox",
+        "brown fox jumps",
+        "fox jumps over",
+        "jumps over the",
+        "over the lazy",
+        "the lazy dog",
+        "lazy dog again",
+        "dog again and",
+        "again and again",
+    ]
+    assert TEXT_1.shingles("a b") == ["a b"]
+    assert TEXT_1.identities() == (
+        TEXT_1.identity(),
+        "text/1;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=word;n=3",
+    )
+    assert TextNormaliser(shingle="char", ngram=4).identities()[1].startswith("text/1;")
+    assert TextNormaliser().identities() == (TextNormaliser().identity(),)  # auto is new in text/2
+
+
+def test_auto_chooses_the_shingles_by_the_token_count():
+    n = TextNormaliser(short_below=4, short_words=1, short_chars=3)
+    assert n.shingles("a bb ccc") == ["a", "bb", "ccc", "a b", " bb", "bb ", "b c", " cc", "ccc"]  # 3 tokens: short
+    assert n.shingles("a bb ccc d") == ["a bb ccc", "bb ccc d"]  # 4 tokens: long, word 3-grams
+    assert TextNormaliser(short_below=4, short_words=0, short_chars=3).shingles("ab c") == ["ab ", "b c"]
+    assert TextNormaliser(short_below=4, short_words=2, short_chars=0).shingles("ab c d") == ["ab c", "c d"]
+    assert TextNormaliser(short_below=0).shingles("a b c d") == ["a b c", "b c d"]  # nothing is short
+    # short and long texts keep their own kinds: a word never equals a 3-gram of words
+    assert set(n.shingles("x y z")).isdisjoint(n.shingles("x y z w"))
+
+
+def test_one_typo_costs_a_short_record_far_less_under_auto_than_under_word_3_grams():
+    a = "margaret thompson 42 wattle street canberra 2600 act 19710312 5512093"
+    b = "margaret thompson 42 wattle streat canberra 2600 act 19710312 5512093"  # 3 of 8 word 3-grams gone
+
+    def jaccard(normaliser):
+        x, y = set(normaliser.shingles(a)), set(normaliser.shingles(b))
+        return len(x & y) / len(x | y)
+
+    assert jaccard(TEXT_1) < 0.5 and jaccard(TextNormaliser()) > 0.8
 
 
 def test_identity_is_deterministic_and_names_version_and_every_rule():
@@ -42,26 +124,44 @@ def test_identity_is_deterministic_and_names_version_and_every_rule():
         "digits": "mask",
         "shingle": "char",
         "ngram": 4,
+        "short_below": 7,
+        "short_words": 2,
+        "short_chars": 5,
     }
+    assert set(changes) == {f.name for f in dataclasses.fields(TextNormaliser)}
     identities = {n.identity()}
     for field, value in changes.items():
         changed = dataclasses.replace(n, **{field: value})
         assert changed.identity() != n.identity(), field
         identities.add(changed.identity())
     assert len(identities) == len(changes) + 1
+    # the short_* settings only shape auto's shingles, and only auto's identity names them
+    word = TextNormaliser(shingle="word")
+    assert dataclasses.replace(word, short_below=7, short_chars=5).identity() == word.identity()
+    assert "short" not in word.identity()
 
 
 def test_normaliser_is_frozen_and_validates():
     n = TextNormaliser()
     with pytest.raises(dataclasses.FrozenInstanceError):
         n.ngram = 5  # type: ignore[misc]
-    for bad in ({"unicode_form": "NFX"}, {"digits": "drop"}, {"shingle": "line"}, {"ngram": 0}):
+    for bad in (
+        {"unicode_form": "NFX"},
+        {"digits": "drop"},
+        {"shingle": "line"},
+        {"ngram": 0},
+        {"ngram": True},
+        {"short_below": -1},
+        {"short_chars": -1},
+        {"short_words": 1.5},
+        {"short_words": 0, "short_chars": 0},
+    ):
         with pytest.raises(ValueError):
             TextNormaliser(**bad)
     assert hash(n) == hash(TextNormaliser())
 
 
-@pytest.mark.parametrize("normaliser", [TextNormaliser(), TextNormaliser(shingle="char", ngram=5)])
+@pytest.mark.parametrize("normaliser", [TextNormaliser(), TEXT_1, TextNormaliser(shingle="char", ngram=5)])
 @pytest.mark.parametrize("text", ["", "   ", "\t\n", "!!! ... ---", "—", "_"])
 def test_empty_documents_have_no_shingles(normaliser, text):
     assert normaliser.shingles(text) == []
@@ -69,7 +169,7 @@ def test_empty_documents_have_no_shingles(normaliser, text):
 
 
 def test_short_documents_yield_their_whole_text_once():
-    words = TextNormaliser(ngram=3)
+    words = TextNormaliser(shingle="word", ngram=3)
     assert words.shingles("Hello") == ["hello"]
     assert words.shingles("Hello, World") == ["hello world"]
     assert words.shingles("a b c") == ["a b c"]
@@ -81,12 +181,13 @@ def test_short_documents_yield_their_whole_text_once():
 
 
 NORMALISERS = [
-    TextNormaliser(shingle=kind, ngram=n, strip_punctuation=strip, digits=digits, unicode_form=form)
-    for kind in ("word", "char")
+    TextNormaliser(shingle=kind, ngram=n, strip_punctuation=strip, digits=digits, unicode_form=form, short_below=below)
+    for kind in ("word", "char", "auto")
     for n in (1, 3)
     for strip in (True, False)
     for digits in ("keep", "mask")
     for form in ("NFKC", "none")
+    for below in ((3, 50) if kind == "auto" else (50,))
 ]
 
 
@@ -106,4 +207,5 @@ def test_ascii_fast_path_matches_the_regex_rule(text):
 
 
 def test_shingles_keep_document_order_and_duplicates():
-    assert TextNormaliser(ngram=1).shingles("b a b") == ["b", "a", "b"]
+    assert TextNormaliser(shingle="word", ngram=1).shingles("b a b") == ["b", "a", "b"]
+    assert TextNormaliser(short_chars=0).shingles("b a b") == ["b", "a", "b"]

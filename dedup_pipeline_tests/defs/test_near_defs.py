@@ -16,7 +16,7 @@ def test_the_resource_leaves_each_method_its_own_shingles():
     assert (
         NearDupResource().params().normaliser
         == DEFAULT_NORMALISERS["minhash"]
-        == TextNormaliser(shingle="word", ngram=3)
+        == TextNormaliser(shingle="auto", ngram=3)
     )
     simhash = NearDupResource(method="simhash").params()
     assert simhash.normaliser == DEFAULT_NORMALISERS["simhash"] == TextNormaliser(shingle="char", ngram=4)
@@ -24,12 +24,16 @@ def test_the_resource_leaves_each_method_its_own_shingles():
     assert NearDupResource().params().identity() == NearDupParams().identity()
     assert simhash.identity() == NearDupParams(method="simhash").identity()
     # an explicit setting still wins, and changes the identity
-    assert NearDupResource(ngram=5).params().normaliser == TextNormaliser(shingle="word", ngram=5)
+    assert NearDupResource(ngram=5).params().normaliser == TextNormaliser(shingle="auto", ngram=5)
     assert NearDupResource(method="simhash", shingle="word").params().normaliser == TextNormaliser(
         shingle="word", ngram=4
     )
     assert NearDupResource(ngram=5).params().identity() != NearDupParams().identity()
     assert NearDupResource(verify="exact").params().verify == "exact"
+    # bands and rows are the index's unless given, and given they are pinned
+    assert NearDupResource(threshold=0.7).settings().bands_from_index
+    pinned = NearDupResource(bands=20, rows=4).settings()
+    assert not pinned.bands_from_index and (pinned.params.bands, pinned.params.rows) == (20, 4)
 
 
 def test_a_runaway_cluster_fails_the_run_and_names_the_cluster(tmp_path):

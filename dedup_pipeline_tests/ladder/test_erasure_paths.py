@@ -28,7 +28,7 @@ from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import (
     canonical_records,
     dedup_decisions,
-    minhash_signatures,
+    near_index,
     record_history,
     records,
     rehash_comparisons,
@@ -75,7 +75,7 @@ def subject_rows(warehouse) -> dict:
                 select(func.count()).select_from(canonical_records).where(seller(canonical_records))
             ).scalar_one(),
             "sketches": conn.execute(
-                select(func.count()).select_from(minhash_signatures.join(records)).where(seller(records))
+                select(func.count()).select_from(near_index.join(records)).where(seller(records))
             ).scalar_one(),
         }
 

@@ -17,14 +17,13 @@ from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, records
 from dedup_pipeline_tests.helpers import description, listing, new_run_id, write_batch
 
+RUNAWAY_CHECK = NearSettings(max_cluster_share=0.2, min_records_for_cluster_check=50)
+SMALL_BATCHES_PASS = NearSettings(max_cluster_share=0.2, min_records_for_cluster_check=81)
+
 BOILERPLATE = (
     "Free shipping on all orders over fifty euros. Returns accepted within thirty days of delivery. "
     "Sign up to our newsletter for weekly deals on kettles, pans and every kitchen tool you need."
 )
-
-#: The runaway-cluster check at its defaults, and with a floor above the 80-record batch.
-RUNAWAY_CHECK = NearSettings(max_cluster_share=0.2, min_records_for_cluster_check=50)
-SMALL_BATCHES_PASS = NearSettings(max_cluster_share=0.2, min_records_for_cluster_check=81)
 
 
 def land(warehouse, folder, key, rows, landed=1e9):
@@ -53,7 +52,7 @@ def stored(warehouse):
     return texts, links, sorted(sorted(g) for g in groups.values())
 
 
-def test_a_boilerplate_bucket_is_capped_and_still_forms_one_cluster(warehouse, tmp_path):
+def test_boilerplate_caps_the_candidates_a_record_meets_and_still_forms_one_cluster(warehouse, tmp_path):
     n, cap = 60, 5
     land(
         warehouse,
@@ -61,18 +60,22 @@ def test_a_boilerplate_bucket_is_capped_and_still_forms_one_cluster(warehouse, t
         "b1",
         [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)],
     )
-    report = cluster_batch(warehouse, "b1", NearSettings(chunk_size=25, max_bucket_size=cap))
+    report = cluster_batch(warehouse, "b1", NearSettings(chunk_size=25, max_candidates=cap))
 
-    # every record meets at most `cap` partners (the oldest members), not n - 1
+    # every record meets at most `cap` others (the first stored), not n - 1; each had more (its chunk's, at least)
     assert report.candidate_pairs <= n * cap
-    assert report.capped_buckets and report.as_metadata()["capped_buckets"] == len(report.capped_buckets)
-    assert len(report.capped_buckets) == NearDupParams().bands  # identical texts share every band's bucket
-    _, _, clusters = stored(warehouse)
-    assert [len(c) for c in clusters] == [n]  # linking to the oldest members keeps the cluster whole
+    assert len(report.capped) == n and report.as_metadata()["capped_records"] == n
+    _, links, clusters = stored(warehouse)
+    assert [len(c) for c in clusters] == [n]  # linking to the first members keeps the cluster whole
     assert report.clusters == {clusters[0][0]: n}
 
 
-def test_without_a_cap_the_same_bucket_gives_every_pair(warehouse, tmp_path):
+def test_each_record_keeps_links_to_its_nearest_earlier_records_only(warehouse, tmp_path):
+    """Breaks: 30 identical texts, no cap: every pair is a near duplicate (435 pairs).
+
+    Must hold: all 435 are verified and form one cluster, but a record keeps at most `max_links` links, each
+    to a record landed before it; with ties in similarity, to the oldest: 0 + 1 + 2 + 3 * 27 links.
+    """
     n = 30
     land(
         warehouse,
@@ -80,9 +83,16 @@ def test_without_a_cap_the_same_bucket_gives_every_pair(warehouse, tmp_path):
         "b1",
         [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(n)],
     )
-    report = cluster_batch(warehouse, "b1", NearSettings(chunk_size=n, max_bucket_size=None))
-    assert report.candidate_pairs == n * (n - 1) and not report.capped_buckets
-    assert report.pairs == n * (n - 1) // 2
+    report = cluster_batch(warehouse, "b1", NearSettings(chunk_size=n, max_candidates=None, max_links=3))
+    assert report.candidate_pairs == report.pairs == n * (n - 1) // 2 and not report.capped
+    _, links, clusters = stored(warehouse)
+    assert [len(c) for c in clusters] == [n]
+    assert len(links) == 0 + 1 + 2 + 3 * (n - 3)
+    by_owner: dict = {}
+    for earlier, later in links:
+        by_owner.setdefault(later, []).append(earlier)
+    ids = sorted(clusters[0])
+    assert all(sorted(e) == ids[: min(3, ids.index(later))] for later, e in by_owner.items())
 
 
 def _variants(seed: int, count: int) -> list[str]:
@@ -177,7 +187,7 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
     word), not to A's, and its sketch is of the content it holds.
     """
     from dedup_pipeline.ladder import near
-    from dedup_pipeline.store.schema import minhash_signatures
+    from dedup_pipeline.store.schema import near_index
 
     text_a, text_b = description(1, words=120), description(2, words=120)
     folder = tmp_path / "landing"
@@ -189,8 +199,8 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
     )
     real = near.index.records_to_index
 
-    def y_runs_in_the_window(conn, batch_id, after, limit):
-        rows = real(conn, batch_id, after, limit)
+    def y_runs_in_the_window(conn, batch_id, after, limit, bands):
+        rows = real(conn, batch_id, after, limit, bands)
         if batch_id == "X" and after == 0:
             land(
                 warehouse,
@@ -208,20 +218,133 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
     with warehouse.engine.connect() as conn:
         ids = dict(conn.execute(select(records.c.natural_key, records.c.record_id)).all())
         stale = conn.execute(
-            select(minhash_signatures.c.record_id)
-            .join(records, records.c.record_id == minhash_signatures.c.record_id)
-            .where(minhash_signatures.c.content_hash != records.c.content_hash)
+            select(near_index.c.record_id)
+            .join(records, records.c.record_id == near_index.c.record_id)
+            .where(near_index.c.content_hash != records.c.content_hash)
         ).all()
     one, two = ids[listing(1)["url"]], ids[listing(2)["url"]]
     assert (min(one, two), max(one, two)) in links and not stale
 
 
-def test_a_bucket_one_past_the_cap_is_not_capped_for_its_newest_member(warehouse, tmp_path):
-    """The newest of `cap` + 1 members meets all the others: nothing is left out, so nothing is reported capped
-    (SQLite once reported 26 capped buckets where PostgreSQL reported none, for the same pairs)."""
+def test_a_record_that_meets_exactly_the_cap_is_not_capped(warehouse, tmp_path):
+    """The newest of `cap` + 1 identical records meets all the others: nothing is left out, so nothing is reported
+    capped; one more, and the newest is."""
     folder = tmp_path / "landing"
     land(warehouse, folder, "b1", [listing(i, title="Kitchen shop", description=BOILERPLATE) for i in range(5)])
-    cluster_batch(warehouse, "b1", NearSettings(max_bucket_size=5))
+    cluster_batch(warehouse, "b1", NearSettings(max_candidates=5))
     land(warehouse, folder, "b2", [listing(5, title="Kitchen shop", description=BOILERPLATE)], landed=1e9 + 10)
-    report = cluster_batch(warehouse, "b2", NearSettings(max_bucket_size=5))
-    assert (report.candidate_pairs, len(report.capped_buckets)) == (5, 0)
+    report = cluster_batch(warehouse, "b2", NearSettings(max_candidates=5))
+    assert (report.candidate_pairs, len(report.capped)) == (5, 0)
+    land(warehouse, folder, "b3", [listing(6, title="Kitchen shop", description=BOILERPLATE)], landed=1e9 + 20)
+    report = cluster_batch(warehouse, "b3", NearSettings(max_candidates=5))
+    assert (report.candidate_pairs, len(report.capped)) == (5, 1)
+
+
+def test_a_new_price_keeps_the_sketch_links_and_cluster_and_a_new_text_leaves_its_cluster(warehouse, tmp_path):
+    """Breaks: two near copies of one text are clustered; then a batch changes the first's price only, and another
+    rewrites the second's text entirely.
+
+    Must hold: the price change re-sketches nothing (the text is the same: `kept_sketches`), the cluster and link
+    stay; the text change takes the record out of its cluster (the cluster of two is gone) and leaves no link.
+    """
+    folder = tmp_path / "landing"
+    text = description(7, words=80)
+    land(
+        warehouse, folder, "b1", [listing(1, title="", description=text), listing(2, title="", description=text + " x")]
+    )
+    cluster_batch(warehouse, "b1", NearSettings())
+    _, links, clusters = stored(warehouse)
+    assert len(links) == 1 and [len(c) for c in clusters] == [2]
+
+    land(warehouse, folder, "b2", [listing(1, title="", description=text, price="99.00")], landed=1e9 + 10)
+    report = cluster_batch(warehouse, "b2", NearSettings())
+    assert (report.sketched, report.kept_sketches) == (0, 1)
+    assert stored(warehouse)[1:] == (links, clusters)
+
+    land(warehouse, folder, "b3", [listing(2, title="", description=description(8, words=80))], landed=1e9 + 20)
+    report = cluster_batch(warehouse, "b3", NearSettings())
+    assert report.sketched == 1 and not report.near_duplicates
+    assert stored(warehouse)[1:] == ({}, [])
+
+
+def test_an_index_of_the_earlier_layout_is_refused_with_the_command_that_rebuilds_it(warehouse, tmp_path):
+    from dedup_pipeline.store.near import INDEX_IDENTITY, REBUILD_COMMAND, IndexMismatch
+    from dedup_pipeline.store.schema import settings
+    from dedup_pipeline.store.warehouse import utcnow
+
+    land(warehouse, tmp_path / "landing", "b1", [listing(1)])
+    with warehouse.engine.begin() as conn:
+        conn.execute(
+            settings.insert().values(name=INDEX_IDENTITY, value="neardup/1;method=minhash;...", updated_at=utcnow())
+        )
+    with pytest.raises(IndexMismatch, match="earlier version") as refused:
+        cluster_batch(warehouse, "b1", NearSettings())
+    assert REBUILD_COMMAND in str(refused.value)
+    with pytest.raises(IndexMismatch, match="keep the original sketch settings"):
+        with warehouse.engine.begin() as conn:
+            conn.execute(settings.delete())
+        cluster_batch(warehouse, "b1", NearSettings())
+        cluster_batch(warehouse, "b1", NearSettings(params=NearDupParams(num_perm=64)))
+
+
+def test_rebuilding_the_index_gives_what_building_it_batch_by_batch_gave(warehouse, tmp_path):
+    """Breaks: an index built batch by batch, then dropped and rebuilt in one go (as after an upgrade, or to change
+    the sketch settings), including the tables an earlier layout left.
+
+    Must hold: the same links and clusters; the old tables are gone.
+    """
+    from sqlalchemy import inspect, text
+
+    from dedup_pipeline.ladder.near import rebuild_index
+
+    texts = [t for seed in (1, 2) for t in _variants(seed, 5)]
+    folder = tmp_path / "landing"
+    land(warehouse, folder, "b1", [listing(i, title="", description=t) for i, t in enumerate(texts[:5])])
+    land(
+        warehouse,
+        folder,
+        "b2",
+        [listing(i, title="", description=t) for i, t in enumerate(texts[5:], 5)],
+        landed=1e9 + 10,
+    )
+    for key in ("b1", "b2"):
+        cluster_batch(warehouse, key, NearSettings())
+    before = stored(warehouse)
+    with warehouse.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE lsh_buckets (band INTEGER)"))
+    reports = rebuild_index(warehouse, NearSettings())
+    assert [r.batch_id for r in reports] == ["b1", "b2"] and sum(r.sketched for r in reports) == 10
+    assert stored(warehouse) == before and before[2]
+    assert "lsh_buckets" not in inspect(warehouse.engine).get_table_names()
+
+
+def test_a_new_threshold_runs_on_an_index_built_at_another_and_warns_when_it_loses_recall(warehouse, tmp_path):
+    """Breaks: an index built at the default threshold (0.5: 26 bands of 3 rows); later runs ask for 0.7, then 0.3.
+
+    Must hold: both run on the same index (its bands stay, the threshold filters verified pairs: no link of the
+    0.7 run is below 0.7); the run at 0.3, far below what 26 x 3 finds, says so in its figures; bands pinned to
+    other values are refused, with the command that rebuilds.
+    """
+    from dedup_pipeline.store.near import IndexMismatch
+
+    folder = tmp_path / "landing"
+    texts = [t for seed in (1, 2, 3) for t in _variants(seed, 6)]
+    for b in range(3):
+        rows = [listing(10 * b + i, title="", description=t) for i, t in enumerate(texts[6 * b : 6 * b + 6])]
+        land(warehouse, folder, f"b{b}", rows, landed=1e9 + b)
+    first = cluster_batch(warehouse, "b0", NearSettings())
+    assert first.as_metadata()["bands_rows"] == "26x3" and "threshold_warning" not in first.as_metadata()
+
+    strict = cluster_batch(warehouse, "b1", NearSettings(params=NearDupParams(threshold=0.7)))
+    meta = strict.as_metadata()
+    assert meta["bands_rows"] == "26x3" and meta["threshold"] == 0.7 and "threshold_warning" not in meta
+    _, links, _ = stored(warehouse)
+    with warehouse.engine.connect() as conn:
+        b1 = set(conn.execute(select(records.c.record_id).where(records.c.last_batch_id == "b1")).scalars())
+    assert strict.pairs and all(s >= 0.7 for (a, b), s in links.items() if b in b1)
+
+    loose = cluster_batch(warehouse, "b2", NearSettings(params=NearDupParams(threshold=0.3))).as_metadata()
+    assert loose["bands_rows"] == "26x3" and "26 bands of 3 rows" in loose["threshold_warning"]
+
+    with pytest.raises(IndexMismatch, match="rebuild-near-index"):
+        cluster_batch(warehouse, "b2", NearSettings(params=NearDupParams(bands=20, rows=4), bands_from_index=False))

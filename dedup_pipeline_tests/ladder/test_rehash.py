@@ -7,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, insert, literal, select
+from sqlalchemy import delete, func, insert, select
 
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.ladder.rehash import (
     MigrationRefused,
     backfill,
@@ -18,17 +19,17 @@ from dedup_pipeline.ladder.rehash import (
     switch_hash_version,
 )
 from dedup_pipeline.store import rehash as store
-from dedup_pipeline.store.near import lock_clusters
 from dedup_pipeline.store.schema import (
     hash_version_events,
-    lsh_buckets,
     near_duplicate_clusters,
     near_duplicate_links,
+    near_index,
     record_hashes,
     record_history,
     records,
     rehash_merged_records,
 )
+from dedup_pipeline.store.tombstones import lock_for_ingestion
 from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline_tests.helpers import write_batch
 from dedup_pipeline_tests.rehash_helpers import (
@@ -60,10 +61,25 @@ def index_every_record_in_pairs(warehouse) -> list[tuple[int, int]]:
     with warehouse.engine.begin() as conn:
         ids = sorted(conn.execute(select(records.c.record_id)).scalars())
         pairs = list(zip(ids[0::2], ids[1::2]))
+        # The two of a pair share every band key and their signature: near duplicates of each other alone. What the
+        # near rung stored of these records goes first.
+        for table in (near_duplicate_links, near_duplicate_clusters, near_index):
+            conn.execute(delete(table))
+        partner = {x: a for a, b in pairs for x in (a, b)}  # an odd one out keys on itself
         conn.execute(
-            insert(lsh_buckets).from_select(
-                ["band", "bucket", "record_id"], select(literal(0), records.c.record_id, records.c.record_id)
-            )
+            insert(near_index),
+            [
+                {
+                    "record_id": x,
+                    "content_hash": bytes(32),
+                    "first_landed_us": x,
+                    "first_seen_us": x,
+                    "key_order": x,
+                    "signature": bytes([partner.get(x, x) % 251]) * 128,
+                    **{f"b{band}": partner.get(x, x) for band in range(NearDupParams().bands)},
+                }
+                for x in ids
+            ],
         )
         conn.execute(
             insert(near_duplicate_links),
@@ -208,7 +224,7 @@ def test_the_whole_migration(warehouse, tmp_path):
     assert retired.merged_moved == want["rows_merged_away"]
     with warehouse.engine.connect() as conn:  # the merged rows left the index; the clusters they broke are gone
         kept = set(conn.execute(select(records.c.record_id)).scalars())
-        assert set(conn.execute(select(lsh_buckets.c.record_id)).scalars()) == kept
+        assert set(conn.execute(select(near_index.c.record_id)).scalars()) == kept
         clusters = sorted(
             conn.execute(
                 select(
@@ -291,7 +307,7 @@ def while_a_near_rung_writes(warehouse, step, *args, **kwargs):
     """
     with ThreadPoolExecutor(1) as pool, warehouse.engine.connect() as rung:
         with rung.begin():
-            lock_clusters(rung)
+            lock_for_ingestion(rung)  # what a near-rung chunk holds while it writes
             running = pool.submit(step, warehouse, *args, **kwargs)
             time.sleep(1.5)
             assert not running.done()
@@ -300,7 +316,7 @@ def while_a_near_rung_writes(warehouse, step, *args, **kwargs):
 
 @pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
 def test_switch_and_retire_wait_for_the_near_rungs_write_section(warehouse):
-    """Both rewrite rows of the near index: like erasure, they take its lock before touching any row."""
+    """Both rewrite rows of the near index: like erasure, they wait for the rungs' chunks (the erasure lock) first."""
     raws = [migration_listing(n) for n in range(200)]
     want = load_legacy_rows(warehouse, raws)
     assert want["rows_merged_away"] > 0

@@ -22,7 +22,7 @@ from dedup_pipeline.ladder.rehash import backfill
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import totals
 from dedup_pipeline.quality.history import first_decision_counts
-from dedup_pipeline.store.schema import dedup_decisions, minhash_signatures, record_hashes, records
+from dedup_pipeline.store.schema import dedup_decisions, near_index, record_hashes, records
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import description, listing, snapshot, write_batch
 from dedup_pipeline_tests.reliability.ladder_run import assert_one_row_per_key_and_content, clean_run, count, run_ladder
@@ -103,7 +103,7 @@ def test_a_ladder_process_killed_mid_partition(warehouse, warehouse_url, tmp_pat
     else:
 
         def ready():
-            return count(engine, minhash_signatures) >= 2 * CHUNK
+            return count(engine, near_index) >= 2 * CHUNK
 
     kill_when(worker("ladder", warehouse_url, str(folder), "big", "--chunk", str(CHUNK), "--run-id", "killed"), ready)
 
@@ -114,7 +114,7 @@ def test_a_ladder_process_killed_mid_partition(warehouse, warehouse_url, tmp_pat
         assert logged == 1320  # the exact rung had finished
     assert count(engine, records) == count(engine, dedup_decisions, dedup_decisions.c.decision.in_(["new", "changed"]))
     if during == "near":
-        assert 0 < count(engine, minhash_signatures) < count(engine, records)
+        assert 0 < count(engine, near_index) < count(engine, records)
 
     run_ladder(warehouse, folder, "big", LadderSettings(chunk_size=CHUNK), run_id="rerun")
     assert snapshot(engine) == clean_run(tmp_path, folder, ["big"], LadderSettings(chunk_size=CHUNK))

@@ -22,12 +22,12 @@ from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.metrics import prometheus_text
 from dedup_pipeline.store.roles import RoleNames, grant_roles, roles_sql
-from dedup_pipeline.store.schema import lsh_buckets
+from dedup_pipeline.store.schema import dedup_decisions
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR, Warehouse, analyze, analyze_grown
 from dedup_pipeline_tests.erasure_helpers import T0, run_ladder
 from dedup_pipeline_tests.helpers import PG_ADMIN_URL, fresh_database, listing, write_batch
 from dedup_pipeline_tests.store.test_statistics import (
-    add_buckets,
+    add_rows,
     counted_and_live,
     wait_for_live_rows,
     without_autovacuum,
@@ -41,8 +41,7 @@ PERSONAL_TABLES = [
     "dedup_decisions",
     "quarantine",
     "canonical_records",
-    "minhash_signatures",
-    "lsh_buckets",
+    "near_index",
     "erasure_tombstones",
     "erasure_scopes",
     "erasure_requests",
@@ -201,15 +200,15 @@ def test_monitor_exports_the_counters_and_reads_nothing_else(database, tmp_path)
 def test_under_the_writer_role_statistics_are_left_to_autovacuum_without_a_warning(database):
     # PostgreSQL lets only an owner analyse a table; the writer owns nothing, so the rungs must not try.
     without_autovacuum(database.owner)
-    add_buckets(database.owner, 0, ANALYZE_FLOOR + 2000)
+    add_rows(database.owner, 0, ANALYZE_FLOOR + 2000)
     wait_for_live_rows(database.owner, ANALYZE_FLOOR + 2000)
     writer = database.login(database.names.writer)
     notices = []
     with writer.engine.begin() as conn:
         conn.connection.driver_connection.add_notice_handler(lambda notice: notices.append(notice.message_primary))
-        assert analyze_grown(conn, {lsh_buckets: ()}) == []
-        analyze(conn, lsh_buckets)
+        assert analyze_grown(conn, {dedup_decisions: ()}) == []
+        analyze(conn, dedup_decisions)
     assert notices == []  # PostgreSQL would have warned "only table or database owner can analyze it"
     assert counted_and_live(database.owner)[0] <= 0  # never analysed
     with database.owner.engine.begin() as conn:
-        assert analyze_grown(conn, {lsh_buckets: ()}) == ["lsh_buckets"]
+        assert analyze_grown(conn, {dedup_decisions: ()}) == ["dedup_decisions"]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
-import numpy as np
 import pytest
 from sqlalchemy import text
 
-from dedup_pipeline.store.bulk import copy_int_columns
-from dedup_pipeline.store.schema import lsh_buckets, minhash_signatures
+from dedup_pipeline.store.bulk import copy_rows
+from dedup_pipeline.store.schema import dedup_decisions, record_hashes
 from dedup_pipeline.store.warehouse import ANALYZE_FLOOR, Warehouse, analyze_grown
 
 on_postgresql = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
@@ -18,23 +18,29 @@ on_postgresql = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirec
 def without_autovacuum(warehouse) -> None:
     """Autovacuum would analyse the table on its own at any moment; these tests need to know who did."""
     with warehouse.engine.begin() as conn:
-        conn.execute(text("ALTER TABLE lsh_buckets SET (autovacuum_enabled = false)"))
+        conn.execute(text("ALTER TABLE dedup_decisions SET (autovacuum_enabled = false)"))
 
 
-def add_buckets(warehouse, start: int, n: int) -> None:
-    ids = np.arange(start, start + n, dtype=np.int64)
+def add_rows(warehouse, start: int, n: int) -> None:
+    """`n` rows in a table that has no foreign key (any table would do: the statistics are the subject)."""
+    now = datetime(2026, 12, 1, tzinfo=UTC)
     with warehouse.engine.begin() as conn:
-        copy_int_columns(conn, lsh_buckets, {"band": np.zeros(n, dtype=np.int32), "bucket": ids, "record_id": ids})
+        copy_rows(
+            conn,
+            dedup_decisions,
+            ("batch_id", "line_no", "run_id", "decision", "decided_at"),
+            (("b", line, "r", "new", now) for line in range(start, start + n)),
+        )
 
 
 def counted_and_live(warehouse) -> tuple[float, int]:
-    """(rows the statistics counted, rows PostgreSQL's counter says are live) of lsh_buckets."""
+    """(rows the statistics counted, rows PostgreSQL's counter says are live) of dedup_decisions."""
     with warehouse.engine.connect() as conn:
         return tuple(
             conn.execute(
                 text(
                     "SELECT c.reltuples, s.n_live_tup FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
-                    "WHERE s.relname = 'lsh_buckets'"
+                    "WHERE s.relname = 'dedup_decisions'"
                 )
             ).one()
         )
@@ -56,24 +62,24 @@ def grown(warehouse, tables) -> list[str]:
 @on_postgresql
 def test_a_table_is_analysed_when_it_grew_by_half_and_by_the_floor(warehouse):
     without_autovacuum(warehouse)
-    add_buckets(warehouse, 0, ANALYZE_FLOOR + 2000)
+    add_rows(warehouse, 0, ANALYZE_FLOOR + 2000)
     wait_for_live_rows(warehouse, ANALYZE_FLOOR + 2000)
-    assert grown(warehouse, {lsh_buckets: ("record_id",), minhash_signatures: ()}) == ["lsh_buckets"]  # empty: left
+    assert grown(warehouse, {dedup_decisions: ("line_no",), record_hashes: ()}) == ["dedup_decisions"]  # empty: left
     assert counted_and_live(warehouse)[0] == ANALYZE_FLOOR + 2000  # a column-limited ANALYZE counts the rows too
-    assert grown(warehouse, {lsh_buckets: ("record_id",)}) == []  # at once again: nothing new
+    assert grown(warehouse, {dedup_decisions: ("line_no",)}) == []  # at once again: nothing new
 
-    add_buckets(warehouse, 10**6, 3000)  # below the floor and below half the table
+    add_rows(warehouse, 10**6, 3000)  # below the floor and below half the table
     wait_for_live_rows(warehouse, ANALYZE_FLOOR + 5000)
-    assert grown(warehouse, {lsh_buckets: ()}) == []
+    assert grown(warehouse, {dedup_decisions: ()}) == []
     assert counted_and_live(warehouse)[0] == ANALYZE_FLOOR + 2000
 
-    add_buckets(warehouse, 2 * 10**6, 8000)  # 11,000 more than counted: past the floor and half the table
+    add_rows(warehouse, 2 * 10**6, 8000)  # 11,000 more than counted: past the floor and half the table
     wait_for_live_rows(warehouse, ANALYZE_FLOOR + 13000)
-    assert grown(warehouse, {lsh_buckets: ()}) == ["lsh_buckets"]
+    assert grown(warehouse, {dedup_decisions: ()}) == ["dedup_decisions"]
     assert counted_and_live(warehouse)[0] == ANALYZE_FLOOR + 13000
 
 
 def test_nothing_to_do_on_sqlite(tmp_path):
     warehouse = Warehouse(f"sqlite:///{tmp_path / 'w.sqlite'}").create_schema()
-    assert grown(warehouse, {lsh_buckets: ()}) == []
+    assert grown(warehouse, {dedup_decisions: ()}) == []
     warehouse.dispose()

@@ -1,0 +1,63 @@
+"""`dedup-pipeline rebuild-near-index` and `export-signatures` against a warehouse the ladder filled."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from datasketch import LeanMinHash, MinHash
+from xxhash import xxh32_intdigest
+
+from dedup_pipeline.cli import main
+from dedup_pipeline.core.near import NearDupParams, near_text
+from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.settings import NearSettings
+from dedup_pipeline.store.schema import settings as settings_table
+from dedup_pipeline.store.warehouse import utcnow
+from dedup_pipeline_tests.helpers import description, listing
+from dedup_pipeline_tests.ladder.test_near import land, stored
+
+
+@pytest.fixture
+def filled(warehouse, tmp_path, monkeypatch):
+    monkeypatch.setenv("DEDUP_DATABASE_URL", str(warehouse.engine.url.render_as_string(hide_password=False)))
+    text = description(3, words=60)
+    rows = [listing(1, title="", description=text), listing(2, title="", description=text + " more"), listing(3)]
+    land(warehouse, tmp_path / "landing", "b1", rows)
+    cluster_batch(warehouse, "b1", NearSettings())
+    return warehouse
+
+
+def test_rebuild_replaces_an_earlier_layouts_index_and_links_the_same(filled, capsys):
+    before = stored(filled)
+    with filled.engine.begin() as conn:  # a warehouse of the earlier layout: its identity is refused
+        conn.execute(
+            settings_table.update()
+            .where(settings_table.c.name == "near_dup_index_identity")
+            .values(value="neardup/1;method=minhash", updated_at=utcnow())
+        )
+    assert main(["rebuild-near-index", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["batches"] == 1 and figures["sketched"] == 3 and figures["near_duplicates"] == 2
+    assert stored(filled) == before and before[1]
+
+
+def test_exported_sketches_are_datasketchs_own(filled, tmp_path):
+    out = tmp_path / "sketches.jsonl"
+    assert main(["export-signatures", "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 3
+    params = NearDupParams()
+    by_key = {}
+    with filled.engine.connect() as conn:
+        from sqlalchemy import select
+
+        from dedup_pipeline.store.schema import records
+
+        by_key = {k: p for k, p in conn.execute(select(records.c.natural_key, records.c.payload))}
+    for line in lines:
+        sketch = LeanMinHash.deserialize(base64.b64decode(line["lean_minhash"]))
+        theirs = MinHash(params.num_perm, seed=params.seed, scheme="affine32", hashfunc=xxh32_intdigest)
+        theirs.update_batch(params.normaliser.shingle_bytes(near_text(by_key[line["natural_key"]])))
+        assert (sketch.hashvalues == theirs.hashvalues).all()
