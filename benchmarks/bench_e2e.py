@@ -45,7 +45,6 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +54,7 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 
 from benchmarks.bench_exact import seed_store_if_new  # noqa: E402
-from benchmarks.common import scratch_database  # noqa: E402
+from benchmarks.common import private_redis, scratch_database  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
@@ -315,18 +314,6 @@ class Sampler(threading.Thread):
 
 
 # ------------------------------------------------------------------ running ours
-
-
-@contextmanager
-def private_redis():
-    from dedup_pipeline_tests.reliability.redis_server import PrivateRedis
-
-    with tempfile.TemporaryDirectory(prefix="e2e-redis-") as folder:
-        server = PrivateRedis(Path(folder)).start()
-        try:
-            yield server.url
-        finally:
-            server.kill()
 
 
 def _environment(database_url: str, redis_url: str, home: Path, application: str) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import Hashable, Iterable, Sequence
@@ -41,6 +42,19 @@ def scratch_database(admin_url: str = PG_ADMIN_URL):
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@contextmanager
+def private_redis():
+    """A redis-server of the run's own on a free port, no persistence (the tests' helper), killed at the end."""
+    from dedup_pipeline_tests.reliability.redis_server import PrivateRedis
+
+    with tempfile.TemporaryDirectory(prefix="bench-redis-") as folder:
+        server = PrivateRedis(Path(folder)).start()
+        try:
+            yield server.url
+        finally:
+            server.kill()
 
 
 def product(n: int, rng: random.Random, **overrides) -> dict:

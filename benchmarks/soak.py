@@ -40,7 +40,6 @@ import tempfile
 import time
 from array import array
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -257,19 +256,6 @@ def child(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ the run
 
 
-@contextmanager
-def private_redis():
-    """A redis-server of the run's own on a free port, no persistence (the tests' helper), killed at the end."""
-    from dedup_pipeline_tests.reliability.redis_server import PrivateRedis
-
-    with tempfile.TemporaryDirectory(prefix="soak-redis-") as folder:
-        server = PrivateRedis(Path(folder)).start()
-        try:
-            yield server.url
-        finally:
-            server.kill()
-
-
 def warehouse_figures(url: str) -> dict:
     from sqlalchemy import create_engine, func, select
 
@@ -325,7 +311,7 @@ def main() -> int:
         child(args)
         return 0
 
-    from benchmarks.common import scratch_database
+    from benchmarks.common import private_redis, scratch_database
     from dedup_pipeline.store.warehouse import Warehouse
 
     per_batch = args.records // args.batches
