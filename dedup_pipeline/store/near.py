@@ -23,12 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
-from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text, true, tuple_, update
+from sqlalchemy import Connection, Row, Select, and_, bindparam, delete, func, or_, select, text, true, tuple_, update
 
 from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.core.near import NearDupParams
@@ -504,20 +504,21 @@ def lock_clusters(conn: Connection, roots: Iterable[int]) -> None:
         )
 
 
+def _by_parts(conn: Connection, ids: Iterable[int], query: Callable[[list[int]], Select]) -> Iterator[Row]:
+    """The rows of `query(part)` for each bounded part of the sorted distinct `ids` (one SELECT a part)."""
+    for part in chunked(sorted(set(ids))):
+        yield from conn.execute(query(part))
+
+
 def cluster_of(conn: Connection, ids: Iterable[int]) -> dict[int, tuple[int, bool]]:
     """record id -> (cluster id, is representative), for those of `ids` in a cluster."""
     c = near_duplicate_clusters.c
-    out = {}
-    for part in chunked(sorted(set(ids))):
-        out.update(
-            {
-                rid: (cid, rep)
-                for rid, cid, rep in conn.execute(
-                    select(c.record_id, c.cluster_id, c.is_representative).where(in_values(conn, c.record_id, part))
-                )
-            }
-        )
-    return out
+    rows = _by_parts(
+        conn,
+        ids,
+        lambda part: select(c.record_id, c.cluster_id, c.is_representative).where(in_values(conn, c.record_id, part)),
+    )
+    return {rid: (cid, rep) for rid, cid, rep in rows}
 
 
 def locked_roots(conn: Connection, ids: Iterable[int]) -> dict[int, tuple[int, bool]]:
@@ -539,16 +540,15 @@ def locked_roots(conn: Connection, ids: Iterable[int]) -> dict[int, tuple[int, b
 
 def cluster_representatives(conn: Connection, cluster_ids: Iterable[int]) -> dict[int, int]:
     c = near_duplicate_clusters.c
-    out = {}
-    for part in chunked(sorted(set(cluster_ids))):
-        out.update(
-            dict(
-                conn.execute(
-                    select(c.cluster_id, c.record_id).where(in_values(conn, c.cluster_id, part), c.is_representative)
-                ).all()
-            )
+    return dict(
+        _by_parts(
+            conn,
+            cluster_ids,
+            lambda part: select(c.cluster_id, c.record_id).where(
+                in_values(conn, c.cluster_id, part), c.is_representative
+            ),
         )
-    return out
+    )
 
 
 def relabel_clusters(conn: Connection, moves: dict[int, int]) -> None:
@@ -588,24 +588,24 @@ def set_representatives(conn: Connection, chosen: dict[int, int]) -> None:
 def cluster_members(conn: Connection, cluster_ids: Iterable[int]) -> dict[int, list[int]]:
     c = near_duplicate_clusters.c
     out: dict[int, list[int]] = {}
-    for part in chunked(sorted(set(cluster_ids))):
-        for cid, rid in conn.execute(select(c.cluster_id, c.record_id).where(in_values(conn, c.cluster_id, part))):
-            out.setdefault(cid, []).append(rid)
+    for cid, rid in _by_parts(
+        conn, cluster_ids, lambda part: select(c.cluster_id, c.record_id).where(in_values(conn, c.cluster_id, part))
+    ):
+        out.setdefault(cid, []).append(rid)
     return out
 
 
 def cluster_sizes(conn: Connection, cluster_ids: Iterable[int]) -> dict[int, int]:
     c = near_duplicate_clusters.c
-    out = {}
-    for part in chunked(sorted(set(cluster_ids))):
-        out.update(
-            dict(
-                conn.execute(
-                    select(c.cluster_id, func.count()).where(in_values(conn, c.cluster_id, part)).group_by(c.cluster_id)
-                ).all()
-            )
+    return dict(
+        _by_parts(
+            conn,
+            cluster_ids,
+            lambda part: (
+                select(c.cluster_id, func.count()).where(in_values(conn, c.cluster_id, part)).group_by(c.cluster_id)
+            ),
         )
-    return out
+    )
 
 
 def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[int, tuple[int, bool]]) -> None:
@@ -626,16 +626,10 @@ def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[
 
 def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
     """record id -> stored payload, in one SELECT a part."""
-    out = {}
-    for part in chunked(sorted(set(ids))):
-        out.update(
-            dict(
-                conn.execute(
-                    select(records.c.record_id, records.c.payload).where(in_values(conn, records.c.record_id, part))
-                ).all()
-            )
-        )
-    return out
+    r = records.c
+    return dict(
+        _by_parts(conn, ids, lambda part: select(r.record_id, r.payload).where(in_values(conn, r.record_id, part)))
+    )
 
 
 def remove_rows(conn: Connection, ids: Sequence[int]) -> dict[str, int]:
