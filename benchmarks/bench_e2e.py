@@ -2,7 +2,6 @@
 
     python benchmarks/bench_e2e.py                                # both densities, 100,000 records, 3 rounds
     python benchmarks/bench_e2e.py --density heavy --rounds 1 --records 20000   # a quick look
-    python benchmarks/bench_e2e.py --parallel                     # also: two processes on two sources
     python benchmarks/bench_e2e.py --batches 10 --density typical # cost growth over ten batches
 
 The crawl (generated, seeded, from real text in ../shared/data): product listings whose titles are real product
@@ -14,20 +13,21 @@ host, a few words edited). Two densities: `typical` (one record in ten a syndica
 (syndication-heavy: most records fall in clusters, some of hundreds).
 
 Each round, interleaved so that drift on a shared machine hits both alike:
-- ours: `dedup-pipeline run` over the whole landing folder, in a fresh PostgreSQL database, a private
-  redis-server and a fresh Dagster home (one process, batches in landing order), every rung and check;
+- ours, one process: `dedup-pipeline run --workers 1` over the whole landing folder, in a fresh PostgreSQL
+  database, a private redis-server and a fresh Dagster home (batches in landing order), every rung and check;
+- ours, as users run it: `dedup-pipeline run` (its default: the two sources' lanes side by side, one worker
+  process per CPU), the same way;
 - seeds: the seeds' `store_if_new` (per record: Redis SADD, INSERT ... ON CONFLICT DO NOTHING, commit) on
   `--seed-sample` records of the same crawl, exact dedup only.
 While ours runs, a sampler reads every 50 ms the CPU time of the run's process (client) and of the PostgreSQL
 server's processes (server), and the wait events of the run's database sessions. Each step's window comes from
 the run's step events in the Dagster event log, so wall and CPU time are reported per rung (its asset checks
 beside it), with the fixed cost per batch (run wall minus its steps) and the process's start-up.
-Printed (medians over the rounds): records/s of each and their ratio; per rung wall, client and server CPU and
-client CPU per record; the near rung's client CPU per sketched document and the share of its wall time its
-session waited on a lock; the per-batch run walls; bytes per stored record by table; links per clustered record.
-`--parallel` also runs the two sources' folders in two processes at once into one warehouse, against one process
-running all the batches in landing order, and compares the links and clusters of the two warehouses by
-natural key (identical when the rung has no order dependence), and their wall times.
+Printed (medians over the rounds): records/s of each and their ratios; per rung (from the one-process run)
+wall, client and server CPU and client CPU per record; the near rung's client CPU per sketched document and the
+share of its wall time its sessions waited on a lock (in the side-by-side run, where workers could wait on each
+other); the per-batch run walls; bytes per stored record by table; links per clustered record; and whether the
+side-by-side run's links and clusters, compared by natural key, are identical to the one-process run's.
 """
 
 from __future__ import annotations
@@ -328,9 +328,9 @@ def _environment(database_url: str, redis_url: str, home: Path, application: str
     }
 
 
-def launch(landing: Path, env: dict) -> subprocess.Popen:
+def launch(landing: Path, env: dict, workers: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [CLI, "run", "--landing", str(landing), "--json"],
+        [CLI, "run", "--landing", str(landing), "--json", "--workers", str(workers)],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -446,9 +446,10 @@ class OursRound:
     near_lock_share: float
     near_documents: int
     figures: dict
+    clustering: tuple
 
 
-def run_ours(landing: Path, lines: int) -> OursRound:
+def run_ours(landing: Path, lines: int, workers: int) -> OursRound:
     with (
         scratch_database() as url,
         private_redis() as redis_url,
@@ -457,7 +458,7 @@ def run_ours(landing: Path, lines: int) -> OursRound:
         home = Path(tmp) / "dagster_home"
         env = _environment(url, redis_url, home, "e2e-ours")
         started = time.time()
-        process = launch(landing, env)
+        process = launch(landing, env, workers)
         sampler = Sampler({"ours": process.pid}, url)
         sampler.start()
         try:
@@ -488,6 +489,7 @@ def run_ours(landing: Path, lines: int) -> OursRound:
         ]
         first_start = min(run["start"] for run in runs if run["start"])
         figures = warehouse_figures(url)
+        clustering = clustering_by_key(url)
         if summary["failed"]:
             raise SystemExit(f"batches failed: {summary['failed']}")
     return OursRound(
@@ -502,6 +504,7 @@ def run_ours(landing: Path, lines: int) -> OursRound:
         lock_hits / lock_samples if lock_samples else 0.0,
         figures["sketched"],
         figures,
+        clustering,
     )
 
 
@@ -519,46 +522,6 @@ def run_seed(sample: list[dict]) -> float:
     return len(sample) / seconds
 
 
-def run_parallel(folder: Path) -> dict:
-    """The two sources' folders: two processes at once into one warehouse, then one process, one after the other."""
-    split = {source: folder.parent / f"{folder.name}-{source}" for source in SOURCES}
-    for source, target in split.items():
-        target.mkdir(exist_ok=True)
-        for path in folder.iterdir():
-            if path.name.endswith(f"_{source}.jsonl"):
-                shutil.copy2(path, target / path.name)
-    out = {}
-    for mode in ("serial", "parallel"):
-        with (
-            scratch_database() as url,
-            private_redis() as redis_url,
-            tempfile.TemporaryDirectory(prefix="e2e-par-") as tmp,
-        ):
-            envs = {s: _environment(url, redis_url, Path(tmp) / s, f"e2e-{s}") for s in SOURCES}
-            started = time.time()
-            if mode == "parallel":
-                processes = {s: launch(split[s], envs[s]) for s in SOURCES}
-                sampler = Sampler({s: p.pid for s, p in processes.items()}, url)
-                sampler.start()
-                for process in processes.values():
-                    finish(process)
-                sampler.stop()
-                shares = []
-                for s in SOURCES:
-                    for run in step_windows(Path(tmp) / s):
-                        begin, end = run["steps"].get("near_duplicate_clusters", (None, None))
-                        if begin is not None:
-                            shares.append(sampler.lock_share(f"e2e-{s}", begin, end))
-                out["lock_share"] = sum(h for h, _ in shares) / max(1, sum(n for _, n in shares))
-            else:  # one process over both sources' batches, in landing order
-                finish(launch(folder, envs[SOURCES[0]]))
-            out[f"{mode}_seconds"] = time.time() - started
-            out[mode] = clustering_by_key(url)
-    for target in split.values():
-        shutil.rmtree(target)
-    return out
-
-
 # ------------------------------------------------------------------ report
 
 
@@ -566,18 +529,28 @@ def _median(values) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def report(density: str, ours: list[OursRound], seeds: list[float]) -> None:
+def report(density: str, ours: list[OursRound], lanes: list[OursRound], seeds: list[float]) -> None:
     rates = [r.lines / r.seconds for r in ours]
+    lane_rates = [r.lines / r.seconds for r in lanes]
     lines = ours[0].lines
     print(f"\n== {density} crawl: {lines:,} lines in {len(ours[0].batch_walls)} batches, {len(ours)} round(s), medians")
+    for name, values in (
+        ("ours  dedup-pipeline run", lane_rates),
+        ("ours  run --workers 1   ", rates),
+        ("seeds store_if_new      ", seeds),
+    ):
+        print(f"  {name}  {_median(values):>8,.0f} rec/s   (rounds: {', '.join(f'{r:,.0f}' for r in values)})")
+    print(f"  ours / seeds              {_median(lane_rates) / _median(seeds):8.2f}x  (target >= 3x)")
+    print(f"  ours --workers 1 / seeds  {_median(rates) / _median(seeds):8.2f}x")
+    same = all(a.clustering == b.clustering for a, b in zip(ours, lanes))
     print(
-        f"  ours  dedup-pipeline run  {_median(rates):>8,.0f} rec/s   (rounds: {', '.join(f'{r:,.0f}' for r in rates)})"
+        f"  two sources side by side: {_median(lane_rates) / _median(rates):.2f}x one process (target >= 1.5x); "
+        f"lock wait {_median([r.near_lock_share for r in lanes]):.1%} of the near rung's wall (target <= 5%); "
+        f"links and clusters {'identical to' if same else 'DIFFER from'} the one-process run's "
+        f"({len(lanes[0].clustering[0]):,} links, {len(lanes[0].clustering[1]):,} clusters)"
     )
-    print(
-        f"  seeds store_if_new        {_median(seeds):>8,.0f} rec/s   (rounds: {', '.join(f'{r:,.0f}' for r in seeds)})"
-    )
-    print(f"  ours / seeds              {_median(rates) / _median(seeds):8.2f}x  (target >= 3x)")
-    print("  per step                             wall s   client CPU s   server CPU s   client us/record")
+    print("  per step (one process):")
+    print("    step                               wall s   client CPU s   server CPU s   client us/record")
     for rung in (name for asset in RUNGS for name in (asset, f"{asset} checks")):
         wall = _median([r.rung_wall.get(rung, 0) for r in ours])
         client = _median([r.rung_client.get(rung, 0) for r in ours])
@@ -589,8 +562,7 @@ def report(density: str, ours: list[OursRound], seeds: list[float]) -> None:
     near_cpu = _median([r.rung_client.get("near_duplicate_clusters", 0) for r in ours])
     print(
         f"  near rung: {near_cpu / max(docs, 1) * 1e3:.3f} ms client CPU per sketched document "
-        f"({docs:,.0f} documents; target <= 0.35); lock wait {_median([r.near_lock_share for r in ours]):.1%} "
-        "of its wall (target <= 5%)"
+        f"({docs:,.0f} documents; target <= 0.35)"
     )
     print(
         f"  start-up before the first run {_median([r.startup for r in ours]):.1f} s; per batch: run wall "
@@ -624,7 +596,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--density", choices=("typical", "heavy", "both"), default="both")
     parser.add_argument("--seed-sample", type=int, default=5_000)
-    parser.add_argument("--parallel", action="store_true", help="also: two processes on two sources against one")
     parser.add_argument("--keep", metavar="FOLDER", help="write the crawls here and keep them")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
@@ -636,21 +607,12 @@ def main() -> None:
             paths = write_crawl(folder, args.records, args.batches, density)
             records = [json.loads(line) for path in paths for line in path.read_text(encoding="utf-8").splitlines()]
             sample = random.Random(1).sample(records, min(args.seed_sample, len(records)))
-            ours, seeds = [], []
+            ours, lanes, seeds = [], [], []
             for _ in range(args.rounds):
                 seeds.append(run_seed(sample))
-                ours.append(run_ours(folder, len(records)))
-            report(density, ours, seeds)
-            if args.parallel:
-                result = run_parallel(folder)
-                same_links = result["serial"][0] == result["parallel"][0]
-                same_clusters = result["serial"][1] == result["parallel"][1]
-                print(
-                    f"  two processes on two sources: {result['serial_seconds'] / result['parallel_seconds']:.2f}x one "
-                    f"process (target >= 1.5x); lock wait {result['lock_share']:.1%} of the near rung's wall; links "
-                    f"{'identical' if same_links else 'DIFFER'} ({len(result['serial'][0]):,} serial, "
-                    f"{len(result['parallel'][0]):,} parallel), clusters {'identical' if same_clusters else 'DIFFER'}"
-                )
+                ours.append(run_ours(folder, len(records), workers=1))
+                lanes.append(run_ours(folder, len(records), workers=0))
+            report(density, ours, lanes, seeds)
         print(f"load average at end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     finally:
         if not args.keep:

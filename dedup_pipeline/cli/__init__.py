@@ -15,14 +15,17 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
 from dedup_pipeline.cli.near import add_commands as add_near_commands
-from dedup_pipeline.cli.runner import LadderSummary, ensure_dagster_home
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, BatchFileError
+
+if TYPE_CHECKING:  # the runner imports Dagster: only the commands that run the ladder pay for it
+    from dedup_pipeline.cli.runner import LadderSummary
 
 _INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
 #: What SQLite says of a file that is not one of its databases, or is a damaged one.
@@ -65,11 +68,11 @@ def format_summary(summary: LadderSummary) -> str:
     return "\n".join(lines)
 
 
-def _run(landing: Path, as_json: bool, settle_seconds: float) -> int:
-    from dedup_pipeline.cli.runner import run_landing_folder
+def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = 0) -> int:
+    from dedup_pipeline.cli.runner import ensure_dagster_home, run_landing_folder
 
     ensure_dagster_home()
-    summary = run_landing_folder(landing, settle_seconds=settle_seconds)
+    summary = run_landing_folder(landing, settle_seconds=settle_seconds, workers=workers)
     for notice in summary.notices:
         print(f"dedup-pipeline run: {notice}", file=sys.stderr)
     for batch, error in summary.failed.items():
@@ -82,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dedup_pipeline.landing import landing_dir
 
     landing = Path(args.landing) if args.landing else landing_dir()
-    return _run(landing, args.json, args.settle_seconds)
+    return _run(landing, args.json, args.settle_seconds, args.workers)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -103,6 +106,13 @@ def cmd_decisions(args: argparse.Namespace) -> int:
         for event in iter_events(conn, args.batch, args.run):
             print(json.dumps(event, ensure_ascii=False))
     return 0
+
+
+def _workers(value: str) -> int:
+    workers = int(value)
+    if workers < 0:
+        raise argparse.ArgumentTypeError("must be 0 (one per CPU) or more")
+    return workers
 
 
 def _listen_address(value: str) -> tuple[str, int]:
@@ -168,6 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="leave alone files modified in the last S seconds, still being written "
         f"(default {DEFAULT_SETTLE_SECONDS:g})",
+    )
+    run.add_argument(
+        "--workers",
+        type=_workers,
+        default=0,
+        metavar="N",
+        help="run up to N sources' batches side by side, each source's in landing order, in worker processes "
+        "(default 0: one per CPU; a PostgreSQL warehouse only, SQLite runs one at a time)",
     )
     run.set_defaults(func=cmd_run)
     demo = commands.add_parser("demo", help="write a realistic sample crawl to a temporary folder and run it")

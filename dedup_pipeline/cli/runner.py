@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import dagster as dg
@@ -18,11 +19,13 @@ from dagster._core.definitions.job_base import InMemoryJob
 from dagster._core.execution.api import create_execution_plan, execute_run
 from dagster._core.execution.execute_in_process import merge_run_tags
 from dagster._core.execution.execution_result import ExecutionResult
+from dagster._core.instance.ref import InstanceRef
 from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.workspace.load import location_origin_from_module_name
 from sqlalchemy import func, select
 
 from dedup_pipeline import environment
+from dedup_pipeline.cli.lanes import lane_workers, run_lanes, source_lanes
 from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.alerts import error_summary
@@ -83,6 +86,12 @@ class LadderSummary:
     warehouse_records: int = 0
     failed: dict[str, str] = field(default_factory=dict)  # batch -> error: their runs failed, the others went on
     notices: list[str] = field(default_factory=list)  # landing files left alone, and why
+
+    def add(self, other: LadderSummary) -> None:
+        """Take in a lane's batches, failures and notices."""
+        self.batches += other.batches
+        self.failed.update(other.failed)
+        self.notices += other.notices
 
     def as_dict(self) -> dict:
         return {
@@ -156,38 +165,63 @@ def _local_instance() -> dg.DagsterInstance:
 
 
 def run_landing_folder(
-    landing: Path, instance: dg.DagsterInstance | None = None, settle_seconds: float = 0.0
+    landing: Path, instance: dg.DagsterInstance | None = None, settle_seconds: float = 0.0, workers: int = 1
 ) -> LadderSummary:
-    """Register every settled batch file in `landing` and materialise the ladder for each, in name order.
+    """Register every settled batch file in `landing` and materialise the ladder for each.
 
-    A batch whose run fails is reported in `failed` and the next one runs all
-    the same (the policy orders batches by landing time, so a batch run later
-    than a newer one is judged as the older one it is). Files modified in the
-    last `settle_seconds`, and files that are not batches, are left alone and
-    named in `notices`.
+    Batches of one source run one after the other in landing (name) order; with
+    `workers` above 1 on a PostgreSQL warehouse, the sources' lanes run side by
+    side in that many worker processes (`lanes.run_lanes`; 0: one per CPU, at
+    most one per source). A batch whose run fails is reported in `failed` and
+    the next one runs all the same (the policy orders batches by landing time,
+    so a batch run later than a newer one is judged as the older one it is).
+    Files modified in the last `settle_seconds`, and files that are not
+    batches, are left alone and named in `notices`.
     """
-    from dedup_pipeline.definitions import defs
-
     landing = landing.resolve()
     instance = instance or _local_instance()
     scan = scan_landing(landing, settle_seconds)
-    batches = scan.batches
+    keys = [batch.key for batch in scan.batches]
     warehouse = Warehouse().create_schema()  # unreachable: one clear error now, not a failed run per batch
     known = set(instance.get_dynamic_partitions(crawl_batches_partitions.name))
-    missing = [b.key for b in batches if b.key not in known]
+    missing = [key for key in keys if key not in known]
     if missing:
         instance.add_dynamic_partitions(crawl_batches_partitions.name, missing)
-    job = defs.resolve_job_def("dedup_ladder")
-    origin = remote_job_origin(job.name, defs.get_repository_def().name)
     summary = LadderSummary(notices=scan.notices(settle_seconds))
     for run_id in release_runs_of_dead_processes(instance):
         summary.notices.append(f"run {run_id} died with its process: marked failed, its warehouse pool slots freed")
-    for batch in batches:
+    lanes = source_lanes(keys)
+    workers = lane_workers(workers, len(lanes), warehouse.dialect, instance.is_persistent)
+    if workers > 1:
+        for lane in run_lanes(partial(_run_lane, landing, instance.get_ref()), lanes, workers):
+            summary.add(lane)
+        summary.batches.sort(key=lambda b: keys.index(b.batch))
+    else:
+        summary.add(run_batches(landing, keys, instance))
+    with warehouse.engine.connect() as conn:
+        summary.warehouse_records = conn.execute(select(func.count()).select_from(records)).scalar_one()
+    return summary
+
+
+def _run_lane(landing: Path, ref: InstanceRef, keys: list[str]) -> LadderSummary:
+    """A worker process's lane: its batches in order, on the instance `ref` names."""
+    with dg.DagsterInstance.from_ref(ref) as instance:
+        return run_batches(landing, keys, instance)
+
+
+def run_batches(landing: Path, keys: list[str], instance: dg.DagsterInstance) -> LadderSummary:
+    """One run of the ladder per batch, in the order given, in this process; a failed run does not stop the rest."""
+    from dedup_pipeline.definitions import defs
+
+    job = defs.resolve_job_def("dedup_ladder")
+    origin = remote_job_origin(job.name, defs.get_repository_def().name)
+    summary = LadderSummary()
+    for key in keys:
         result = execute_partition(
-            job, batch.key, instance, origin, {PROCESS_TAG: process_token(instance)}, run_config_for(landing)
+            job, key, instance, origin, {PROCESS_TAG: process_token(instance)}, run_config_for(landing)
         )
         if not result.success:
-            summary.failed[batch.key] = _failure_reason(result)
+            summary.failed[key] = _failure_reason(result)
             continue
         raw = _metadata(result, "raw_crawl_batches")
         canonical = _metadata(result, "canonical_records")
@@ -195,7 +229,7 @@ def run_landing_folder(
         near = _metadata(result, "near_duplicate_clusters")
         summary.batches.append(
             BatchSummary(
-                batch=batch.key,
+                batch=key,
                 records_in=int(raw.get("lines", 0)),
                 quarantined=int(raw.get("quarantined", 0)) + int(canonical.get("quarantined", 0)),
                 exact_duplicates=int(exact.get("exact_duplicate", 0)),
@@ -207,6 +241,4 @@ def run_landing_folder(
                 erased=int(exact.get("erased", 0)),
             )
         )
-    with warehouse.engine.connect() as conn:
-        summary.warehouse_records = conn.execute(select(func.count()).select_from(records)).scalar_one()
     return summary
