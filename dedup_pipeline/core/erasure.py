@@ -41,8 +41,6 @@ from dedup_pipeline.core.numbers import plain_decimal
 from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url
 
 TOMBSTONE_VERSION = "tombstone/1"
-#: A key shorter than this is refused: it could be guessed, and then so could every fingerprint.
-MIN_KEY_BYTES = 32
 #: Fields the pipeline treats as personal data (documentation, the privacy test and
 #: docs/privacy.md). Erasure accepts any field path; these are the ones a subject is usually named by.
 PERSONAL_FIELDS = (
