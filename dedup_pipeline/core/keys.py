@@ -19,7 +19,8 @@ from collections import Counter
 MIN_KEY_BYTES = 32
 #: The command an error tells the operator to run.
 MAKE_A_KEY = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
-#: Words of example and placeholder values; compared with the key lowercased, letters and digits only.
+#: Words of example and placeholder values; compared with the key lowercased, letters and digits only. Six letters
+#: or more, so a random key holds one by chance less than once in ten million.
 PLACEHOLDER_WORDS = (
     "changeme",
     "replaceme",
@@ -31,9 +32,6 @@ PLACEHOLDER_WORDS = (
     "yourkey",
     "tombstonekey",
     "fillin",
-    "fixme",
-    "todo",
-    "dummy",
     "default",
     "notreal",
 )
