@@ -170,15 +170,15 @@ def rewrite_staged(conn: Connection, url_version: str) -> int:
     """Staged rows of another URL version: key, URL, payload and digests in `url_version` form."""
     c = canonical_records.c
     rows = conn.execute(
-        select(c.batch_id, c.line_no, c.natural_key, c.canonical_url, c.payload, c.hashes).where(
+        select(c.batch_id, c.line_no, c.natural_key, c.canonical_url, c.payload, c.hashes, c.hash_errors).where(
             c.url_version != url_version, _may_change(c.canonical_url, c.natural_key)
         )
     ).all()
     changed = 0
-    for batch_id, line_no, key, url, payload, hashes in rows:
+    for batch_id, line_no, key, url, payload, hashes, hash_errors in rows:
         new_url = canonical_url(url, version=url_version)
-        new_payload = migrated_payload(payload, url_version) if payload else payload
-        digests, errors = compute_hashes(new_payload, list(hashes)) if payload else (hashes, {})
+        new_payload = migrated_payload(payload, url_version)
+        digests, errors = compute_hashes(new_payload, sorted({*hashes, *hash_errors}))
         conn.execute(
             update(canonical_records)
             .where(c.batch_id == batch_id, c.line_no == line_no)

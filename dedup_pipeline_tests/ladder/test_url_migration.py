@@ -18,6 +18,7 @@ from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes
 from dedup_pipeline.core.url import canonical_url
 from dedup_pipeline.ladder.url_migration import migrate_url_version
 from dedup_pipeline.store.schema import (
+    canonical_records,
     dedup_decisions,
     metadata,
     quarantine,
@@ -163,6 +164,25 @@ def store_as_older_code(warehouse, raw: dict, batch_id: str, line_no: int) -> No
         )
 
 
+def stage_as_older_code(warehouse, raw: dict) -> None:
+    """A staged line as code older than url/2 wrote it: userinfo kept, content/2 unhashable."""
+    payload = {**canonical_fields(raw), "url": canonical_url(raw["url"], version="url/1")}
+    digests, errors = compute_hashes(payload, sorted(HASH_RULES))
+    with warehouse.engine.begin() as conn:
+        conn.execute(
+            insert(canonical_records).values(
+                batch_id="old-staged",
+                line_no=1,
+                natural_key=payload["url"],
+                canonical_url=payload["url"],
+                url_version="url/1",
+                hashes=digests,
+                hash_errors=errors,
+                payload=payload,
+            )
+        )
+
+
 def test_migration_to_url2_rewrites_keys_drops_credentials_and_a_recrawl_is_all_duplicates(warehouse, tmp_path):
     make_legacy(warehouse)
     folder = tmp_path / "landing"
@@ -174,6 +194,7 @@ def test_migration_to_url2_rewrites_keys_drops_credentials_and_a_recrawl_is_all_
     store_as_older_code(warehouse, listing(7, url=f"https://bob:{SECRET}@shop.example.com/p/7"), "old", 1)
     store_as_older_code(warehouse, listing(1, url=f"https://bob:{SECRET}@shop.example.com/p/1", price="1.00"), "old", 2)
     store_as_older_code(warehouse, listing(4, url=f"https://bob:{SECRET}@shop.example.com/p/4"), "old", 3)
+    stage_as_older_code(warehouse, listing(8, url=f"https://bob:{SECRET}@shop.example.com/p/8", seller_id=None))
     assert SECRET in everything(warehouse)
 
     report = migrate_url_version(warehouse, "url/2")
@@ -199,6 +220,13 @@ def test_migration_to_url2_rewrites_keys_drops_credentials_and_a_recrawl_is_all_
         "https://shop.example.com/p/7": "url/2",
     }
     assert_digests_follow_payloads(warehouse)
+    with warehouse.engine.connect() as conn:
+        staged = conn.execute(select(canonical_records).where(canonical_records.c.url_version != "url/2")).all()
+        old = conn.execute(select(canonical_records).where(canonical_records.c.batch_id == "old-staged")).one()
+    assert staged == [] and report.staged_rewritten == 2  # the IPv6 line of batch a, and the old line
+    assert (old.natural_key, old.canonical_url) == ("https://shop.example.com/p/8",) * 2
+    assert old.hashes == compute_hashes(old.payload, ["content/1"])[0]
+    assert "missing identity field 'seller_id'" in old.hash_errors["content/2"]  # its reason stays
 
     # Nothing left to do, and a re-crawl of every page (with or without credentials) stores nothing new.
     again = migrate_url_version(warehouse, "url/2")
