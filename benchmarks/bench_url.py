@@ -52,7 +52,7 @@ from dedup_pipeline.core.url import (  # noqa: E402
 )
 
 #: The canonicaliser measured: the pipeline's, raising on what it cannot canonicalise (as the baseline does).
-strict_canonical_url = partial(canonical_url, strict=True)
+strict_canonical_url = partial(canonical_url, strict=True, version="url/1")
 
 # --- baseline: the same rules with urllib.parse --------------------------------
 

@@ -2,10 +2,11 @@
 
 The library API, for crawlers and notebooks (no Dagster needed):
 
-- ``canonical_url(url, strict=False) -> str``: the `url/1` canonical form of a URL (strict: UrlError if none);
+- ``canonical_url(url, strict=False, version="url/2") -> str``: the canonical form of a URL, without userinfo
+  (strict: UrlError if none; ``version="url/1"`` for the older rules, which keep userinfo);
 - ``content_hash(record, version="content/2") -> (hex digest, version)``;
 - ``cluster_near_duplicates(texts, threshold=..., method="minhash") -> list[int]``;
-- ``first_time_seen(url) -> bool``: fetch-time URL dedup for crawlers (Redis, `url/1`, TTL).
+- ``first_time_seen(url) -> bool``: fetch-time URL dedup for crawlers (Redis, `url/2`, TTL).
 """
 
 from dedup_pipeline.core.hashing import content_hash

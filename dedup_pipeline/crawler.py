@@ -1,4 +1,4 @@
-"""Fetch-time URL dedup for crawlers: the seeds' `first_time_seen`, on the pipeline's own `url/1` rules.
+"""Fetch-time URL dedup for crawlers: the seeds' `first_time_seen`, on the pipeline's own URL rules (`url/2`).
 
 A crawler calls this before fetching, so the cheapest duplicate (the page never
 fetched) is removed first. It uses the same canonicaliser as the pipeline, so
@@ -102,7 +102,7 @@ class UrlSeenSet:
             return self._while_down(items, str(exc))
 
     def key(self, url: str) -> str:
-        """The key of a URL: a digest of its `url/1` form (never the URL itself)."""
+        """The key of a URL: a digest of its canonical form (`URL_VERSION`, no userinfo; never the URL itself)."""
         digest = hashlib.sha256(canonical_url(url).encode("utf-8", "surrogatepass")).hexdigest()
         return f"{self.prefix}:{URL_VERSION}:{digest}"
 
@@ -162,7 +162,7 @@ def _default(redis_url: str | None, ttl_seconds: int | None) -> UrlSeenSet:
 
 
 def first_time_seen(url: str, *, redis_url: str | None = None, ttl_seconds: int | None = None) -> bool:
-    """True only the first time any worker asks about this URL (in its `url/1` form) within the TTL.
+    """True only the first time any worker asks about this URL (in its `url/2` form) within the TTL.
 
     Uses $DEDUP_REDIS_URL (else Redis on 127.0.0.1), $DEDUP_SEEN_TTL_SECONDS (else 30 days) and
     $DEDUP_URL_PREFIX (else ``dedup:url``).
@@ -175,7 +175,7 @@ class RedisUrlDupeFilter:
 
     Scrapy settings: DEDUP_REDIS_URL, DEDUP_SEEN_TTL_SECONDS, DEDUP_URL_PREFIX (each
     falls back to the environment variable of the same name), DUPEFILTER_DEBUG.
-    A GET request is a duplicate when its URL, in `url/1` form, was seen by any
+    A GET request is a duplicate when its URL, in canonical `url/2` form, was seen by any
     crawler of the fleet (or by `first_time_seen`) within the TTL; any other
     request (a POST, a body) when the same method, URL and body were. Requests
     with `dont_filter=True` (Scrapy's start URLs, by default) never reach a

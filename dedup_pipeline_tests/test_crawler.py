@@ -98,14 +98,22 @@ def test_module_function(seen):
 
 def test_prefix_from_the_environment(monkeypatch):
     monkeypatch.setenv("DEDUP_URL_PREFIX", "fleet-b:url")
-    assert UrlSeenSet().key("https://a.example/").startswith("fleet-b:url:url/1:")
-    assert UrlSeenSet(prefix="explicit").key("https://a.example/").startswith("explicit:url/1:")
+    assert UrlSeenSet().key("https://a.example/").startswith("fleet-b:url:url/2:")
+    assert UrlSeenSet(prefix="explicit").key("https://a.example/").startswith("explicit:url/2:")
+
+
+def test_credentials_never_reach_the_url_seen_set(seen):
+    """The key is the URL without its userinfo: a page fetched with and without credentials is one page."""
+    assert seen.key("https://admin:hunter2@Shop.example/p/9") == seen.key("https://shop.example/p/9")
+    assert seen.first_time_seen("https://admin:hunter2@shop.example/p/9")
+    assert not seen.first_time_seen("https://shop.example/p/9")
+    assert seen.key("http://[::0:1]/a") == seen.key("http://[::1]/a")
 
 
 def test_requests_other_than_a_plain_get_are_told_apart_by_method_and_body(seen):
     search = "https://Shop.example/search?utm_source=x"
     assert seen.first_time_seen_request("POST", search, b"q=a")
-    assert not seen.first_time_seen_request("post", "https://shop.example/search#top", b"q=a")  # url/1 applies
+    assert not seen.first_time_seen_request("post", "https://shop.example/search#top", b"q=a")  # url/2 applies
     assert seen.first_time_seen_request("POST", search, b"q=b")
     assert seen.first_time_seen_request("HEAD", search)
     assert seen.first_time_seen_request("GET", search)  # a plain GET is the URL itself
@@ -185,7 +193,7 @@ def _crawl(start_url: str, prefix: str, redis_url: str = "redis://127.0.0.1:6379
 def _each_page_once(start_url: str, served: list) -> None:
     gets = sorted(canonical_url(start_url.rstrip("/") + path) for method, path, _ in served if method == "GET")
     base = start_url.rstrip("/")
-    # Each page once in its url/1 form; path case is identity, so /P/1 is a page of its own.
+    # Each page once in its url/2 form; path case is identity, so /P/1 is a page of its own.
     assert gets == sorted([start_url, f"{base}/P/1", f"{base}/p/1", f"{base}/p/2?a=1&b=2", f"{base}/p/3"])
     # The same address posted with two bodies is two requests; the repeated body is dropped.
     assert sorted(body for method, _, body in served if method == "POST") == [b"q=a", b"q=b"]

@@ -8,6 +8,7 @@ import sys
 
 from dedup_pipeline.core.clustering import DEFAULT_RULE, RULES
 from dedup_pipeline.core.erasure import SubjectError, SubjectKind
+from dedup_pipeline.core.url import URL_VERSION, URL_VERSIONS
 from dedup_pipeline.environment import DEFAULT_ERASURE_RUN_HOURS, ERASURE_RUN_RETENTION_ENV, RETENTION_DAYS_ENV
 
 
@@ -126,6 +127,23 @@ def cmd_grant_roles(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate_url(args: argparse.Namespace) -> int:
+    from dedup_pipeline.ladder.url_migration import migrate_url_version
+    from dedup_pipeline.store.warehouse import Warehouse
+
+    warehouse = Warehouse.existing().create_schema()
+    try:
+        report = migrate_url_version(warehouse, args.to, representative=args.representative)
+    finally:
+        warehouse.dispose()
+    if args.json:
+        print(json.dumps(report.as_metadata()))
+    else:
+        print(f"URL version: {report.from_version} -> {report.to_version}")
+        _print_counts("rows changed", {k: v for k, v in report.as_metadata().items() if isinstance(v, int)}, {})
+    return 0
+
+
 def add_commands(commands) -> None:
     """Register the subcommands on the main parser's subparsers."""
     erase = commands.add_parser(
@@ -172,3 +190,13 @@ def add_commands(commands) -> None:
     grant.add_argument("--eraser", default="dedup_eraser")
     grant.add_argument("--monitor", default="dedup_monitor", help="the metrics exporter's role")
     grant.set_defaults(func=cmd_grant_roles)
+
+    migrate = commands.add_parser(
+        "migrate-url", help="move the warehouse's keys to a new URL version (url/2: no userinfo, compressed IPv6)"
+    )
+    migrate.add_argument("--to", default=URL_VERSION, choices=URL_VERSIONS, help="the target URL version")
+    migrate.add_argument(
+        "--representative", default=DEFAULT_RULE, choices=RULES, help="cluster representative rule in use"
+    )
+    migrate.add_argument("--json", action="store_true", help="print one JSON object")
+    migrate.set_defaults(func=cmd_migrate_url)

@@ -52,10 +52,10 @@ from dedup_pipeline.core.fields import (
     canonical_fields,
     field_value,
     is_blank,
+    record_url,
 )
 from dedup_pipeline.core.hashing import IDENTITY_FIELDS, V2_REQUIRED, compute_hashes, content_v1_field, hash_rule
 from dedup_pipeline.core.numbers import currency_exponent, plain_decimal
-from dedup_pipeline.core.url import canonical_url
 
 _SEP = "\x00"  # separates values and records in joined text; JSON text never holds it raw
 _CHECK_JOINER = " | "  # joins a text column to be checked: "  " then reveals a value's leading or trailing space
@@ -95,7 +95,7 @@ def hash_records(
 
     `payloads=False` skips building the canonical dicts when only digests are
     wanted. `urls`, when given, holds for each record with a str ``url`` the
-    value `canonical_url` gives for it, already computed by the caller.
+    value `record_url` gives for it, already computed by the caller.
     Exceptions other than `RecordError` propagate, as on the per-record path.
     """
     for version in versions:
@@ -283,7 +283,7 @@ class _Run:
         kind = next(iter(types)) if len(types) == 1 else None
         if kind is str:
             if key == "url":
-                urls = [self.urls[i] for i in rows] if self.urls is not None else list(map(canonical_url, values))
+                urls = [self.urls[i] for i in rows] if self.urls is not None else list(map(record_url, values))
                 column = _text_column(urls, normalise=False, upper=False)
             elif key not in NUMERIC_FIELDS:
                 column = _text_column(values, normalise=True, upper=key in UPPER_CASE_FIELDS)
@@ -309,7 +309,7 @@ class _Run:
         for j, value in enumerate(values):
             try:
                 if key == "url" and isinstance(value, str):
-                    value = self.urls[rows[j]] if self.urls is not None else canonical_url(value)
+                    value = self.urls[rows[j]] if self.urls is not None else record_url(value)
                 else:
                     value = field_value(key, value)
                 text = json.dumps(

@@ -38,11 +38,9 @@ from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.fields import canonical_fields, normalise_text
 from dedup_pipeline.core.hashing import HASH_RULES, compute_hashes
 from dedup_pipeline.core.numbers import plain_decimal
-from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url
+from dedup_pipeline.core.url import URL_VERSION, URL_VERSIONS, UrlError, canonical_url
 
 TOMBSTONE_VERSION = "tombstone/1"
-#: A key shorter than this is refused: it could be guessed, and then so could every fingerprint.
-MIN_KEY_BYTES = 32
 #: Fields the pipeline treats as personal data (documentation, the privacy test and
 #: docs/privacy.md). Erasure accepts any field path; these are the ones a subject is usually named by.
 PERSONAL_FIELDS = (
@@ -156,7 +154,7 @@ def page_variants(url: str) -> tuple[str, ...]:
 
 
 def normalise_natural_key(value: str) -> str:
-    """A natural key as the warehouse stores it: URL keys take their `url/1` form."""
+    """A natural key as the warehouse stores it: URL keys take their canonical form (no userinfo)."""
     value = value.strip()
     try:
         return canonical_url(value, strict=True)
@@ -284,8 +282,9 @@ def record_fingerprints(
     whatever versions the ladder is configured to compute.
     """
     found = [fingerprint(key, _KEY, "", natural_key)] if catalogue.natural_keys else []
-    if catalogue.url_versions:
-        found.append(fingerprint(key, _URL, URL_VERSION, canonical))
+    # Without userinfo, a URL's url/1 and url/2 forms differ only in an IPv6 host: the record's URL, in the
+    # warehouse's version, is looked up under every URL version with tombstones.
+    found += [fingerprint(key, _URL, scope, canonical) for scope in catalogue.url_versions if scope in URL_VERSIONS]
     found += [fingerprint(key, _FIELD, path, text) for path in catalogue.fields for text in field_texts(payload, path)]
     missing = [v for v in catalogue.versions if v not in hashes and v in HASH_RULES]
     computed = compute_hashes(payload, missing)[0] if missing else {}

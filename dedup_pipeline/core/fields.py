@@ -21,7 +21,7 @@ from typing import Any
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.numbers import parse_decimal, plain_decimal
-from dedup_pipeline.core.url import canonical_url
+from dedup_pipeline.core.url import canonical_url, without_userinfo
 
 RECORD_VERSION = "record/1"
 #: Fetch metadata that changes without the content changing. Never stored, never hashed.
@@ -67,6 +67,11 @@ def field_value(key: str, value: Any) -> Any:
     return value  # int, bool; a float only reaches here from library callers, and rules decide about it
 
 
+def record_url(url: str) -> str:
+    """The `record/1` form of a URL: its `url/1` form without userinfo (credentials are never part of a record)."""
+    return canonical_url(without_userinfo(url), version="url/1")
+
+
 def canonical_fields(record: Mapping[str, Any]) -> dict[str, Any]:
     """The `record/1` form of a record (see the module docstring)."""
     fields = {}
@@ -74,7 +79,7 @@ def canonical_fields(record: Mapping[str, Any]) -> dict[str, Any]:
         if key in VOLATILE_FIELDS or value is None:
             continue
         if key == "url" and isinstance(value, str):
-            fields[key] = canonical_url(value)
+            fields[key] = record_url(value)
         else:
             fields[key] = field_value(key, value)
     return fields

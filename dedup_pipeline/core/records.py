@@ -17,7 +17,7 @@ from dedup_pipeline.core.errors import MAX_NESTING, NESTING_TOO_DEEP, RecordErro
 from dedup_pipeline.core.fields import RECORD_VERSION, canonical_fields, is_blank
 from dedup_pipeline.core.hashing import compute_hashes
 from dedup_pipeline.core.numbers import OUT_OF_RANGE, json_decimal
-from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url
+from dedup_pipeline.core.url import URL_VERSION, UrlError, canonical_url, without_userinfo
 
 #: Fields whose text feeds near-duplicate detection, in order.
 TEXT_FIELDS = ("title", "description")
@@ -129,6 +129,7 @@ class CanonicalRecord:
     hashes: dict[str, str]
     hash_errors: dict[str, str] = field(default_factory=dict)
     crawled_at: datetime | None = None
+    url_version: str = URL_VERSION
 
 
 def natural_key_of(payload: Mapping[str, Any], canonical: str, key_fields: Sequence[str]) -> str:
@@ -146,16 +147,51 @@ def natural_key_of(payload: Mapping[str, Any], canonical: str, key_fields: Seque
 
 
 def _canonical_url_of(record: Mapping[str, Any]) -> str:
-    """The record's URL in `url/1` form; RecordError when it is missing, not text or not canonicalisable."""
+    """The record's URL in `record/1` form (`url/1` without userinfo); RecordError when it is missing, not text or
+    not canonicalisable."""
     url = record.get("url")
     if url is None or (isinstance(url, str) and not url.strip()):
         raise RecordError("missing url")
     if not isinstance(url, str):
         raise RecordError(f"url must be text, got {type(url).__name__}")
     try:
-        return canonical_url(url, strict=True)
+        return canonical_url(without_userinfo(url), strict=True, version="url/1")
     except UrlError as exc:
         raise RecordError(f"invalid url: {exc}") from None
+
+
+def identity_url(record_form: str, url_version: str) -> str:
+    """The record's identity URL under `url_version`, from its `record/1` URL (no userinfo, `url/1` rules).
+
+    Without userinfo, `url/2` differs from `url/1` only in an IPv6 host, the one place a "[" can be.
+    """
+    if url_version == "url/1" or "[" not in record_form:
+        return record_form
+    try:
+        return canonical_url(record_form, strict=True, version=url_version)
+    except UrlError as exc:
+        raise RecordError(f"invalid url: {exc}") from None
+
+
+def migrated_key(natural_key: str, url_version: str) -> str:
+    """A stored natural key under `url_version`: a URL key (or a composite key's URL) in that version's form.
+
+    Keys that are not http(s) URLs (a SKU, an e-mail address) are unchanged.
+    """
+    if natural_key.startswith("["):
+        try:
+            values = json.loads(natural_key)
+        except ValueError:
+            return natural_key
+        if isinstance(values, list) and all(isinstance(v, str) for v in values):
+            return json.dumps([migrated_key(v, url_version) for v in values], ensure_ascii=False)
+        return natural_key
+    if not natural_key[:4].lower() == "http":
+        return natural_key
+    try:
+        return canonical_url(natural_key, strict=True, version=url_version)
+    except UrlError:
+        return natural_key
 
 
 def canonicalise_record(
@@ -164,23 +200,27 @@ def canonicalise_record(
     hash_versions: Sequence[str],
     active_version: str,
     key_fields: Sequence[str] = DEFAULT_NATURAL_KEY,
+    url_version: str = URL_VERSION,
 ) -> CanonicalRecord:
-    """Canonical URL, canonical payload, natural key and a digest per version.
+    """Canonical URL (under `url_version`), canonical payload, natural key and a digest per version.
+
+    The URL's userinfo is dropped first, under every URL version: credentials
+    are not the record's identity, and are never stored, hashed or logged.
 
     Raises RecordError when the URL is missing or invalid, the natural key is
     incomplete, or the active hash version cannot be computed. Other versions
     that fail are kept as `hash_errors` (reported by the rehash job, never
     silently given a hash).
     """
-    canonical = _canonical_url_of(record)
+    canonical = identity_url(_canonical_url_of(record), url_version)
     try:
         payload = canonical_fields(record)
+        payload["url"] = canonical  # content/1 hashes the URL as the payload stores it: in the warehouse's version
         digests, errors = compute_hashes(payload, hash_versions)
     except RecursionError:  # a record built in memory; parse_line refuses lines nested this deep
         raise RecordError(NESTING_TOO_DEEP) from None
     if active_version in errors:
         raise RecordError(errors[active_version])
-    payload["url"] = canonical
     return CanonicalRecord(
         line_no=line_no,
         canonical_url=canonical,
@@ -189,6 +229,7 @@ def canonicalise_record(
         hashes=digests,
         hash_errors=errors,
         crawled_at=parse_timestamp(record.get("scraped_at")),
+        url_version=url_version,
     )
 
 
@@ -198,6 +239,7 @@ def canonicalise_records(
     hash_versions: Sequence[str],
     active_version: str,
     key_fields: Sequence[str] = DEFAULT_NATURAL_KEY,
+    url_version: str = URL_VERSION,
 ) -> list[CanonicalRecord | RecordError]:
     """`canonicalise_record` for a chunk of records: the same results, or the same `RecordError`, per record.
 
@@ -210,7 +252,7 @@ def canonicalise_records(
     urls: list[str] = []
     for i, record in enumerate(records):
         try:
-            urls.append(_canonical_url_of(record))
+            urls.append(identity_url(_canonical_url_of(record), url_version))
         except RecordError as exc:
             results[i] = exc
             continue
@@ -241,6 +283,7 @@ def canonicalise_records(
             hashes={v: digests[j] for v, digests, _ in columns if digests[j] is not None},
             hash_errors=errors,
             crawled_at=parse_timestamp(records[i].get("scraped_at")),
+            url_version=url_version,
         )
     return results  # type: ignore[return-value]
 
@@ -248,6 +291,7 @@ def canonicalise_records(
 __all__ = [
     "RECORD_VERSION",
     "URL_VERSION",
+    "migrated_key",
     "CanonicalRecord",
     "RecordError",
     "canonicalise_record",

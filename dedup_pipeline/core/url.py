@@ -1,4 +1,4 @@
-"""URL canonicalisation, version ``url/1``.
+"""URL canonicalisation, versions ``url/1`` and ``url/2``.
 
 Two URLs that differ only in ways a web server cannot observe (or in
 advertising/analytics tracking parameters) get the same canonical string;
@@ -36,6 +36,20 @@ Rules of ``url/1`` (changing any of them means bumping :data:`URL_VERSION`):
   rest sorted by (name, value); an empty query loses its ``?``;
 * the fragment is dropped.
 
+Rules of ``url/2`` (the default): those of ``url/1``, and
+
+* userinfo (``user:password@``) is dropped: credentials are not the
+  resource's identity, and must never be stored (``nothing lossy`` is about
+  the resource);
+* IPv6 literals are written in their RFC 5952 form: lowercase, leading zeros
+  dropped, the longest run of zero groups compressed (``[::0:1]`` is
+  ``[::1]``, ``[2001:0DB8:0:0:0:0:0:1]`` is ``[2001:db8::1]``), an
+  IPv4-mapped address with its IPv4 part dotted (``[::ffff:192.0.2.1]``).
+
+:func:`without_userinfo` drops the userinfo of URL text, for callers that
+must not keep credentials whatever the version (the ladder, before it
+canonicalises a record's URL under either version).
+
 :func:`canonical_url` with ``strict=True`` raises :class:`UrlError` with the
 reason (never the URL) when a rule cannot be applied: another scheme, no "//"
 or no host, a bad port, an invalid host, a lone surrogate; by default it never
@@ -53,11 +67,17 @@ __all__ = [
     "TRACKING_PARAMS",
     "TRACKING_PREFIXES",
     "URL_VERSION",
+    "URL_VERSIONS",
     "UrlError",
     "canonical_url",
+    "userinfo_redacted",
+    "without_userinfo",
 ]
 
-URL_VERSION = "url/1"
+#: The version `canonical_url` applies by default, and a new warehouse's.
+URL_VERSION = "url/2"
+#: Every version this code can apply; a version is never removed (stored keys and tombstones name it).
+URL_VERSIONS = ("url/1", "url/2")
 
 #: Query parameter names (compared case-insensitively) that only carry
 #: click/campaign attribution, never the identity of the content.  Each is
@@ -125,7 +145,7 @@ TRACKING_PREFIXES: tuple[str, ...] = ("utm_",)
 
 
 class UrlError(ValueError):
-    """The URL cannot be canonicalised under ``url/1``.
+    """The URL cannot be canonicalised.
 
     The message is the reason only; it never contains the URL, which may be
     personal data.
@@ -197,25 +217,60 @@ _ESCAPE_TO_NORMAL, _BYTE_TO_ESCAPE = _build_escape_tables()
 # --- public API --------------------------------------------------------------
 
 
-def canonical_url(url: str, strict: bool = False) -> str:
-    """Return the ``url/1`` canonical form of *url*.
+def canonical_url(url: str, strict: bool = False, version: str = URL_VERSION) -> str:
+    """Return the canonical form of *url* under *version* (``url/2`` by default; ``url/1``).
 
     When a rule cannot be applied (not http(s), bad port, invalid host, ...),
     ``strict=True`` raises :class:`UrlError` with the reason (never the URL);
-    the default returns *url* with surrounding whitespace stripped instead,
-    never raising on a str, so the result is always usable as a key and the
-    function is idempotent.
+    the default returns *url* with surrounding whitespace stripped instead
+    (under ``url/2`` without its userinfo), never raising on a str, so the
+    result is always usable as a key and the function is idempotent. An
+    unknown version is a ``ValueError`` even then.
     """
+    if version not in URL_VERSIONS:
+        raise ValueError(f"unknown URL version {version!r}; known: {list(URL_VERSIONS)}")
+    v2 = version == "url/2"
     if strict:
-        return _canonicalise(url)
+        return _canonicalise(url, v2)
     try:
-        return _canonicalise(url)
+        return _canonicalise(url, v2)
     except ValueError:  # UrlError; ValueError as a belt-and-braces guarantee
-        return url.strip()
+        return without_userinfo(url.strip()) if v2 else url.strip()
 
 
-def _canonicalise(url: str) -> str:
-    """Return the ``url/1`` canonical form of *url* or raise :class:`UrlError` (`canonical_url`, strict).
+def without_userinfo(url: str) -> str:
+    """*url* without the userinfo of its authority (``https://u:p@h/x`` -> ``https://h/x``); other text unchanged.
+
+    The authority is what follows the first ``//`` after the scheme's colon, up
+    to the first ``/``, ``?``, ``#`` or backslash; its userinfo is everything
+    up to its last ``@``.
+    """
+    if "@" not in url:
+        return url
+    start = url.find("//")
+    if start < 0:
+        return url
+    start += 2
+    end = start
+    while end < len(url) and url[end] not in "/?#\\":
+        end += 1
+    at = url.rfind("@", start, end)
+    return url if at < 0 else url[:start] + url[at + 1 :]
+
+
+# The userinfo of an http(s) URL in raw text (a quarantined line that may not parse): after "://" (or JSON's
+# ":\/\/"), a run of characters no URL delimiter or JSON string end, JSON's \uXXXX escapes included, up to its
+# last "@".
+_USERINFO_IN_TEXT = re.compile(rb"(https?:(?:\\?/){2})(?:[^\s/?#\"'<>\\]|\\u[0-9A-Fa-f]{4})*@", re.IGNORECASE)
+
+
+def userinfo_redacted(raw: bytes) -> bytes:
+    """*raw* (a line of text, any encoding that is ASCII-compatible) with the userinfo of every http(s) URL dropped."""
+    return _USERINFO_IN_TEXT.sub(rb"\1", raw) if b"@" in raw else raw
+
+
+def _canonicalise(url: str, v2: bool) -> str:
+    """Return the canonical form of *url* or raise :class:`UrlError` (`canonical_url`, strict).
 
     See the module docstring for the rules.  Most URLs are split and checked
     by one regex match (:data:`_SPLIT_COMMON`) and only need their host
@@ -227,7 +282,7 @@ def _canonicalise(url: str) -> str:
         s = s.translate(_DROP_TAB_CR_LF)
     m = _SPLIT_COMMON(s)
     if m is None:
-        scheme, authority, path, query = _canonical_parts(s)
+        scheme, authority, path, query = _canonical_parts(s, v2)
     else:
         scheme, host, port, path, path_rest, query, query_rest = m.groups()
         if scheme != "https" and scheme != "http":
@@ -255,8 +310,8 @@ def _canonicalise(url: str) -> str:
 # --- general path ------------------------------------------------------------
 
 
-def _canonical_parts(s: str) -> tuple[str, str, str, str]:
-    """Return canonical (scheme, authority, path, query) of any URL text.
+def _canonical_parts(s: str, v2: bool) -> tuple[str, str, str, str]:
+    """Return canonical (scheme, authority, path, query) of any URL text (under url/2 if *v2*).
 
     *s* is already stripped and free of tab/CR/LF.
     """
@@ -272,7 +327,7 @@ def _canonical_parts(s: str) -> tuple[str, str, str, str]:
         slash = question
     return (
         scheme,
-        _canonical_authority(s[start:slash], scheme),
+        _canonical_authority(s[start:slash], scheme, v2),
         _canonical_path(s[slash:question]),
         _canonical_query(s[question + 1 : end]),
     )
@@ -306,16 +361,18 @@ def _scheme_and_authority_start(s: str) -> tuple[str, int]:
     return lowered, colon + 3
 
 
-def _canonical_authority(authority: str, scheme: str) -> str:
-    """Return ``[userinfo@]host[:port]`` in canonical form."""
+def _canonical_authority(authority: str, scheme: str, v2: bool) -> str:
+    """Return ``[userinfo@]host[:port]`` in canonical form (url/2: ``host[:port]``)."""
     userinfo, at, hostport = authority.rpartition("@")
-    if userinfo:
+    if v2:
+        userinfo = at = ""
+    elif userinfo:
         userinfo = _ENCODE_IN_USERINFO(_encode_run, userinfo)
     if hostport.startswith("["):
         end = hostport.find("]") + 1
         if end == 0:
             raise UrlError("unterminated IPv6 literal")
-        host = _canonical_ipv6(hostport[:end])
+        host = _canonical_ipv6(hostport[:end], v2)
         rest = hostport[end:]
         if rest and rest[0] != ":":
             raise UrlError("unexpected characters after IPv6 literal")
@@ -360,16 +417,20 @@ def _idna_label(label: str) -> str:
         raise UrlError("host is not a valid internationalised domain name") from None
 
 
-def _canonical_ipv6(literal: str) -> str:
-    """Validate a bracketed IPv6 literal and lowercase it (not compressed)."""
+def _canonical_ipv6(literal: str, v2: bool) -> str:
+    """Validate a bracketed IPv6 literal; lowercase it (url/1), or write it in RFC 5952 form (url/2)."""
     inner = literal[1:-1].lower()
     if not _IPV6_CHARS(inner):
         raise UrlError("invalid IPv6 literal")
     try:
-        ipaddress.IPv6Address(inner)
+        address = ipaddress.IPv6Address(inner)
     except ValueError:
         raise UrlError("invalid IPv6 literal") from None
-    return f"[{inner}]"
+    if not v2:
+        return f"[{inner}]"
+    if address.ipv4_mapped is not None:  # spelled out: str() of these changed in Python 3.13
+        return f"[::ffff:{address.ipv4_mapped}]"
+    return f"[{address.compressed}]"
 
 
 def _canonical_port(port: str, scheme: str) -> str:

@@ -77,11 +77,11 @@ def raw_crawl_batches(
 def canonical_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource
 ) -> dg.MaterializeResult:
-    """Each parsable record in canonical form in the `canonical_records` table: `url/1` URL, volatile fetch fields
-    left out, text and numbers normalised, one digest per hash version beside its version; what has no usable
-    URL or key, or that the active version cannot hash, goes to quarantine. Read `records_in` -> `canonical`,
-    `quarantined`, `unhashable[content/N]` and `workers`. Checks: `great_expectations_suite` (blocks the
-    warehouse write) and `quarantine_rate_under_bound` (warns).
+    """Each parsable record in canonical form in the `canonical_records` table: URL in the warehouse's URL version
+    (no userinfo), volatile fetch fields left out, text and numbers normalised, one digest per hash version beside
+    its version; what has no usable URL or key, or that the active version cannot hash, goes to quarantine. Read
+    `records_in` -> `canonical`, `quarantined`, `unhashable[content/N]` and `workers`. Checks:
+    `great_expectations_suite` (blocks the warehouse write) and `quarantine_rate_under_bound` (warns).
 
     See docs/canonical.md.
     """

@@ -18,9 +18,11 @@ import dagster as dg
 from pydantic import Field
 
 from dedup_pipeline.core.hashing import hash_rule
+from dedup_pipeline.core.url import URL_VERSION
 from dedup_pipeline.defs.resources import NearDupResource, WarehouseResource
 from dedup_pipeline.ladder.rehash import DEFAULT_CHUNK_SIZE, Comparison, ShardReport, backfill_shard, compare_versions
 from dedup_pipeline.ladder.rehash_switch import MigrationRefused, retire_hash_version, switch_hash_version
+from dedup_pipeline.ladder.url_migration import migrate_url_version
 from dedup_pipeline.store.rehash import SHARDS
 
 #: The run tag of a migration's lane, `dedup/migration=<target version>` (`migration_lane` gives it for a run).
@@ -358,6 +360,36 @@ def retire_old_hash_version(
     return dg.Output(None, metadata=report.as_metadata())
 
 
+class UrlSwitchConfig(dg.Config):
+    target: str = Field(default=URL_VERSION, description="The URL version the warehouse's keys move to.")
+
+
+@dg.op(description="Move the warehouse's keys to a new URL version (url/2: no userinfo, RFC 5952 IPv6 hosts).")
+def switch_active_url_version(
+    context: dg.OpExecutionContext, config: UrlSwitchConfig, warehouse: WarehouseResource, near_dup: NearDupResource
+) -> dg.Output:
+    try:
+        report = migrate_url_version(
+            warehouse.get(), config.target, run_id=context.run_id, representative=near_dup.representative
+        )
+    except ValueError as exc:
+        raise _refused(context, exc) from None
+    context.log.info(
+        f"URL version is now {report.to_version}: {report.rows_rewritten} rows rewritten, "
+        f"{report.rows_filed} filed in record_history"
+    )
+    return dg.Output(None, metadata=report.as_metadata())
+
+
+@dg.job(
+    name="switch_url_version",
+    tags={MIGRATION_TAG: "url"},
+    description="Move an existing warehouse's keys to URL version url/2 (run config: target).",
+)
+def url_switch_job():
+    switch_active_url_version()
+
+
 @dg.job(
     name="switch_hash_version",
     tags={MIGRATION_TAG: "switch"},
@@ -398,7 +430,8 @@ def rehash_definitions(migrations: list[RehashMigration] = MIGRATIONS) -> dg.Def
     """The migrations' assets, jobs and sensors, the switch and retire jobs, and the `rehash` resource."""
     return dg.Definitions(
         assets=[asset for m in migrations for asset in (m.hashes, m.comparison)],
-        jobs=[job for m in migrations for job in (m.backfill_job, m.compare_job)] + [switch_job, retire_job],
+        jobs=[job for m in migrations for job in (m.backfill_job, m.compare_job)]
+        + [switch_job, retire_job, url_switch_job],
         sensors=[m.sensor for m in migrations],
         resources={"rehash": RehashResource()},
     )

@@ -13,7 +13,7 @@ from sqlalchemy import delete, select
 
 from dedup_pipeline.core.erasure import WITHHELD
 from dedup_pipeline.core.parallel import available_cpus, can_start_processes, ordered_map
-from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
+from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.canonical_lines import COLUMNS, CanonicalLines, canonicalise_lines
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
@@ -23,7 +23,13 @@ from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.schema import canonical_records, crawl_batches
 from dedup_pipeline.store.tombstones import erased_positions
-from dedup_pipeline.store.warehouse import Warehouse, active_hash_version, analyze_new_batch, lock_batch
+from dedup_pipeline.store.warehouse import (
+    Warehouse,
+    active_hash_version,
+    active_url_version,
+    analyze_new_batch,
+    lock_batch,
+)
 
 RUNG = "canonical"
 #: Lines a batch needs before its chunks go to worker processes: below it, starting them costs more than they save.
@@ -109,20 +115,26 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
     with warehouse.engine.begin() as conn:
         lock_batch(conn, batch_id)  # a second run of this partition waits, then rewrites it whole
         active = active_hash_version(conn)
+        url_version = active_url_version(conn)
         versions = tuple(dict.fromkeys((active, *settings.hash_versions)))
         conn.execute(delete(canonical_records).where(canonical_records.c.batch_id == batch_id))
         clear_quarantine(conn, batch_id, RUNG)
         bad = QuarantineWriter(conn, batch_id, RUNG)
         read = FileDigest()
         work = partial(
-            canonicalise_lines, batch_id=batch_id, versions=versions, active=active, key_fields=settings.natural_key
+            canonicalise_lines,
+            batch_id=batch_id,
+            versions=versions,
+            active=active,
+            key_fields=settings.natural_key,
+            url_version=url_version,
         )
         for chunk in ordered_map(work, _line_chunks(path, read, settings.chunk_size), report.workers):
             report.add(chunk)
             for line_no, reason, raw in chunk.quarantine:
                 bad.add(line_no, reason, raw)
             erased = erased_positions(conn, _StagedRecords(chunk.rows))
-            rows = [_withheld(row, versions) if i in erased else row for i, row in enumerate(chunk.rows)]
+            rows = [_withheld(row, versions, url_version) if i in erased else row for i, row in enumerate(chunk.rows)]
             report.withheld += len(erased)
             copy_rows(conn, canonical_records, COLUMNS, rows, json_as_text=True)
         if read.hexdigest() != sha:  # the file changed while it was read: roll everything back
@@ -147,7 +159,7 @@ class _StagedRecords(Sequence):
         return len(self.rows)
 
     def __getitem__(self, position: int) -> CanonicalRecord:
-        _, line_no, natural_key, canonical_url, _, hashes, hash_errors, payload, _ = self.rows[position]
+        _, line_no, natural_key, canonical_url, url_version, hashes, hash_errors, payload, _ = self.rows[position]
         return CanonicalRecord(
             line_no,
             canonical_url,
@@ -155,6 +167,7 @@ class _StagedRecords(Sequence):
             EncodedJson(payload),
             json_text.loads(hashes),
             json_text.loads(hash_errors),
+            url_version=url_version,
         )
 
 
@@ -163,7 +176,7 @@ _WITHHELD_URL = "https://withheld.invalid/"
 _NO_DIGEST = "0" * 64
 
 
-def _withheld(row: tuple, versions: Sequence[str]) -> tuple:
+def _withheld(row: tuple, versions: Sequence[str], url_version: str) -> tuple:
     """The staged row of a line that names an erased subject, with none of its data.
 
     Staging it (rather than leaving the line out) keeps the batch's line count whole, and the exact rung
@@ -175,7 +188,7 @@ def _withheld(row: tuple, versions: Sequence[str]) -> tuple:
         line_no,
         f"withheld:{line_no}",
         _WITHHELD_URL,
-        URL_VERSION,
+        url_version,
         json_text.dumps({version: _NO_DIGEST for version in versions}),
         json_text.dumps({WITHHELD: "the line names an erased subject"}),
         "{}",

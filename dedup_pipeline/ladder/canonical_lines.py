@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dedup_pipeline.core.errors import RecordError
-from dedup_pipeline.core.records import URL_VERSION, canonicalise_records, parse_line
+from dedup_pipeline.core.records import canonicalise_records, parse_line
 from dedup_pipeline.store import json_text
 
 #: Columns of `canonical_records` in the order of `CanonicalLines.rows`.
@@ -44,6 +44,7 @@ def canonicalise_lines(
     versions: Sequence[str],
     active: str,
     key_fields: Sequence[str],
+    url_version: str,
 ) -> CanonicalLines:
     """Parse and canonicalise (line number, raw line) pairs, column-wise (`canonicalise_records`).
 
@@ -59,7 +60,12 @@ def canonicalise_lines(
             continue
     out = CanonicalLines(records_in=len(parsed))
     results = canonicalise_records(
-        [record for _, _, record in parsed], [line_no for line_no, _, _ in parsed], versions, active, key_fields
+        [record for _, _, record in parsed],
+        [line_no for line_no, _, _ in parsed],
+        versions,
+        active,
+        key_fields,
+        url_version,
     )
     dumps = json_text.dumps
     for (line_no, raw, _), canonical in zip(parsed, results):
@@ -73,7 +79,7 @@ def canonicalise_lines(
                 line_no,
                 canonical.natural_key,
                 canonical.canonical_url,
-                URL_VERSION,
+                url_version,
                 dumps(canonical.hashes),
                 dumps(canonical.hash_errors),
                 dumps(canonical.payload),

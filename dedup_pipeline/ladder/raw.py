@@ -10,6 +10,7 @@ from sqlalchemy import Connection, delete, select
 
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
+from dedup_pipeline.core.url import userinfo_redacted
 from dedup_pipeline.landing import BatchFile, FileDigest, TruncatedBatch, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import crawl_batches, quarantine
@@ -47,7 +48,8 @@ class QuarantineWriter:
         self.now = utcnow()
 
     def add(self, line_no: int, reason: str, raw: bytes) -> None:
-        self.rows.append((self.batch_id, line_no, self.rung, reason, raw, self.now))
+        """Buffer one line; the userinfo of any URL in it is dropped first (credentials are never stored)."""
+        self.rows.append((self.batch_id, line_no, self.rung, reason, userinfo_redacted(raw), self.now))
         self.count += 1
         if len(self.rows) >= self.chunk_size:
             self.flush()

@@ -28,13 +28,13 @@ import pandas as pd
 
 from dedup_pipeline import environment
 from dedup_pipeline.core.hashing import HASH_RULES
-from dedup_pipeline.core.url import URL_VERSION
+from dedup_pipeline.core.url import URL_VERSIONS
 
 #: 32 bytes of SHA-256 as lower-case hex.
 HEX_DIGEST = r"^[0-9a-f]{64}$"
-#: A canonical `url/1` URL: http(s), optional userinfo, lower-case host (IDNA as punycode), a path, no fragment.
+#: A canonical URL (`url/1`, `url/2`): http(s), userinfo (url/1), lower-case host (IDNA punycode), a path, no fragment.
 CANONICAL_URL = r"^https?://(?:[^\s/?#@]*@)?[^\s/?#@A-Z]+/[^\s#]*$"
-KNOWN_URL_VERSIONS = (URL_VERSION,)
+KNOWN_URL_VERSIONS = URL_VERSIONS
 
 
 @dataclass(frozen=True)

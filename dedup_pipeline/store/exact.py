@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 
 from dedup_pipeline.core.exact import ChunkPlan, Decision, StoredRow
-from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
+from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import copy_rows, in_values, staging_table
 from dedup_pipeline.store.json_text import EncodedJson
@@ -206,7 +206,7 @@ def _row_values(record: CanonicalRecord, version: str, batch_id: str, batch_time
     return (
         record.natural_key,
         record.canonical_url,
-        URL_VERSION,
+        record.url_version,
         version,
         bytes.fromhex(record.hashes[version]),
         record.payload,
@@ -460,6 +460,7 @@ def canonical_chunk_query(batch_id: str, after_line: int, chunk_size: int) -> Se
             cast(staged.hashes, Text),
             cast(staged.hash_errors, Text),
             staged.crawled_at,
+            staged.url_version,
         )
         .where(staged.batch_id == batch_id, staged.line_no > after_line)
         .order_by(staged.line_no)
@@ -489,8 +490,9 @@ def iter_canonical_chunks(
                 hashes=json_text.loads(hashes),
                 hash_errors=json_text.loads(hash_errors),
                 crawled_at=crawled_at,
+                url_version=url_version,
             )
-            for line_no, canonical_url, natural_key, payload, hashes, hash_errors, crawled_at in rows
+            for line_no, canonical_url, natural_key, payload, hashes, hash_errors, crawled_at, url_version in rows
         ]
         last_line = rows[-1].line_no
 

@@ -16,13 +16,19 @@ from importlib import resources
 
 from sqlalchemy import Engine, text
 
+from dedup_pipeline.core.erasure import PERSONAL_FIELDS
 from dedup_pipeline.store.erasure import redacted_tables, swept_tables
 from dedup_pipeline.store.schema import records
 
 _ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_FIELD_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
-#: The one column of `records` analysts may not read: a hash over personal fields.
-ANALYST_HIDDEN_COLUMNS = frozenset({"content_hash"})
+#: Columns of `records` the analysts' view leaves out: the digest, a hash over personal fields, and the payload,
+#: which the view gives without `ANALYST_HIDDEN_FIELDS`.
+ANALYST_HIDDEN_COLUMNS = frozenset({"content_hash", "payload"})
+#: Top-level payload fields the analysts' view leaves out: the personal fields. `seller_id` is one, and it is part
+#: of the `content/2` identity (`content/1` hashes every field), so a digest cannot be rebuilt from the view.
+ANALYST_HIDDEN_FIELDS = PERSONAL_FIELDS
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ def roles_sql(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
         "monitor": quote(names.monitor),
         "database": quote(engine.url.database),
         "analyst_record_columns": ", ".join(quote(c) for c in columns),
+        "analyst_hidden_fields": _text_array(ANALYST_HIDDEN_FIELDS),
     }
     script = resources.files("dedup_pipeline.store").joinpath("roles.sql").read_text()
     statements = [_PLACEHOLDER.sub(lambda m: identifiers[m.group(1)], s) for s in _split(script)]
@@ -62,6 +69,14 @@ def roles_sql(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
         f"GRANT SELECT, UPDATE ON {quote(table.name)} TO {quote(names.eraser)}" for table in redacted_tables()
     ]
     return statements
+
+
+def _text_array(names: tuple[str, ...]) -> str:
+    """A PostgreSQL text[] literal of field names, each checked to be a plain name (no quote can get in)."""
+    for name in names:
+        if not _FIELD_NAME.fullmatch(name):
+            raise ValueError(f"hidden field names are lower-case identifiers, got {name!r}")
+    return "ARRAY[" + ", ".join(f"'{name}'" for name in names) + "]::text[]"
 
 
 def _split(script: str) -> list[str]:

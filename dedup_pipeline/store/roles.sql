@@ -2,7 +2,8 @@
 --
 -- Applied by `dedup-pipeline grant-roles` (dedup_pipeline/store/roles.py) as the schema owner, after
 -- the schema exists; idempotent, so run it again after every upgrade that adds tables. The {placeholders}
--- are role, database and column names, quoted as identifiers by the loader; this file
+-- are role, database and column names, quoted as identifiers by the loader, and the analyst's hidden
+-- field names (a text array of checked names); this file
 -- holds no value and no credential. The four roles are NOLOGIN groups: give each service or person
 -- their own LOGIN role, with a password or certificate from your secret store, and GRANT it one group.
 
@@ -27,12 +28,17 @@ GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO ${writer};
 -- The exact rung stages chunks in temporary tables.
 GRANT TEMPORARY ON DATABASE ${database} TO ${writer};
 
--- Analyst: the deduplicated records (every column but the content digest, a hash over personal
--- fields), near-duplicate links and clusters, batch registrations and settings. Not: hash tables
--- (record_hashes, near_index), history, staged rows, the decision log,
--- quarantine, tombstones or the erasure audit.
-GRANT SELECT (${analyst_record_columns}) ON records TO ${analyst};
-GRANT SELECT ON near_duplicate_links, near_duplicate_clusters, crawl_batches, dedup_settings TO ${analyst};
+-- Analyst: the deduplicated records through the view analyst_records (every column but the content digest,
+-- and the payload without the personal fields, which are part of every hash version's identity, so the
+-- analyst can neither read them nor rebuild a digest from what it reads), near-duplicate links and clusters,
+-- batch registrations and settings. Not: the records table itself, hash tables (record_hashes, near_index),
+-- history, staged rows, the decision log, quarantine, tombstones or the erasure audit. The view runs with its
+-- owner's rights; it is made again on every run, so a column added to records appears in it.
+DROP VIEW IF EXISTS analyst_records;
+CREATE VIEW analyst_records AS
+    SELECT ${analyst_record_columns}, payload - ${analyst_hidden_fields} AS payload FROM records;
+GRANT SELECT ON analyst_records, near_duplicate_links, near_duplicate_clusters, crawl_batches, dedup_settings
+    TO ${analyst};
 
 -- Erasure operator: finds and deletes a subject's rows, recomputes the clusters they were in (and the links
 -- of the records that linked to them), adds tombstones and writes the audit. It cannot insert or change

@@ -36,6 +36,7 @@ from dedup_pipeline import environment
 from dedup_pipeline.core import erasure as core
 from dedup_pipeline.core.erasure import Catalogue
 from dedup_pipeline.core.errors import ConfigurationError
+from dedup_pipeline.core.keys import MAKE_A_KEY, key_weakness
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store import json_text
@@ -47,7 +48,7 @@ _ERASURE_LOCK = 7_301_043
 
 
 class TombstoneKeyError(ConfigurationError):
-    """The tombstone key is missing, too short, or not the key the warehouse's tombstones were made with."""
+    """The tombstone key is missing, weak (`core.keys.key_weakness`), or not the key the tombstones were made with."""
 
 
 # ---------------------------------------------------------------- the key
@@ -64,15 +65,16 @@ def tombstone_key(conn: Connection) -> bytes:
     """
     configured = environment.tombstone_key()
     if configured:
-        key = configured.strip().encode("utf-8")
-        if len(key) < core.MIN_KEY_BYTES:
-            raise TombstoneKeyError(f"{TOMBSTONE_KEY_ENV} must be at least {core.MIN_KEY_BYTES} bytes")
-        return key
+        key = configured.strip()
+        weakness = key_weakness(key)
+        if weakness:
+            raise TombstoneKeyError(f"{TOMBSTONE_KEY_ENV} is refused: {weakness}. Make a good one with: {MAKE_A_KEY}")
+        return key.encode("utf-8")
     url = conn.engine.url
     if url.get_backend_name() != "sqlite":
         raise TombstoneKeyError(
             f"{TOMBSTONE_KEY_ENV} is not set: erasure tombstones on a {url.get_backend_name()} warehouse need a secret "
-            f"key of at least {core.MIN_KEY_BYTES} bytes from the environment (for example `openssl rand -hex 32`)"
+            f"key from the environment; make one with: {MAKE_A_KEY}"
         )
     if not url.database or url.database == ":memory:":
         with _key_lock:

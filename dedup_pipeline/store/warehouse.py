@@ -17,11 +17,15 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from dedup_pipeline import environment
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
+from dedup_pipeline.core.url import URL_VERSION, URL_VERSIONS
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.schema import metadata, records, settings
 
 log = logging.getLogger(__name__)
 ACTIVE_HASH_VERSION = "active_hash_version"
+ACTIVE_URL_VERSION = "active_url_version"
+#: The URL version of a warehouse made before URL versions were a setting (it has a hash version and no URL one).
+LEGACY_URL_VERSION = "url/1"
 
 
 def data_dir() -> Path:
@@ -178,11 +182,13 @@ class Warehouse:
             if conn.dialect.name == "postgresql":  # two processes creating a new warehouse's tables would collide
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
             metadata.create_all(conn)
-            if read_setting(conn, ACTIVE_HASH_VERSION) is None:
-                insert = upsert_ignore(conn, settings).values(
-                    name=ACTIVE_HASH_VERSION, value=INITIAL_ACTIVE_VERSION, updated_at=utcnow()
-                )
-                conn.execute(insert)
+            new = read_setting(conn, ACTIVE_HASH_VERSION) is None
+            initial = {ACTIVE_HASH_VERSION: INITIAL_ACTIVE_VERSION, ACTIVE_URL_VERSION: URL_VERSION}
+            if not new:  # a warehouse of older code keeps its keys: url/1 until `dedup-pipeline migrate-url`
+                initial = {ACTIVE_URL_VERSION: LEGACY_URL_VERSION}
+            for name, value in initial.items():
+                if read_setting(conn, name) is None:
+                    conn.execute(upsert_ignore(conn, settings).values(name=name, value=value, updated_at=utcnow()))
         return self
 
     def active_hash_version(self) -> str:
@@ -202,6 +208,14 @@ def active_hash_version(conn: Connection) -> str:
     version = read_setting(conn, ACTIVE_HASH_VERSION) or INITIAL_ACTIVE_VERSION
     if version not in HASH_RULES:
         raise RuntimeError(f"warehouse names hash version {version!r}, which this code does not know")
+    return version
+
+
+def active_url_version(conn: Connection) -> str:
+    """The URL version of the warehouse's keys (`url/2` on a new one); it lives in the warehouse, not in code."""
+    version = read_setting(conn, ACTIVE_URL_VERSION) or LEGACY_URL_VERSION
+    if version not in URL_VERSIONS:
+        raise RuntimeError(f"warehouse names URL version {version!r}, which this code does not know")
     return version
 
 

@@ -296,3 +296,16 @@ def test_read_only_commands_refuse_a_database_without_a_warehouse_and_create_not
             with engine.connect() as conn:
                 assert inspect(conn).get_table_names() == (["dedup_settings"] if "other" in url else [])
             engine.dispose()
+
+
+def test_migrate_url_moves_the_warehouse_to_url2_and_prints_counts(tmp_path):
+    landing = tmp_path / "landing"
+    write_batch(landing, "a", [listing(1), listing(2, url="http://[2001:0DB8::1]/p/2")], landed=1e9)
+    assert run_cli(["migrate-url"], cwd=tmp_path).returncode == 1  # no warehouse yet: nothing is created
+    assert run_cli(["run", "--landing", str(landing)], cwd=tmp_path).returncode == 0
+    result = run_cli(["migrate-url", "--json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["from_version"], report["to_version"], report["rows_rewritten"]) == ("url/2", "url/2", 0)
+    text = run_cli(["migrate-url"], cwd=tmp_path).stdout
+    assert text.startswith("URL version: url/2 -> url/2") and "rows_rewritten" in text

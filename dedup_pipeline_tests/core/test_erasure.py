@@ -41,7 +41,7 @@ def test_every_url_variant_is_one_subject():
     subjects = {Subject.parse("canonical_url", v) for v in variants}
     assert len(subjects) == 1
     [subject] = subjects
-    assert subject.value == "https://shop.example.com/p/7" and subject.scope == "url/1"
+    assert subject.value == "https://shop.example.com/p/7" and subject.scope == "url/2"
     assert subject_fingerprint(KEY, subject) == url_fingerprint(KEY, "https://shop.example.com/p/7")
     # A URL natural key is normalised the same way, so it names the same listing.
     assert Subject.parse("natural_key", variants[1]).value == subject.value
@@ -111,7 +111,7 @@ def test_record_fingerprints_cover_key_url_fields_and_every_tombstoned_version()
     assert digest_fingerprint(KEY, "content/2", v2) in prints  # computed from the payload
     assert digest_fingerprint(KEY, "content/1", record.hashes["content/1"]) in prints
     assert fingerprint(KEY, "field", "seller_id", "s-9") in prints
-    assert url_fingerprint(KEY, "https://shop.example.com/p/5") in prints
+    assert url_fingerprint(KEY, "https://shop.example.com/p/5", "url/1") in prints  # tombstones of before url/2
     assert len(prints) == 5  # author.email is absent from this record
     # Only kinds that have tombstones are computed: with field tombstones alone, one fingerprint.
     only_fields = Catalogue.from_rows([("field", "seller_id", kid)])

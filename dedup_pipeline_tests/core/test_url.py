@@ -23,8 +23,10 @@ from dedup_pipeline.core.url import (
     TRACKING_PARAMS,
     TRACKING_PREFIXES,
     URL_VERSION,
+    URL_VERSIONS,
     UrlError,
     canonical_url,
+    without_userinfo,
 )
 from dedup_pipeline.quality.expectations import CANONICAL_URL
 
@@ -33,7 +35,12 @@ URL_VECTORS = FIXTURES / "url_canon"
 
 
 def strict(url: str) -> str:
-    return canonical_url(url, strict=True)
+    return canonical_url(url, strict=True, version="url/1")
+
+
+def url1(url: str) -> str:
+    """`canonical_url` under url/1, not strict: this file's url/1 cases pin that version bit for bit."""
+    return canonical_url(url, version="url/1")
 
 
 def load_jsonl(path: Path) -> list[dict]:
@@ -51,7 +58,7 @@ def error_of(url: str) -> str:
 
 
 def test_version():
-    assert URL_VERSION == "url/1"
+    assert URL_VERSION == "url/2" and URL_VERSIONS == ("url/1", "url/2")
 
 
 def test_url_error_is_a_value_error():
@@ -94,10 +101,10 @@ GOLDEN = load_jsonl(FIXTURES / "url_golden.jsonl")
 def test_golden(row):
     if "expected" in row:
         assert strict(row["input"]) == row["expected"]
-        assert canonical_url(row["input"]) == row["expected"]
+        assert url1(row["input"]) == row["expected"]
     else:
         assert error_of(row["input"]) == row["error"]
-        assert canonical_url(row["input"]) == row["input"].strip()
+        assert url1(row["input"]) == row["input"].strip()
 
 
 def test_golden_outputs_are_fixed_points():
@@ -135,7 +142,7 @@ def test_scheme_is_lowercased(raw, scheme):
 @pytest.mark.parametrize("scheme", ["ftp", "javascript", "mailto", "data", "file", "ws", "wss", "tel"])
 def test_other_known_schemes_are_refused_by_name(scheme):
     assert error_of(f"{scheme}://example.com/x") == f"scheme '{scheme}' is not http(s)"
-    assert canonical_url(f" {scheme}://example.com/x ") == f"{scheme}://example.com/x"
+    assert url1(f" {scheme}://example.com/x ") == f"{scheme}://example.com/x"
 
 
 def test_unknown_scheme_is_not_echoed():
@@ -559,21 +566,21 @@ def test_error_messages_never_contain_the_url(url):
     ids=lambda u: repr(u[:20]),
 )
 def test_canonical_url_never_raises(url):
-    result = canonical_url(url)
+    result = url1(url)
     assert isinstance(result, str)
-    assert canonical_url(result) == result
+    assert url1(result) == result
 
 
 def test_lone_surrogates_are_refused_by_strict_and_returned_stripped_by_lenient():
     assert error_of("http://h/\ud800") == "lone surrogate (not valid Unicode text)"
     assert error_of("http://u\ud800@h/") == "lone surrogate (not valid Unicode text)"
-    assert canonical_url("  http://h/\ud800 ") == "http://h/\ud800"
+    assert url1("  http://h/\ud800 ") == "http://h/\ud800"
 
 
 def test_canonical_url_returns_the_stripped_input_on_failure():
-    assert canonical_url("  ftp://Example.com/A  ") == "ftp://Example.com/A"
-    assert canonical_url("\tnot a url\n") == "not a url"
-    assert canonical_url("https://EXAMPLE.com") == "https://example.com/"
+    assert url1("  ftp://Example.com/A  ") == "ftp://Example.com/A"
+    assert url1("\tnot a url\n") == "not a url"
+    assert url1("https://EXAMPLE.com") == "https://example.com/"
 
 
 # --- properties (hypothesis) -----------------------------------------------------
@@ -631,8 +638,8 @@ PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[Heal
 @example("http://h/a/..%2f..")
 @example("http://[::1]:0080/./a/%2e%2E/%7e?%67clid=1&b&a=")
 def test_idempotent(url):
-    once = canonical_url(url)
-    assert canonical_url(once) == once
+    once = url1(url)
+    assert url1(once) == once
     try:
         result = strict(url)
     except UrlError:
@@ -644,7 +651,7 @@ def test_idempotent(url):
 @PROPERTY
 @given(st.one_of(url_like(), ANY_TEXT, st.text(max_size=200)))
 def test_never_raises_and_strict_raises_only_url_error(url):
-    assert isinstance(canonical_url(url), str)
+    assert isinstance(url1(url), str)
     try:
         result = strict(url)
     except UrlError as exc:
@@ -671,9 +678,9 @@ def test_output_is_a_valid_ascii_url(url):
 
 
 def general_path_only(url: str) -> str:
-    """canonical_url(strict=True) without its one-regex fast path (white-box)."""
+    """url/1, strict, without its one-regex fast path (white-box)."""
     s = url.strip().translate({9: None, 10: None, 13: None})
-    scheme, authority, path, query = url_module._canonical_parts(s)
+    scheme, authority, path, query = url_module._canonical_parts(s, False)
     return f"{scheme}://{authority}{path}?{query}" if query else f"{scheme}://{authority}{path}"
 
 
@@ -855,3 +862,72 @@ def test_agrees_with_whatwg_dot_segment_vectors():
         assert strict("http://h" + path) == "http://h" + rfc3986_normalise_escapes(expected), path
         checked += 1
     assert checked > 300
+
+
+# --- url/2 -----------------------------------------------------------------------
+
+
+def strict2(url: str) -> str:
+    return canonical_url(url, strict=True, version="url/2")
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://admin:hunter2@shop.example.com/p/9", "https://shop.example.com/p/9"),
+        ("https://admin@Shop.Example.com:443/p/9?utm_source=x", "https://shop.example.com/p/9"),
+        ("https://a@b:c@example.com/x", "https://example.com/x"),
+        ("https://@example.com/", "https://example.com/"),
+        ("https://us er:p\u00e4ss@example.com/", "https://example.com/"),
+        ("http://u:p@[::1]:81/", "http://[::1]:81/"),
+        ("https://example.com/p@9?by=a@b", "https://example.com/p@9?by=a@b"),  # an "@" after the authority stays
+    ],
+)
+def test_url2_drops_userinfo(url, expected):
+    assert strict2(url) == expected
+    assert canonical_url(url) == expected  # url/2 is the default
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://[::0:1]/", "http://[::1]/"),
+        ("http://[2001:0DB8:0:0:0:0:0:1]/", "http://[2001:db8::1]/"),
+        ("http://[2001:db8:0:0:1:0:0:1]:8080/a", "http://[2001:db8::1:0:0:1]:8080/a"),
+        ("http://[0:0:0:0:0:0:0:0]/", "http://[::]/"),
+        ("https://[::FFFF:192.0.2.1]:443/x", "https://[::ffff:192.0.2.1]/x"),
+        ("https://[::ffff:c000:0201]/x", "https://[::ffff:192.0.2.1]/x"),
+    ],
+)
+def test_url2_writes_ipv6_in_rfc5952_form(url, expected):
+    assert strict2(url) == expected
+    assert strict2(expected) == expected
+
+
+def test_url2_refuses_what_url1_refuses_with_the_same_reason():
+    for url in ("http://[::1/", "http://[1::2::3]/", "ftp://u:p@example.com/", "http://u:p@/a", "http://h:99999/"):
+        with pytest.raises(UrlError) as v1:
+            strict(url)
+        with pytest.raises(UrlError) as v2:
+            strict2(url)
+        assert str(v1.value) == str(v2.value) and "p@" not in str(v2.value)
+    assert canonical_url("  ftp://u:secret@Example.com/A ") == "ftp://Example.com/A"  # not strict: still no userinfo
+    with pytest.raises(ValueError, match="unknown URL version"):
+        canonical_url("https://example.com/", version="url/9")
+
+
+@PROPERTY
+@given(url_like())
+def test_url2_is_url1_without_userinfo_and_with_compressed_ipv6(url):
+    """url/2 differs from url/1 only in the authority: the same URL after its userinfo is dropped, IPv6 aside."""
+    try:
+        expected = strict(without_userinfo(url.strip()))
+    except UrlError:
+        with pytest.raises(UrlError):
+            strict2(url)
+        return
+    result = strict2(url)
+    assert strict2(result) == result and "@" not in result.split("://", 1)[1].split("/", 1)[0]
+    if "[" not in expected:
+        assert result == expected
+    assert strict2(expected) == result

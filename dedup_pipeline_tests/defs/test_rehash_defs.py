@@ -16,6 +16,7 @@ from dedup_pipeline.defs.rehash import (
     rehash_migration,
     retire_job,
     switch_job,
+    url_switch_job,
 )
 from dedup_pipeline.defs.resources import NearDupResource, WarehouseResource
 from dedup_pipeline.store.rehash import SHARDS
@@ -165,6 +166,43 @@ def test_launchpad_mistakes_fail_the_step_with_what_to_change_not_a_traceback(le
         failure = failed.failure_data_for_node("switch_active_hash_version")
         assert not failed.success and failure.user_failure_data is not None, failure.error.message
         assert says in failure.user_failure_data.description
+
+
+def test_the_url_switch_job_moves_an_older_warehouse_to_url2(tmp_path):
+    url = f"sqlite:///{tmp_path / 'warehouse.sqlite'}"
+    warehouse = Warehouse(url).create_schema()
+    with warehouse.engine.begin() as conn:  # a warehouse of older code: no URL version setting
+        conn.execute(text("DELETE FROM dedup_settings WHERE name = :name"), {"name": "active_url_version"})
+    warehouse.create_schema()
+    load_legacy_rows(warehouse, [migration_listing(n) for n in range(5)])
+    with warehouse.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE records SET natural_key = 'http://[::0:1]/x', canonical_url = 'http://[::0:1]/x'"
+                " WHERE record_id = 1"
+            )
+        )
+    assert MIGRATION_TAG in defs.resolve_job_def("switch_url_version").tags
+
+    def run(**config):
+        return url_switch_job.execute_in_process(
+            run_config={"ops": {"switch_active_url_version": {"config": config}}},
+            resources={"warehouse": WarehouseResource(database_url=url), "near_dup": NearDupResource()},
+            raise_on_error=False,
+        )
+
+    done = run()
+    assert done.success
+    output = next(e for e in done.all_events if e.is_successful_output)
+    moved = {k: v.value for k, v in output.event_specific_data.metadata.items()}
+    assert (moved["from_version"], moved["to_version"], moved["rows_rewritten"]) == ("url/1", "url/2", 1)
+    with warehouse.engine.connect() as conn:
+        assert conn.execute(text("SELECT natural_key FROM records WHERE record_id = 1")).scalar() == "http://[::1]/x"
+        assert conn.execute(text("SELECT DISTINCT url_version FROM records")).scalars().all() == ["url/2"]
+    back = run(target="url/1")
+    failure = back.failure_data_for_node("switch_active_url_version")
+    assert not back.success and "never moved back" in failure.user_failure_data.description
+    warehouse.dispose()
 
 
 def test_a_comparison_of_nothing_is_a_warning_not_a_pass(tmp_path):

@@ -7,6 +7,7 @@ are made here with random passwords; nothing is stored.
 
 from __future__ import annotations
 
+import json
 import secrets
 import uuid
 
@@ -16,7 +17,8 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ProgrammingError
 
-from dedup_pipeline.core.erasure import Subject
+from dedup_pipeline.core.erasure import PERSONAL_FIELDS, Subject
+from dedup_pipeline.core.hashing import HASH_RULES, content_hash
 from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
@@ -154,16 +156,61 @@ def test_analyst_reads_records_and_clusters_but_no_hash_log_or_tombstone(databas
     erase_subject(database.owner, Subject.parse("field", "s-X", field="seller_id"), "T-2")
     analyst = database.login(database.names.analyst)
     with analyst.engine.connect() as conn:
-        rows = conn.execute(text("SELECT natural_key, payload ->> 'seller_id' FROM records ORDER BY natural_key")).all()
-        assert len(rows) == 5 and {seller for _, seller in rows} == {"s-1"}
+        rows = conn.execute(text("SELECT natural_key, payload ->> 'title' FROM analyst_records ORDER BY 1")).all()
+        assert len(rows) == 5 and all(title.startswith("Product") for _, title in rows)
         for table in ("near_duplicate_links", "near_duplicate_clusters", "crawl_batches"):
             conn.execute(select(func.count()).select_from(text(table))).scalar_one()
     assert denied(analyst, "SELECT content_hash FROM records")  # a hash over personal fields
     assert denied(analyst, "SELECT * FROM records")
+    assert denied(analyst, "SELECT natural_key FROM records")  # records only through analyst_records
     for table in PERSONAL_TABLES:
         assert denied(analyst, f"SELECT count(*) FROM {table}"), table
     assert denied(analyst, "UPDATE records SET natural_key = 'x'")
     assert denied(analyst, "DELETE FROM near_duplicate_links")
+
+
+def test_analyst_can_neither_read_a_personal_field_nor_rebuild_a_stored_digest(database, tmp_path):
+    folder = tmp_path / "landing"
+    people = {"seller_id": "s-77", "seller_email": "jane@example.org", "seller_phone": "+33 1 23 45 67 89"}
+    write_batch(folder, "a", [listing(i, **people, author="Jane Roe") for i in range(20)], landed=T0)
+    run_ladder(database.owner, folder, "a")
+    with database.owner.engine.connect() as conn:
+        stored = {
+            (version, digest.hex())
+            for version, digest in conn.execute(text("SELECT hash_version, content_hash FROM record_hashes"))
+        }
+        stored |= {(v, d.hex()) for v, d in conn.execute(text("SELECT hash_version, content_hash FROM records"))}
+        full = [payload for (payload,) in conn.execute(text("SELECT payload FROM records"))]
+    # What the analyst must not be able to do, the owner can: every stored digest is rebuilt from the payload.
+    assert {(v, content_hash(p, v)[0]) for p in full for v in HASH_RULES} == stored and len(stored) == 40
+
+    analyst = database.login(database.names.analyst)
+    for statement in (
+        "SELECT payload FROM records",
+        "SELECT payload ->> 'seller_id' FROM records",
+        "SELECT count(*) FROM records WHERE payload ->> 'seller_email' = 'jane@example.org'",
+        "SELECT content_hash FROM records",
+        "SELECT content_hash FROM record_hashes",
+    ):
+        assert denied(analyst, statement), statement
+    with analyst.engine.connect() as conn:
+        seen = [payload for (payload,) in conn.execute(text("SELECT payload FROM analyst_records"))]
+        assert (
+            conn.execute(
+                text("SELECT count(*) FROM analyst_records WHERE payload ?| :fields"), {"fields": list(PERSONAL_FIELDS)}
+            ).scalar_one()
+            == 0
+        )
+    assert len(seen) == 20 and all(p["title"] and p["price"] and p["url"] for p in seen)
+    assert not any(value in json.dumps(seen) for value in (*people.values(), "Jane Roe"))
+    rebuilt = set()
+    for payload in seen:
+        for version in HASH_RULES:
+            try:
+                rebuilt.add((version, content_hash(payload, version)[0]))
+            except ValueError:  # content/2 without its personal identity field cannot be hashed at all
+                pass
+    assert not rebuilt & stored
 
 
 def test_eraser_erases_but_cannot_add_records_or_remove_tombstones(database, tmp_path):

@@ -107,3 +107,11 @@ def test_the_in_memory_tombstone_screen_never_outlives_its_tombstones(warehouse,
     assert (report.decisions["erased"], report.decisions["new"]) == (1, 1)
     assert record_id(warehouse, "https://shop.example.com/p/1") is not None
     assert record_id(warehouse, "https://shop.example.com/p/2") is None
+
+
+@pytest.mark.parametrize("weak", ["change-me-to-a-long-random-secret", "a" * 64])
+def test_a_placeholder_or_low_entropy_key_is_refused_with_how_to_make_one(warehouse, monkeypatch, weak):
+    monkeypatch.setenv(TOMBSTONE_KEY_ENV, weak)
+    with pytest.raises(TombstoneKeyError) as refused:
+        erase_subject(warehouse, Subject.parse("natural_key", "https://shop.example.com/p/1"), "T-10")
+    assert "secrets.token_urlsafe(32)" in str(refused.value) and weak not in str(refused.value)
