@@ -68,7 +68,7 @@ def format_summary(summary: LadderSummary) -> str:
     return "\n".join(lines)
 
 
-def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = 0) -> int:
+def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = 1) -> int:
     from dedup_pipeline.cli.runner import ensure_dagster_home, run_landing_folder
 
     ensure_dagster_home()
@@ -182,10 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workers",
         type=_workers,
-        default=0,
+        default=1,
         metavar="N",
         help="run up to N sources' batches side by side, each source's in landing order, in worker processes "
-        "(default 0: one per CPU; a PostgreSQL warehouse only, SQLite runs one at a time)",
+        "(0: one per CPU; default 1: every batch in this process; a PostgreSQL warehouse only)",
     )
     run.set_defaults(func=cmd_run)
     demo = commands.add_parser("demo", help="write a realistic sample crawl to a temporary folder and run it")
