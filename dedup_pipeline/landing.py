@@ -178,6 +178,10 @@ class Line:
     raw: bytes
 
 
+#: The UTF-8 byte-order mark some writers put at the start of a file (never part of the first record).
+BOM = b"\xef\xbb\xbf"
+
+
 class TruncatedBatch(Exception):
     """Raised after the last good line when a compressed batch ends early."""
 
@@ -240,7 +244,9 @@ def _corrupt(exc: BaseException) -> bool:
 def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
     """Stream the non-blank lines of a batch file, gunzipping when needed.
 
-    Memory is one line at a time. A truncated gzip stream (or bytes that are
+    Memory is one line at a time. A UTF-8 byte-order mark at the start of the
+    file (of its decompressed bytes, for gzip) is not part of the first line.
+    A truncated gzip stream (or bytes that are
     not gzip) yields every complete line before the damage and then raises
     `TruncatedBatch` carrying the incomplete tail, so the caller can
     quarantine it. A corrupt one (failed CRC, invalid deflate data) raises
@@ -254,6 +260,7 @@ def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
             source = io.BufferedReader(_DigestedFile(raw_file, digest) if digest else raw_file, 1 << 20)
             handle = gzip.GzipFile(fileobj=source, mode="rb") if path.name.endswith(".gz") else source
             pending = b""
+            at_start = True
             while True:
                 try:
                     # read1: one read of the stream per call, so the lines decompressed before damage
@@ -268,9 +275,11 @@ def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
                         while source.read1(1 << 20):
                             pass
                     raise TruncatedBatch(line_no + 1, pending, f"compressed stream damaged: {exc}") from None
+                pending += block
+                if at_start and (len(pending) >= len(BOM) or not block):
+                    pending, at_start = pending.removeprefix(BOM), False
                 if not block:
                     break
-                pending += block
                 *complete, pending = pending.split(b"\n")
                 for raw in complete:
                     line_no += 1

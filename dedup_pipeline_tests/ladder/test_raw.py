@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 
+import pytest
 from sqlalchemy import select
 
-from dedup_pipeline_tests.helpers import snapshot
+from dedup_pipeline.landing import BOM
+from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
 from dedup_pipeline_tests.ladder.common import run_batch
 
 
@@ -34,3 +37,33 @@ def test_an_old_batch_whose_file_was_touched_keeps_its_place(warehouse, two_over
     assert snapshot(warehouse.engine) == before
     with warehouse.engine.connect() as conn:
         assert dict(conn.execute(select(crawl_batches.c.batch_id, crawl_batches.c.landed_at)).all()) == landed
+
+
+def _quarantined(warehouse) -> dict[int, tuple[str, bytes]]:
+    from dedup_pipeline.store.schema import quarantine
+
+    with warehouse.engine.connect() as conn:
+        rows = conn.execute(select(quarantine.c.line_no, quarantine.c.reason, quarantine.c.raw_line)).all()
+    return {row.line_no: (row.reason, bytes(row.raw_line)) for row in rows}
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_a_byte_order_mark_at_the_start_of_a_file_costs_no_record(warehouse, tmp_path, gz):
+    """Breaks: a crawler (or a Windows tool) writes a UTF-8 BOM before the first line of a batch.
+
+    Must hold: the first record is read like the others (it was quarantined "Unexpected UTF-8 BOM"), plain and
+    gzipped; a BOM anywhere else still quarantines its line.
+    """
+    from dedup_pipeline.store.schema import records
+
+    lines = [BOM + json.dumps(listing(1)).encode(), listing(2), BOM + json.dumps(listing(3)).encode()]
+    folder = tmp_path / "landing"
+    write_batch(folder, "2026-11-01-shop", lines, gz=gz)
+    raw, canonical, exact, _ = run_batch(warehouse, folder, "2026-11-01-shop")
+    assert (raw.lines, raw.parsed, raw.quarantined) == (3, 2, 1)
+    assert list(_quarantined(warehouse)) == [3]
+    assert "Unexpected UTF-8 BOM" in _quarantined(warehouse)[3][0]
+    assert exact.survivors == 2
+    with warehouse.engine.connect() as conn:
+        keys = set(conn.execute(select(records.c.natural_key)).scalars())
+    assert keys == {"https://shop.example.com/p/1", "https://shop.example.com/p/2"}

@@ -445,7 +445,7 @@ def bad_cases() -> list[Case]:
             NESTING_TOO_DEEP,
         ),
         _bad(
-            "a byte-order mark",
+            "a byte-order mark inside the file",
             b"\xef\xbb\xbf" + _dump(raw_listing("bom")),
             "raw",
             "malformed JSON: Unexpected UTF-8 BOM (decode using utf-8-sig) at column 1",
