@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import tracemalloc
 
 import pytest
 from sqlalchemy import select
 
-from dedup_pipeline.landing import BOM
+from dedup_pipeline.ladder.settings import LadderSettings
+from dedup_pipeline.landing import BOM, HEAD_BYTES, iter_lines
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
 from dedup_pipeline_tests.ladder.common import run_batch
 
@@ -67,3 +70,64 @@ def test_a_byte_order_mark_at_the_start_of_a_file_costs_no_record(warehouse, tmp
     with warehouse.engine.connect() as conn:
         keys = set(conn.execute(select(records.c.natural_key)).scalars())
     assert keys == {"https://shop.example.com/p/1", "https://shop.example.com/p/2"}
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_a_line_over_the_size_limit_is_quarantined_with_its_length(warehouse, tmp_path, gz):
+    """Breaks: one line of a batch is far longer than any record (a crawler dumped a page into a field).
+
+    Must hold: it is quarantined with its length and the limit (only its head kept), the lines around it are
+    read as usual, the canonical rung leaves it out, and the last line of the file may be over the limit too.
+    """
+    limit = 4096
+    huge = listing(2, description="x" * 50_000)
+    lines = [listing(1), huge, listing(3), listing(4, description="y" * 9000)]
+    folder = tmp_path / "landing"
+    path = write_batch(folder, "2026-11-01-shop", lines)
+    data = path.read_bytes().removesuffix(b"\n")  # the last line ends the file, without a newline
+    path.unlink()
+    (folder / f"2026-11-01-shop.jsonl{'.gz' if gz else ''}").write_bytes(gzip.compress(data) if gz else data)
+    settings = LadderSettings(chunk_size=7, max_line_bytes=limit)
+    raw, canonical, exact, _ = run_batch(warehouse, folder, "2026-11-01-shop", settings)
+    assert (raw.lines, raw.parsed, raw.quarantined, raw.too_long) == (4, 2, 2, 2)
+    bad = _quarantined(warehouse)
+    assert sorted(bad) == [2, 4]
+    length = len(json.dumps(huge).encode())
+    assert bad[2][0].startswith(f"line too long ({length} bytes; at most {limit}")
+    assert bad[2][1] == json.dumps(huge).encode()[:HEAD_BYTES]
+    assert (canonical.records_in, canonical.canonical, exact.survivors) == (2, 2, 2)
+
+
+def test_reading_a_50_mb_line_holds_a_bounded_amount_of_memory(tmp_path):
+    """Breaks: a single 50 MB line (it was stored, at 1.19 GB peak memory).
+
+    Must hold: the reader skips it to its newline holding at most the limit and a read block, never the line.
+    """
+    path = tmp_path / "big.jsonl"
+    with open(path, "wb") as handle:
+        handle.write(json.dumps(listing(1)).encode() + b"\n" + b'{"description": "')
+        for _ in range(50):
+            handle.write(b"z" * (1 << 20))
+        handle.write(b'"}\n' + json.dumps(listing(2)).encode() + b"\n")
+    tracemalloc.start()
+    try:
+        lines = [(line.number, line.too_long, line.length) for line in iter_lines(path, max_line_bytes=1 << 20)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert lines == [(1, False, None), (2, True, 50 * (1 << 20) + 19), (3, False, None)]
+    assert peak < 8 * (1 << 20), f"peak {peak / (1 << 20):.1f} MiB"
+
+
+def test_blank_lines_are_counted_in_the_batch_figures(warehouse, tmp_path):
+    """Breaks: a batch with empty and whitespace-only lines between its records.
+
+    Must hold: they are counted (`blank`), keep their line numbers, and are neither records nor quarantined.
+    """
+    folder = tmp_path / "landing"
+    write_batch(folder, "2026-11-01-shop", [listing(1), "", "   \t", listing(2), "\r", listing(3)])
+    raw, canonical, exact, _ = run_batch(warehouse, folder, "2026-11-01-shop")
+    assert (raw.lines, raw.parsed, raw.quarantined, raw.blank) == (3, 3, 0, 3)
+    assert raw.as_metadata()["blank"] == 3
+    assert exact.survivors == 3
+    assert _quarantined(warehouse) == {}

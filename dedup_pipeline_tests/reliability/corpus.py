@@ -265,12 +265,6 @@ def good_cases() -> list[Case]:
             stored={"specs": {"size": "L", "tags": ["a b", None], "dims": {"w": "1.5"}}},
         ),
         Case(
-            "duplicate JSON keys: the last one wins",
-            b'{"url": "' + f"{SHOP}/22".encode() + b'", "title": "first", "title": "second", "price": "1.50", '
-            b'"currency": "eur", "seller_id": "s-nasty", "sku": "N-22"}',
-            Stored(stored_payload(22, title="second")),
-        ),
-        Case(
             "escaped characters decode to the same text",
             b'{"url": "'
             + f"{SHOP}/23".encode()
@@ -449,6 +443,12 @@ def bad_cases() -> list[Case]:
             b"\xef\xbb\xbf" + _dump(raw_listing("bom")),
             "raw",
             "malformed JSON: Unexpected UTF-8 BOM (decode using utf-8-sig) at column 1",
+        ),
+        Case(
+            "duplicate JSON keys: which value is meant is unknown",
+            b'{"url": "' + f"{SHOP}/22".encode() + b'", "title": "first", "title": "second", "price": "1.50", '
+            b'"currency": "eur", "seller_id": "s-nasty", "sku": "N-22"}',
+            Quarantined("raw", 'duplicate key "title" in a JSON object (which of its values is meant is unknown)'),
         ),
         _bad("no url", raw_listing("c1", url=_DROP), "canonical", "missing url"),
         _bad("a url that is a number", raw_listing("c15", url=123), "canonical", "url must be text, got int"),
