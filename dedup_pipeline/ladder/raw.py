@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Connection, delete, select
 
+from dedup_pipeline.core.erasure import searchable_prefix
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
 from dedup_pipeline.ladder.settings import MAX_LINE_BYTES
@@ -38,6 +39,8 @@ class RawReport:
 _QUARANTINE_COLUMNS = ("batch_id", "line_no", "rung", "reason", "raw_line", "quarantined_at")
 #: Appended to the reason of a quarantined line whose bytes are not kept because they name an erased subject.
 WITHHELD = "; raw line withheld: it names an erased subject"
+#: Appended to the reason of a quarantined line kept only up to where it stops being text an erasure can search.
+CUT = "; raw line kept up to byte {kept} of {length}: the rest is not UTF-8 text (an erasure could not search it)"
 
 
 class QuarantineWriter:
@@ -50,7 +53,11 @@ class QuarantineWriter:
         self.now = utcnow()
 
     def add(self, line_no: int, reason: str, raw: bytes) -> None:
-        self.rows.append((self.batch_id, line_no, self.rung, reason, raw, self.now))
+        """Buffer a row; of its bytes, only those an erasure can search (`searchable_prefix`) are kept."""
+        kept = searchable_prefix(raw)
+        if len(kept) < len(raw):
+            reason += CUT.format(kept=len(kept), length=len(raw))
+        self.rows.append((self.batch_id, line_no, self.rung, reason, kept, self.now))
         self.count += 1
         if len(self.rows) >= self.chunk_size:
             self.flush()

@@ -43,6 +43,16 @@ class Stored:
 class Quarantined:
     rung: str
     reason: str
+    kept: bytes | None = None  # the raw bytes quarantine keeps, when not the whole line
+
+
+#: How quarantine notes a line it keeps only up to where it stops being UTF-8 text.
+_CUT = "; raw line kept up to byte {} of {}: the rest is not UTF-8 text (an erasure could not search it)"
+
+
+def _bad_text(name: str, line: bytes, reason: str, kept: int) -> Case:
+    """A line the raw rung quarantines that is not UTF-8 text throughout: only its first `kept` bytes are kept."""
+    return Case(name, line, Quarantined("raw", reason + _CUT.format(kept, len(line)), line[:kept]))
 
 
 @dataclass(frozen=True)
@@ -367,19 +377,19 @@ def bad_cases() -> list[Case]:
             "a record must be a JSON object, got str",
         ),
         _bad("null is not a record", b"null", "raw", "a record must be a JSON object, got NoneType"),
-        _bad(
+        _bad_text(
             "invalid UTF-8 (a Latin-1 line)",
             '{"title": "caf\u00e9"}'.encode("latin-1"),
-            "raw",
             "invalid UTF-8 at byte 14",
+            14,
         ),
-        _bad("invalid UTF-8 (overlong encoding)", b'{"title": "\xc0\xaf"}', "raw", "invalid UTF-8 at byte 11"),
-        _bad("invalid UTF-8 (encoded surrogate)", b'{"title": "\xed\xa0\x80"}', "raw", "invalid UTF-8 at byte 11"),
-        _bad(
+        _bad_text("invalid UTF-8 (overlong encoding)", b'{"title": "\xc0\xaf"}', "invalid UTF-8 at byte 11", 11),
+        _bad_text("invalid UTF-8 (encoded surrogate)", b'{"title": "\xed\xa0\x80"}', "invalid UTF-8 at byte 11", 11),
+        _bad_text(
             "a raw NUL byte inside a string",
             b'{"title": "a\x00b"}',
-            "raw",
             "malformed JSON: Invalid control character at column 13",
+            12,
         ),
         _bad(
             "an escaped NUL in a value",
