@@ -39,6 +39,7 @@ from dedup_pipeline.core.records import URL_VERSION, CanonicalRecord
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import copy_rows, in_values, staging_table
 from dedup_pipeline.store.json_text import EncodedJson
+from dedup_pipeline.store.near import mark_redated
 from dedup_pipeline.store.schema import (
     Id,
     canonical_records,
@@ -308,6 +309,7 @@ def _antedate(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: date
         len(plan.antedated),
         first_too=True,
     )
+    mark_redated(conn, [stored.record_id for _, stored in plan.antedated.values()])
 
 
 def _date_recrawled(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
