@@ -193,6 +193,16 @@ class Line:
 
 #: What an over-long line keeps of its bytes: enough for an operator (and an erasure) to tell which record it was.
 HEAD_BYTES = 4096
+
+
+def _head(raw: bytes) -> bytes:
+    """The first `HEAD_BYTES` of an over-long line, less a character the cut would split (UTF-8 continuation bytes)."""
+    cut = min(HEAD_BYTES, len(raw))
+    while 0 < cut < len(raw) and raw[cut] & 0xC0 == 0x80:
+        cut -= 1
+    return raw[:cut]
+
+
 #: The UTF-8 byte-order mark some writers put at the start of a file (never part of the first record).
 BOM = b"\xef\xbb\xbf"
 
@@ -311,14 +321,14 @@ def iter_lines(path: Path, digest: FileDigest | None = None, max_line_bytes: int
                 for raw in complete:
                     line_no += 1
                     raw = raw.rstrip(b"\r")
-                    yield Line(line_no, raw[:HEAD_BYTES], len(raw)) if len(raw) > limit else Line(line_no, raw)
+                    yield Line(line_no, _head(raw), len(raw)) if len(raw) > limit else Line(line_no, raw)
                 if len(pending) > limit:
-                    skipped, pending = Line(line_no + 1, pending[:HEAD_BYTES], len(pending)), b""
+                    skipped, pending = Line(line_no + 1, _head(pending), len(pending)), b""
             if skipped is not None:
                 yield Line(line_no + 1, skipped.raw, skipped.length)
             elif pending:
                 raw = pending.rstrip(b"\r")
-                yield Line(line_no + 1, raw[:HEAD_BYTES], len(raw)) if len(raw) > limit else Line(line_no + 1, raw)
+                yield Line(line_no + 1, _head(raw), len(raw)) if len(raw) > limit else Line(line_no + 1, raw)
     except FileNotFoundError:
         raise BatchFileError(f"batch file {path} disappeared") from None
     except PermissionError:

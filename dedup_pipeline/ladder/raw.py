@@ -12,7 +12,7 @@ from dedup_pipeline.core.erasure import searchable_prefix
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
 from dedup_pipeline.ladder.settings import MAX_LINE_BYTES
-from dedup_pipeline.landing import HEAD_BYTES, BatchFile, FileDigest, TruncatedBatch, iter_lines
+from dedup_pipeline.landing import BatchFile, FileDigest, TruncatedBatch, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import crawl_batches, quarantine
 from dedup_pipeline.store.tombstones import erased_raw_lines
@@ -94,7 +94,7 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile, max_line_bytes: int
                 lines += 1
                 if line.too_long:
                     too_long += 1
-                    bad.add(line.number, line_too_long(line.length, max_line_bytes), line.raw)
+                    bad.add(line.number, line_too_long(line.length, max_line_bytes, len(line.raw)), line.raw)
                     continue
                 try:
                     parse_line(line.raw)
@@ -124,9 +124,9 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile, max_line_bytes: int
     return RawReport(batch.key, read.size, lines, parsed, bad.count, blank, too_long)
 
 
-def line_too_long(length: int, limit: int) -> str:
-    """The quarantine reason of a line over the size limit (only its first bytes are kept)."""
-    return f"line too long ({length} bytes; at most {limit}, max_line_bytes): only its first {HEAD_BYTES} bytes kept"
+def line_too_long(length: int, limit: int, kept: int) -> str:
+    """The quarantine reason of a line over the size limit (only its first `kept` bytes are kept)."""
+    return f"line too long ({length} bytes; at most {limit}, max_line_bytes): only its first {kept} bytes kept"
 
 
 def _first_landed_at(conn: Connection, batch: BatchFile, sha256: str) -> datetime:

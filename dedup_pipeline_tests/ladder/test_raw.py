@@ -81,7 +81,9 @@ def test_a_line_over_the_size_limit_is_quarantined_with_its_length(warehouse, tm
     """
     limit = 4096
     huge = listing(2, description="x" * 50_000)
-    lines = [listing(1), huge, listing(3), listing(4, description="y" * 9000)]
+    prefix = b'{"url": "https://shop.example.com/p/5", "title": "xy", "description": "'  # 4096 cuts an "é" in two
+    accented = prefix + "é".encode() * 3000 + b'"}'
+    lines = [listing(1), huge, listing(3), accented, listing(4, description="y" * 9000)]
     folder = tmp_path / "landing"
     path = write_batch(folder, "2026-11-01-shop", lines)
     data = path.read_bytes().removesuffix(b"\n")  # the last line ends the file, without a newline
@@ -89,9 +91,13 @@ def test_a_line_over_the_size_limit_is_quarantined_with_its_length(warehouse, tm
     (folder / f"2026-11-01-shop.jsonl{'.gz' if gz else ''}").write_bytes(gzip.compress(data) if gz else data)
     settings = LadderSettings(chunk_size=7, max_line_bytes=limit)
     raw, canonical, exact, _ = run_batch(warehouse, folder, "2026-11-01-shop", settings)
-    assert (raw.lines, raw.parsed, raw.quarantined, raw.too_long) == (4, 2, 2, 2)
+    assert (raw.lines, raw.parsed, raw.quarantined, raw.too_long) == (5, 2, 3, 3)
     bad = _quarantined(warehouse)
-    assert sorted(bad) == [2, 4]
+    assert sorted(bad) == [2, 4, 5]
+    assert len(prefix) % 2 == 1 and bad[4] == (
+        f"line too long ({len(accented)} bytes; at most {limit}, max_line_bytes): only its first 4095 bytes kept",
+        accented[:4095],
+    )
     length = len(json.dumps(huge).encode())
     assert bad[2][0].startswith(f"line too long ({length} bytes; at most {limit}")
     assert bad[2][1] == json.dumps(huge).encode()[:HEAD_BYTES]
