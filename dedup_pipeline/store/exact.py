@@ -432,22 +432,13 @@ def _file_late_versions(
         ]
     if copies:  # the current rows' content as crawled before: valid from its first crawl when that was its first
         r = records.c
-        for record_id, (rid, key, digest_version, digest, payload, first_seen, last_crawled) in {
-            row.record_id: row
-            for row in conn.execute(
-                select(
-                    r.record_id,
-                    r.natural_key,
-                    r.hash_version,
-                    r.content_hash,
-                    r.payload,
-                    r.first_seen_at,
-                    r.last_crawled_at,
-                ).where(in_values(conn, r.record_id, sorted(copies)))
-            )
-        }.items():
-            by, first = copies[record_id]
-            inserts.append((rid, key, digest_version, digest, payload, first_seen if first else last_crawled, now, by))
+        columns = (r.record_id, r.natural_key, r.hash_version, r.content_hash, r.payload, r.first_seen_at)
+        for row in conn.execute(
+            select(*columns, r.last_crawled_at).where(in_values(conn, r.record_id, sorted(copies)))
+        ):
+            by, first = copies[row.record_id]
+            valid_from = row.first_seen_at if first else row.last_crawled_at
+            inserts.append((*row[:5], valid_from, now, by))
     if inserts:
         copy_rows(conn, record_history, _HISTORY_COLUMNS, inserts)
     if moves:
