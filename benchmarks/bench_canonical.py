@@ -27,6 +27,7 @@ into the CPU cache); each repeat covers the corpus once per implementation:
   side does URL work (the seeds never canonicalise URLs; ours does, for `url/1`).
 For information, on the same records as the ladder reads them (`parse_line`:
 exact Decimal prices, so `content/2` applies too):
+- parse_line: the landing lines (JSON text) read into records, a repeated key refused;
 - both versions: `hash_records(chunk, ("content/1", "content/2"))` (payloads too);
 - full canonical record: `canonicalise_records` (strict URL, payload, natural key,
   both digests, timestamp) against the per-record `canonicalise_record`.
@@ -101,6 +102,10 @@ def url_only(chunk):
     return [canonical_url(record["url"]) for record in chunk]
 
 
+def parse_lines(chunk):
+    return [parse_line(line) for line in chunk]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100_000)
@@ -111,7 +116,8 @@ def main() -> None:
     raw_urls = crawl_with_duplicates(args.records, 0.5)
     records = [{**record, "url": canonical_url(record["url"])} for record in raw_urls]
     without_url = [{k: v for k, v in r.items() if k != "url"} for r in records]
-    parsed = [parse_line(json.dumps(r).encode()) for r in records]
+    lines = [json.dumps(r).encode() for r in records]
+    parsed = parse_lines(lines)
     chunks = lambda rs: [rs[i : i + args.chunk] for i in range(0, len(rs), args.chunk)]  # noqa: E731
 
     # Identical digests before anything is timed, and identical results on the ladder's records.
@@ -130,7 +136,7 @@ def main() -> None:
         "full record": (parsed, per_record_full, full_records),
     }
     seconds = {name: ([], []) for name in pairs}
-    extra = {"both versions": [], "url/1 alone": []}
+    extra = {"both versions": [], "url/1 alone": [], "parse_line": []}
     for _ in range(args.repeat):
         for name, (corpus, base, ours) in pairs.items():
             b = o = 0.0
@@ -145,6 +151,7 @@ def main() -> None:
             seconds[name][1].append(o)
         extra["both versions"].append(sum(cpu(both_versions, c) for c in chunks(parsed)))
         extra["url/1 alone"].append(sum(cpu(url_only, c) for c in chunks(records)))
+        extra["parse_line"].append(sum(cpu(parse_lines, c) for c in chunks(lines)))
 
     n = args.records
     rate = lambda values: n / statistics.median(values)  # noqa: E731
@@ -171,6 +178,7 @@ def main() -> None:
     )
     print(f"  url/1 canonical_url alone         {rate(extra['url/1 alone']):>10,.0f} URLs/s (inside ours above)")
     print("on the ladder's records (parse_line, exact Decimal prices), for information:")
+    print(f"  parse_line (bytes to record)      {rate(extra['parse_line']):>10,.0f} lines/s (repeated keys refused)")
     print(f"  ours both versions + payloads     {rate(extra['both versions']):>10,.0f} rec/s   (hash_records)")
     print(
         f"  full canonical record, per record {rate(seconds['full record'][0]):>10,.0f} rec/s   (canonicalise_record)"

@@ -172,10 +172,39 @@ def file_sha256(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Line:
-    """One physical line of a batch: 1-based number and raw bytes (no newline)."""
+    """One physical line of a batch: 1-based number and raw bytes (no newline).
+
+    A line longer than the reader's limit keeps only its first `HEAD_BYTES` in `raw`, and its whole length
+    in `length`; a blank (or whitespace-only) line is yielded too, so that its caller can count it.
+    """
 
     number: int
     raw: bytes
+    length: int | None = None  # set only when the line was over the limit
+
+    @property
+    def too_long(self) -> bool:
+        return self.length is not None
+
+    @property
+    def blank(self) -> bool:
+        return not self.too_long and not self.raw.strip()
+
+
+#: What an over-long line keeps of its bytes: enough for an operator (and an erasure) to tell which record it was.
+HEAD_BYTES = 4096
+
+
+def _head(raw: bytes) -> bytes:
+    """The first `HEAD_BYTES` of an over-long line, less a character the cut would split (UTF-8 continuation bytes)."""
+    cut = min(HEAD_BYTES, len(raw))
+    while 0 < cut < len(raw) and raw[cut] & 0xC0 == 0x80:
+        cut -= 1
+    return raw[:cut]
+
+
+#: The UTF-8 byte-order mark some writers put at the start of a file (never part of the first record).
+BOM = b"\xef\xbb\xbf"
 
 
 class TruncatedBatch(Exception):
@@ -237,23 +266,29 @@ def _corrupt(exc: BaseException) -> bool:
     return isinstance(exc, gzip.BadGzipFile) and not str(exc).startswith("Not a gzipped file")
 
 
-def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
-    """Stream the non-blank lines of a batch file, gunzipping when needed.
+def iter_lines(path: Path, digest: FileDigest | None = None, max_line_bytes: int | None = None) -> Iterator[Line]:
+    """Stream the lines of a batch file, gunzipping when needed, blank ones included (`Line.blank`).
 
-    Memory is one line at a time. A truncated gzip stream (or bytes that are
-    not gzip) yields every complete line before the damage and then raises
-    `TruncatedBatch` carrying the incomplete tail, so the caller can
-    quarantine it. A corrupt one (failed CRC, invalid deflate data) raises
-    `BatchFileError`: its lines cannot be trusted, so the rung writes nothing.
-    `digest`, if given, receives every byte of the file the lines came
-    from (after damage, the rest of the file too).
+    Memory is one line at a time, and bounded: a line longer than `max_line_bytes`
+    (None: no limit) is skipped to its newline without being held, and yielded
+    as its head and length (`Line.too_long`). A UTF-8 byte-order mark at the
+    start of the file (of its decompressed bytes, for gzip) is not part of the
+    first line. A truncated gzip stream (or bytes that are not gzip) yields every
+    complete line before the damage and then raises `TruncatedBatch` carrying
+    the incomplete tail, so the caller can quarantine it. A corrupt one (failed
+    CRC, invalid deflate data) raises `BatchFileError`: its lines cannot be
+    trusted, so the rung writes nothing. `digest`, if given, receives every byte
+    of the file the lines came from (after damage, the rest of the file too).
     """
+    limit = max_line_bytes if max_line_bytes is not None else float("inf")
     line_no = 0
     try:
         with open(path, "rb", buffering=0) as raw_file:
             source = io.BufferedReader(_DigestedFile(raw_file, digest) if digest else raw_file, 1 << 20)
             handle = gzip.GzipFile(fileobj=source, mode="rb") if path.name.endswith(".gz") else source
             pending = b""
+            at_start = True
+            skipped: Line | None = None  # an over-long line read past so far: its head and length
             while True:
                 try:
                     # read1: one read of the stream per call, so the lines decompressed before damage
@@ -267,18 +302,33 @@ def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
                     if digest:
                         while source.read1(1 << 20):
                             pass
-                    raise TruncatedBatch(line_no + 1, pending, f"compressed stream damaged: {exc}") from None
+                    tail = skipped.raw if skipped else pending
+                    raise TruncatedBatch(line_no + 1, tail, f"compressed stream damaged: {exc}") from None
+                if skipped is not None and block:
+                    end = block.find(b"\n")
+                    if end < 0:
+                        skipped = Line(skipped.number, skipped.raw, skipped.length + len(block))
+                        continue
+                    line_no += 1
+                    yield Line(line_no, skipped.raw, skipped.length + len(block[:end].rstrip(b"\r")))
+                    skipped, block = None, block[end + 1 :]
+                pending += block
+                if at_start and (len(pending) >= len(BOM) or not block):
+                    pending, at_start = pending.removeprefix(BOM), False
                 if not block:
                     break
-                pending += block
                 *complete, pending = pending.split(b"\n")
                 for raw in complete:
                     line_no += 1
                     raw = raw.rstrip(b"\r")
-                    if raw.strip():
-                        yield Line(line_no, raw)
-            if pending.strip():
-                yield Line(line_no + 1, pending.rstrip(b"\r"))
+                    yield Line(line_no, _head(raw), len(raw)) if len(raw) > limit else Line(line_no, raw)
+                if len(pending) > limit:
+                    skipped, pending = Line(line_no + 1, _head(pending), len(pending)), b""
+            if skipped is not None:
+                yield Line(line_no + 1, skipped.raw, skipped.length)
+            elif pending:
+                raw = pending.rstrip(b"\r")
+                yield Line(line_no + 1, _head(raw), len(raw)) if len(raw) > limit else Line(line_no + 1, raw)
     except FileNotFoundError:
         raise BatchFileError(f"batch file {path} disappeared") from None
     except PermissionError:

@@ -306,6 +306,21 @@ _URL_IN_TEXT = re.compile(r"https?://[^\s\"'<>\\^`{|}]+", re.IGNORECASE)
 _JSON_STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\.)*"')
 
 
+def searchable_prefix(raw: bytes) -> bytes:
+    """The longest start of `raw` that is UTF-8 text without a NUL byte: all of a line an erasure can search.
+
+    Quarantine keeps no more than this. A line in Latin-1, cp1252 or UTF-16 (whose ASCII is interleaved with
+    NUL bytes) may name a subject in bytes no text search recognises, so those bytes are never stored.
+    """
+    nul = raw.find(b"\x00")
+    head = raw if nul < 0 else raw[:nul]
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return head[: exc.start]
+    return head
+
+
 def raw_line_fingerprints(key: bytes, catalogue: Catalogue, raw: bytes) -> list[bytes]:
     """Every fingerprint a quarantined line could match a tombstone by, read as text (it may not parse).
 

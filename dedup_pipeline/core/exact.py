@@ -76,6 +76,9 @@ class ChunkPlan:
     # key -> (record, stored): the key's first record in a batch landed before the one its row was first stored
     # from (an out-of-order run); the row's first_seen_at and first_batch_id move to that record
     antedated: dict[str, tuple[CanonicalRecord, StoredRow]] = field(default_factory=dict)
+    # key -> (stored, records): records of a batch older than the row's version, in line order: in landing order
+    # they were versions of the key (unless one holds content another key holds), for its history
+    late: dict[str, tuple[StoredRow, list[CanonicalRecord]]] = field(default_factory=dict)
     stored_superseded: list[StoredRow] = field(default_factory=list)  # warehouse rows moved to history
     chunk_superseded: list[tuple[CanonicalRecord, CanonicalRecord]] = field(default_factory=list)  # (old, replaced by)
 
@@ -129,6 +132,14 @@ def plan_chunk(
             and (digest == previous or digest not in holders)
         ):
             plan.antedated[key] = (record, row)
+        if (
+            row is not None
+            and policy.on_changed == "upsert"
+            and key not in plan.updates
+            and tuple(batch_order) < tuple(row.order[:2])
+            and (digest == previous or digest not in holders)
+        ):
+            plan.late.setdefault(key, (row, []))[1].append(record)
         if digest in holders or digest == previous:
             plan.decisions.append((record, Decision.EXACT_DUPLICATE))
             if (

@@ -32,8 +32,21 @@ def _reject_constant(name: str) -> Any:
     raise RecordError(f"JSON constant {name} is not allowed")
 
 
+def _object_without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        key = json.dumps(repeated[:100])  # escaped: a key may hold what a reason must not (NUL, lone surrogates)
+        raise RecordError(f"duplicate key {key} in a JSON object (which of its values is meant is unknown)")
+    return value
+
+
 #: One decoder for every line: `json.loads` with these options would build a new one (and its scanner) per call.
-_DECODER = json.JSONDecoder(parse_float=json_decimal, parse_constant=_reject_constant)
+#: The hook costs less than telling beforehand which lines might repeat a key (benchmarks/bench_canonical.py).
+_DECODER = json.JSONDecoder(
+    parse_float=json_decimal, parse_constant=_reject_constant, object_pairs_hook=_object_without_repeated_keys
+)
 
 
 def _check_strings(value: Any, path: str = "record") -> None:

@@ -52,17 +52,19 @@ WAREHOUSE_POOL = "warehouse"
     partitions_def=crawl_batches_partitions, group_name=GROUP, kinds={"python", "sql"}, retry_policy=WAREHOUSE_RETRY
 )
 def raw_crawl_batches(
-    context: dg.AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource
+    context: dg.AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource, ladder: LadderResource
 ) -> dg.MaterializeResult:
     """A crawl batch as it landed, one partition per JSON Lines file (optionally gzipped) in the landing folder:
     the file registered (size, SHA-256, line count), and every line that is not a JSON object sent to the
-    `quarantine` table with its reason and line number. Read `lines` -> `parsed` (on to the canonical rung)
-    and `quarantined`; a spike in `quarantined` means a crawler started writing broken lines.
+    `quarantine` table with its reason and line number (so is a line over `max_line_bytes`). Read `lines` ->
+    `parsed` (on to the canonical rung) and `quarantined`, and `blank` for the empty lines passed over; a spike
+    in `quarantined` means a crawler started writing broken lines.
 
     See docs/canonical.md.
     """
     with retried_only_if_transient():
-        report = ingest_raw_batch(warehouse.get(), find_batch(landing.path(), context.partition_key))
+        batch = find_batch(landing.path(), context.partition_key)
+        report = ingest_raw_batch(warehouse.get(), batch, ladder.settings().max_line_bytes)
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.parsed})
 
 

@@ -26,13 +26,26 @@ downstream asset) and which only report:
   (a constant text, a broken normaliser) that once removed over 90% of a
   corpus; the links are kept, but the run fails so that nothing downstream
   (an export of representatives) acts on them.
+
+Every check reads the warehouse, so it retries a transient error (a dropped
+connection, a failover) the way the assets do (`WAREHOUSE_RETRY`), and fails at
+once on any other (`retried_only_if_transient`).
 """
 
+import functools
 import warnings
+from collections.abc import Callable
 
 import dagster as dg
 
-from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, near_duplicate_clusters
+from dedup_pipeline.defs.assets import (
+    COLLAPSE_CHECK,
+    WAREHOUSE_RETRY,
+    canonical_records,
+    deduplicated_records,
+    near_duplicate_clusters,
+    retried_only_if_transient,
+)
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import ChecksResource, NearDupResource, WarehouseResource
 from dedup_pipeline.ladder.near import runaway_clusters
@@ -55,10 +68,23 @@ _ERROR, _WARN = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec is currently in preview")
 
 
-@dg.asset_check(
+def batch_check(**spec) -> Callable[[Callable[..., dg.AssetCheckResult]], dg.AssetChecksDefinition]:
+    """`dg.asset_check` on a crawl batch partition, with the assets' transient-only retry."""
+
+    def decorate(check: Callable[..., dg.AssetCheckResult]) -> dg.AssetChecksDefinition:
+        @functools.wraps(check)
+        def run(*args, **kwargs) -> dg.AssetCheckResult:
+            with retried_only_if_transient():
+                return check(*args, **kwargs)
+
+        return dg.asset_check(partitions_def=crawl_batches_partitions, retry_policy=WAREHOUSE_RETRY, **spec)(run)
+
+    return decorate
+
+
+@batch_check(
     asset=deduplicated_records,
     name=COLLAPSE_CHECK,
-    partitions_def=crawl_batches_partitions,
     description="Collapse rate (exact duplicates / records in) against a fixed band and the trailing median of "
     "earlier batches: error when it collapses toward zero (a volatile field leaked into the hash), warning "
     "when it jumps far above. History comes from the warehouse decision log (first decision per line).",
@@ -91,10 +117,9 @@ def collapse_rate_in_band(
     )
 
 
-@dg.asset_check(
+@batch_check(
     asset=deduplicated_records,
     name=INTEGRITY_CHECK,
-    partitions_def=crawl_batches_partitions,
     blocking=True,
     description="The rows this batch wrote keep the warehouse invariants: unique (hash_version, content_hash), "
     "one current row per natural key, 32-byte digests, every hash version known to HASH_RULES. Blocks "
@@ -111,10 +136,9 @@ def warehouse_integrity(context: dg.AssetCheckExecutionContext, warehouse: Wareh
     )
 
 
-@dg.asset_check(
+@batch_check(
     asset=canonical_records,
     name=QUARANTINE_CHECK,
-    partitions_def=crawl_batches_partitions,
     description="Share of the batch's lines sent to quarantine (raw and canonical rungs) stays under "
     "`max_quarantine_rate` of the `checks` resource. Warns only: quarantined lines are kept with their reasons.",
 )
@@ -151,10 +175,9 @@ def quarantine_rate_under_bound(
     )
 
 
-@dg.asset_check(
+@batch_check(
     asset=deduplicated_records,
     name=SEEN_SET_CHECK,
-    partitions_def=crawl_batches_partitions,
     description="The exact rung's seen-set answered for every chunk of the batch (no fallback to the warehouse "
     "alone) and a Bloom filter holds at most `max_seen_set_fill` of its capacity (`checks` resource). Warns "
     "only: the seen-set is a fast path, and the warehouse decided every record either way.",
@@ -199,10 +222,9 @@ def _suite_result(report: expectations.SuiteReport, severity: dg.AssetCheckSever
     )
 
 
-@dg.asset_check(
+@batch_check(
     asset=canonical_records,
     name=GE_CHECK,
-    partitions_def=crawl_batches_partitions,
     blocking=True,
     description="Great Expectations suite on the batch's canonical records: key columns not null, canonical URL "
     "and digest formats, known URL and hash versions, one row per line, no row lost. Blocks the warehouse write "
@@ -218,10 +240,9 @@ def canonical_records_suite(
     return _suite_result(report, _ERROR)
 
 
-@dg.asset_check(
+@batch_check(
     asset=deduplicated_records,
     name=GE_CHECK,
-    partitions_def=crawl_batches_partitions,
     description="Great Expectations suite on the warehouse rows this batch wrote: key columns not null, formats, "
     "known versions, one row per natural key and per (hash_version, content_hash). Reports without blocking.",
 )
@@ -234,10 +255,9 @@ def deduplicated_records_suite(
     return _suite_result(report, _ERROR)
 
 
-@dg.asset_check(
+@batch_check(
     asset=near_duplicate_clusters,
     name=RUNAWAY_CHECK,
-    partitions_def=crawl_batches_partitions,
     blocking=True,
     description="No near-duplicate cluster holds more than `max_cluster_share` of the batch's new or changed records "
     "(`near_dup` resource; batches under `min_records_for_cluster_check` pass). Metadata names the offending "

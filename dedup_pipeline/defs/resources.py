@@ -80,6 +80,10 @@ class LadderResource(dg.ConfigurableResource):
         description="Processes that canonicalise a batch of 20,000 lines or more: "
         "0 is one per CPU, 1 keeps it in the step's process.",
     )
+    max_line_bytes: int = Field(
+        default=LadderSettings.max_line_bytes,
+        description="Longest landing line read as a record (bytes); a longer one is quarantined with its length.",
+    )
 
     def settings(self) -> LadderSettings:
         return LadderSettings(
@@ -88,6 +92,7 @@ class LadderResource(dg.ConfigurableResource):
             hash_versions=tuple(self.hash_versions),
             policy=DuplicatePolicy(on_changed=self.on_changed, keep_history=self.keep_history),
             canonical_workers=self.canonical_workers,
+            max_line_bytes=self.max_line_bytes,
         )
 
 

@@ -129,7 +129,8 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
             key_fields=settings.natural_key,
             url_version=url_version,
         )
-        for chunk in ordered_map(work, _line_chunks(path, read, settings.chunk_size), report.workers):
+        chunks = _line_chunks(path, read, settings.chunk_size, settings.max_line_bytes)
+        for chunk in ordered_map(work, chunks, report.workers):
             report.add(chunk)
             for line_no, reason, raw in chunk.quarantine:
                 bad.add(line_no, reason, raw)
@@ -196,16 +197,18 @@ def _withheld(row: tuple, versions: Sequence[str], url_version: str) -> tuple:
     )
 
 
-def _line_chunks(path: Path, read: FileDigest, size: int) -> Iterator[list[tuple[int, bytes]]]:
+def _line_chunks(path: Path, read: FileDigest, size: int, max_line_bytes: int) -> Iterator[list[tuple[int, bytes]]]:
     """(line number, raw line) pairs `size` at a time; `read` gets the bytes they came from.
 
-    A truncated tail ends the batch: the raw rung has already quarantined it.
+    Blank lines are passed over; a truncated tail ends the batch, and over-long lines are left out: the raw
+    rung has already counted or quarantined them.
     """
 
     def lines() -> Iterator[tuple[int, bytes]]:
         try:
-            for line in iter_lines(path, read):
-                yield line.number, line.raw
+            for line in iter_lines(path, read, max_line_bytes):
+                if not (line.blank or line.too_long):
+                    yield line.number, line.raw
         except TruncatedBatch:
             return
 

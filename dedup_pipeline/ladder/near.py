@@ -202,7 +202,9 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
         same_text, to_link, changed_text = {}, [], []
         for p in fresh:
             row = rows[p]
-            if row.indexed_hash is not None and _same_sketch(row, sketches, p, bands):
+            if row.indexed_hash is not None and _redated(row):
+                changed_text.append(row.record_id)  # landed earlier than indexed: linked again, by its true age
+            elif row.indexed_hash is not None and _same_sketch(row, sketches, p, bands):
                 same_text[row.record_id] = bytes(row.content_hash)
                 if row.linked:
                     continue
@@ -255,6 +257,11 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
     report.capped.update(outcome.capped)
     report.near_duplicates |= outcome.linked
     report.clusters.update(outcome.clusters)
+
+
+def _redated(row) -> bool:
+    """Is the record's index row dated otherwise than it landed (a batch that ran late brought it first)?"""
+    return (row.indexed_landed_us, row.indexed_seen_us, row.indexed_key_order) != _order(row)
 
 
 def _same_sketch(row, sketches: Sketches, p: int, bands: int) -> bool:

@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Connection, delete, select
 
+from dedup_pipeline.core.erasure import searchable_prefix
 from dedup_pipeline.core.errors import RecordError
 from dedup_pipeline.core.records import parse_line
 from dedup_pipeline.core.url import userinfo_redacted
+from dedup_pipeline.ladder.settings import MAX_LINE_BYTES
 from dedup_pipeline.landing import BatchFile, FileDigest, TruncatedBatch, iter_lines
 from dedup_pipeline.store.bulk import copy_rows
 from dedup_pipeline.store.schema import crawl_batches, quarantine
@@ -28,6 +30,8 @@ class RawReport:
     lines: int
     parsed: int
     quarantined: int
+    blank: int = 0  # empty or whitespace-only lines: counted here, never records (and not in `lines`)
+    too_long: int = 0  # lines over the size limit: quarantined, their head kept
 
     def as_metadata(self) -> dict:
         return asdict(self)
@@ -36,6 +40,8 @@ class RawReport:
 _QUARANTINE_COLUMNS = ("batch_id", "line_no", "rung", "reason", "raw_line", "quarantined_at")
 #: Appended to the reason of a quarantined line whose bytes are not kept because they name an erased subject.
 WITHHELD = "; raw line withheld: it names an erased subject"
+#: Appended to the reason of a quarantined line kept only up to where it stops being text an erasure can search.
+CUT = "; raw line kept up to byte {kept} of {length}: the rest is not UTF-8 text (an erasure could not search it)"
 
 
 class QuarantineWriter:
@@ -48,8 +54,12 @@ class QuarantineWriter:
         self.now = utcnow()
 
     def add(self, line_no: int, reason: str, raw: bytes) -> None:
-        """Buffer one line; the userinfo of any URL in it is dropped first (credentials are never stored)."""
-        self.rows.append((self.batch_id, line_no, self.rung, reason, userinfo_redacted(raw), self.now))
+        """Buffer a row; of its bytes, only those an erasure can search (`searchable_prefix`) are kept, and the
+        userinfo of any URL in them is dropped (credentials are never stored)."""
+        kept = searchable_prefix(raw)
+        if len(kept) < len(raw):
+            reason += CUT.format(kept=len(kept), length=len(raw))
+        self.rows.append((self.batch_id, line_no, self.rung, reason, userinfo_redacted(kept), self.now))
         self.count += 1
         if len(self.rows) >= self.chunk_size:
             self.flush()
@@ -66,21 +76,28 @@ def clear_quarantine(conn: Connection, batch_id: str, rung: str) -> None:
     conn.execute(delete(quarantine).where(quarantine.c.batch_id == batch_id, quarantine.c.rung == rung))
 
 
-def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
-    """Read the whole file once, quarantine unparsable lines, and record the batch's file digest.
+def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile, max_line_bytes: int = MAX_LINE_BYTES) -> RawReport:
+    """Read the whole file once, quarantine unparsable and over-long lines, and record the batch's file digest.
 
     One transaction: re-materialising replaces the batch's raw quarantine rows
     and registration; a failure leaves the previous state untouched.
     """
-    lines = parsed = 0
+    lines = parsed = blank = too_long = 0
     read = FileDigest()  # exactly the bytes the lines came from, even if the file grows meanwhile
     with warehouse.engine.begin() as conn:
         lock_batch(conn, batch.key)  # a second run of this partition waits, then rewrites it whole
         clear_quarantine(conn, batch.key, RUNG)
         bad = QuarantineWriter(conn, batch.key, RUNG)
         try:
-            for line in iter_lines(batch.path, read):
+            for line in iter_lines(batch.path, read, max_line_bytes):
+                if line.blank:
+                    blank += 1
+                    continue
                 lines += 1
+                if line.too_long:
+                    too_long += 1
+                    bad.add(line.number, line_too_long(line.length, max_line_bytes, len(line.raw)), line.raw)
+                    continue
                 try:
                     parse_line(line.raw)
                     parsed += 1
@@ -106,7 +123,12 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile) -> RawReport:
                 registered_at=utcnow(),
             )
         )
-    return RawReport(batch.key, read.size, lines, parsed, bad.count)
+    return RawReport(batch.key, read.size, lines, parsed, bad.count, blank, too_long)
+
+
+def line_too_long(length: int, limit: int, kept: int) -> str:
+    """The quarantine reason of a line over the size limit (only its first `kept` bytes are kept)."""
+    return f"line too long ({length} bytes; at most {limit}, max_line_bytes): only its first {kept} bytes kept"
 
 
 def _first_landed_at(conn: Connection, batch: BatchFile, sha256: str) -> datetime:

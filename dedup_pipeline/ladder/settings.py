@@ -16,6 +16,9 @@ from dedup_pipeline.core.records import DEFAULT_NATURAL_KEY
 #: Records per transaction and per set-based statement in the canonical, exact and near rungs (memory is bounded
 #: by it).
 CHUNK_SIZE = 2000
+#: Longest landing line read as a record (bytes, without its newline): a longer one is quarantined, and never
+#: held in memory whole.
+MAX_LINE_BYTES = 2 << 20  # a megabyte-long field still fits (see the nasty corpus)
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class LadderSettings:
     - ``hash_versions``: versions computed for every record (the active one is always required).
     - ``policy``: what to do per duplicate class.
     - ``canonical_workers``: processes that canonicalise a large batch's chunks (0: one per CPU; 1: inline).
+    - ``max_line_bytes``: longest landing line read as a record; a longer one is quarantined with its length.
     """
 
     chunk_size: int = CHUNK_SIZE
@@ -34,10 +38,13 @@ class LadderSettings:
     hash_versions: tuple[str, ...] = tuple(HASH_RULES)
     policy: DuplicatePolicy = field(default_factory=DuplicatePolicy)
     canonical_workers: int = 0
+    max_line_bytes: int = MAX_LINE_BYTES
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
             raise ValueError("chunk_size must be at least 1")
+        if self.max_line_bytes < 64:
+            raise ValueError("max_line_bytes must be at least 64 (a record needs a url)")
         if self.canonical_workers < 0:
             raise ValueError("canonical_workers must be 0 (one per CPU) or more")
         unknown = set(self.hash_versions) - set(HASH_RULES)

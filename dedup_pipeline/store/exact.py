@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Text,
     and_,
+    bindparam,
     cast,
     delete,
     func,
@@ -33,10 +34,12 @@ from sqlalchemy import (
 )
 
 from dedup_pipeline.core.exact import ChunkPlan, Decision, StoredRow
+from dedup_pipeline.core.history import Version, file_late_versions
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.bulk import copy_rows, in_values, staging_table
 from dedup_pipeline.store.json_text import EncodedJson
+from dedup_pipeline.store.near import mark_redated
 from dedup_pipeline.store.schema import (
     Id,
     canonical_records,
@@ -306,6 +309,7 @@ def _antedate(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: date
         len(plan.antedated),
         first_too=True,
     )
+    mark_redated(conn, [stored.record_id for _, stored in plan.antedated.values()])
 
 
 def _date_recrawled(conn: Connection, plan: ChunkPlan, batch_id: str, batch_time: datetime) -> None:
@@ -369,6 +373,83 @@ def _history_of_stored(conn: Connection, plan: ChunkPlan, batch_id: str, now: da
     conn.execute(insert(record_history).from_select(_HISTORY_COLUMNS, old))
 
 
+def _history_chains(conn: Connection, plan: ChunkPlan, version: str) -> dict[str, list[Version]]:
+    """The version chain (`core.history`) of each key with late records whose first batch is known, in one SELECT.
+
+    A key's versions are its history rows, in the landing order of the batches that superseded them, then its
+    current row; each was brought by the batch that superseded the one before it (the first by its first batch).
+    """
+    rows = {row.record_id: (key, row) for key, (row, _) in plan.late.items() if row.first is not None}
+    if not rows:
+        return {}
+    h = record_history.c
+    query = (
+        select(h.history_id, h.record_id, h.content_hash, h.superseded_by_batch_id, crawl_batches.c.landed_at)
+        .select_from(record_history.outerjoin(crawl_batches, crawl_batches.c.batch_id == h.superseded_by_batch_id))
+        .where(in_values(conn, h.record_id, sorted(rows)), h.hash_version == version)
+    )
+    found: dict[int, list] = {}
+    for row in conn.execute(query):
+        found.setdefault(row.record_id, []).append(row)
+    chains: dict[str, list[Version]] = {}
+    for record_id, (key, stored) in rows.items():
+        history = found.get(record_id, [])
+        if any(row.landed_at is None for row in history):  # superseded by a batch no longer registered
+            continue
+        history.sort(key=lambda row: (as_utc(row.landed_at), row.superseded_by_batch_id, row.history_id))
+        origin = (*stored.first, 0)
+        chain = []
+        for row in history:
+            chain.append(Version(row.content_hash.hex(), origin, row.history_id, row.superseded_by_batch_id))
+            origin = (as_utc(row.landed_at), row.superseded_by_batch_id, 0)
+        chains[key] = [*chain, Version(stored.content_hash, origin, last=stored.order)]
+    return chains
+
+
+def _file_late_versions(
+    conn: Connection, plan: ChunkPlan, version: str, batch_id: str, batch_time: datetime, now: datetime
+) -> None:
+    """File the versions this older batch brought into their keys' history, where landing order puts them."""
+    inserts, moves, copies = [], {}, {}
+    for key, chain in _history_chains(conn, plan, version).items():
+        stored, late = plan.late[key]
+        filed = file_late_versions(chain, late, (batch_time, batch_id), version)
+        moves.update(filed.moves)
+        if filed.current_copy is not None:
+            copies[stored.record_id] = filed.current_copy
+        inserts += [
+            (
+                stored.record_id,
+                key,
+                version,
+                bytes.fromhex(record.hashes[version]),
+                record.payload,
+                record.crawled_at or batch_time,
+                now,
+                by,
+            )
+            for record, by in filed.inserts
+        ]
+    if copies:  # the current rows' content as crawled before: valid from its first crawl when that was its first
+        r = records.c
+        columns = (r.record_id, r.natural_key, r.hash_version, r.content_hash, r.payload, r.first_seen_at)
+        for row in conn.execute(
+            select(*columns, r.last_crawled_at).where(in_values(conn, r.record_id, sorted(copies)))
+        ):
+            by, first = copies[row.record_id]
+            valid_from = row.first_seen_at if first else row.last_crawled_at
+            inserts.append((*row[:5], valid_from, now, by))
+    if inserts:
+        copy_rows(conn, record_history, _HISTORY_COLUMNS, inserts)
+    if moves:
+        conn.execute(
+            update(record_history)
+            .where(record_history.c.history_id == bindparam("moved_id"))
+            .values(superseded_by_batch_id=bindparam("by")),
+            [{"moved_id": history_id, "by": by} for history_id, by in moves.items()],
+        )
+
+
 def _logged_identity(record: CanonicalRecord, decision: Decision, version: str) -> tuple:
     """(key, version, digest) for the decision log; nothing for an erased subject, whose key may be personal data."""
     if decision == Decision.ERASED:
@@ -392,6 +473,8 @@ def apply_plan(
     """
     if keep_history and plan.stored_superseded:
         _history_of_stored(conn, plan, batch_id, now)
+    if keep_history and plan.late:
+        _file_late_versions(conn, plan, version, batch_id, batch_time, now)
     if plan.updates:
         _update_changed(conn, plan, version, batch_id, batch_time)
     if plan.recrawls:

@@ -211,10 +211,13 @@ def order_of(first_landed, first_seen, natural_key: str) -> tuple[int, int, int]
 
 def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int, bands: int) -> list:
     """Records dated to this batch (stored or re-crawled by it) not yet indexed as they are: no index row, a row of
-    other content, or a row not linked yet (its chunk stopped between its two transactions).
+    other content, or a row not linked yet (its chunk stopped between its two transactions); and the records this
+    batch brought first though a later batch stored them (it ran late: their index rows may be dated later than
+    they landed, which the caller tells from `indexed_order`).
 
     Each row: record id, digest, payload, natural key, first seen, first landed (its first batch's landing), and the
-    index row's digest, signature, band keys (`ib0`...) and linked flag (None when it has none).
+    index row's digest, signature, band keys (`ib0`...), order (first landed, first seen, key order) and linked flag
+    (None when it has none).
     """
     n = near_index
     first_landed = func.coalesce(crawl_batches.c.landed_at, records.c.first_seen_at)
@@ -229,6 +232,9 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
             n.c.content_hash.label("indexed_hash"),
             n.c.signature.label("indexed_signature"),
             near_pending.c.record_id.is_(None).label("linked"),
+            n.c.first_landed_us.label("indexed_landed_us"),
+            n.c.first_seen_us.label("indexed_seen_us"),
+            n.c.key_order.label("indexed_key_order"),
             *(column.label(f"i{column.name}") for column in band_columns(bands)),
         )
         .select_from(
@@ -236,17 +242,33 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
             .outerjoin(n, n.c.record_id == records.c.record_id)
             .outerjoin(near_pending, near_pending.c.record_id == records.c.record_id)
         )
-        .where(
-            records.c.last_batch_id == batch_id,
-            records.c.record_id > after_id,
-            (n.c.record_id.is_(None))
-            | (n.c.content_hash != records.c.content_hash)
-            | near_pending.c.record_id.is_not(None),
-        )
+        .where(records.c.record_id > after_id)
         .order_by(records.c.record_id)
         .limit(limit)
     )
-    return conn.execute(query).all()
+    dated = query.where(
+        records.c.last_batch_id == batch_id,
+        (n.c.record_id.is_(None))
+        | (n.c.content_hash != records.c.content_hash)
+        | near_pending.c.record_id.is_not(None),
+    )
+    # Marked pending when the batch brought them first (`mark_redated`): few, found from `near_pending`.
+    brought = query.where(
+        records.c.first_batch_id == batch_id,
+        records.c.last_batch_id != batch_id,
+        near_pending.c.record_id.is_not(None),
+    )
+    rows = {row.record_id: row for part in (dated, brought) for row in conn.execute(part)}
+    return [rows[rid] for rid in sorted(rows)[:limit]]
+
+
+def mark_redated(conn: Connection, ids: Sequence[int]) -> None:
+    """Mark the indexed records among `ids` pending: a batch that ran late brought them first, so they landed
+    earlier than their index rows say, and the near rung of that batch links them again by their true age."""
+    if not ids:
+        return
+    indexed = select(near_index.c.record_id).where(in_values(conn, near_index.c.record_id, sorted(ids)))
+    conn.execute(upsert_ignore(conn, near_pending).from_select(["record_id"], indexed))
 
 
 def records_after(conn: Connection, after_id: int, limit: int, batch_id: str | None = None) -> list:

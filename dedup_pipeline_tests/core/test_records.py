@@ -37,6 +37,39 @@ def test_unusable_lines_raise_a_precise_reason(raw, reason):
         parse_line(raw)
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"url": "https://a.example/", "price": "1.00", "price": "9.00"}',
+        b'{"url":"https://a.example/","price":"1.00","price":"9.00"}',
+        b'{"url" : "https://a.example/", "price"\t:\t"1.00", "price" :"9.00"}',
+        b'{"url": "https://a.example/", "offer": {"price": 1, "price": 2}}',
+        b'{"url": "https://a.example/", "offers": [{"a": 1}, {"price": 1, "price": 2}], "note": "{"}',
+    ],
+    ids=["spaced", "compact", "space-before-colon", "nested", "in-a-list"],
+)
+def test_an_object_that_repeats_a_key_is_refused(raw):
+    """Breaks: a line whose object names a key twice (json keeps the last value silently).
+
+    Must hold: it is refused with a reason naming the key, however the line is spaced and however deep the object.
+    """
+    with pytest.raises(RecordError, match='duplicate key "price" in a JSON object'):
+        parse_line(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"url": "https://a.example/", "title": "the \\"best\\" kettle", "t2": "a \\": b"}',
+        b'{"url": "https://a.example/", "a": {"price": 1}, "b": {"price": 2}}',
+        b'{"url" : "https://a.example/" , "title" : "x" }',
+    ],
+    ids=["quotes-in-text", "same-key-in-two-objects", "spaced-everywhere"],
+)
+def test_lines_that_only_look_like_they_repeat_a_key_are_read(raw):
+    assert parse_line(raw)["url"] == "https://a.example/"
+
+
 def test_surrogate_pairs_are_fine():
     assert parse_line(b'{"title": "\\ud83d\\ude00"}')["title"] == "\U0001f600"
 

@@ -19,7 +19,7 @@ SETTINGS = LadderSettings(chunk_size=7)
 
 
 def run_batch(warehouse, folder, key, settings=SETTINGS):
-    raw = ingest_raw_batch(warehouse, find_batch(folder, key))
+    raw = ingest_raw_batch(warehouse, find_batch(folder, key), settings.max_line_bytes)
     canonical = canonicalise_batch(warehouse, key, settings)
     exact = deduplicate_batch(warehouse, key, new_run_id(key), settings)
     near = cluster_batch(warehouse, key, NearSettings(params=NearDupParams(threshold=0.5)))

@@ -7,6 +7,7 @@ racing a concurrent ingestion.
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -417,3 +418,62 @@ def test_the_canonical_rung_never_stages_an_erased_subject_again(warehouse, thre
         assert not conn.execute(
             select(canonical_records.c.line_no).where(canonical_records.c.natural_key.like("withheld:%"))
         ).all()
+
+
+#: The encodings a crawler gets wrong: every line of theirs below is quarantined (not UTF-8 text).
+_OTHER_ENCODINGS = ("latin-1", "cp1252", "utf-16-le", "utf-16-be")
+
+
+def _lines_in_other_encodings(seller: str, n: int) -> list[bytes]:
+    """Broken lines naming `seller` by field alone (the URL is no erased row's), in each of `_OTHER_ENCODINGS`:
+    the seller before the first byte that is not UTF-8, and after it."""
+    after = {"url": f"https://shop.example.com/p/{n}", "seller_id": seller, "title": "Café kettle"}
+    before = {"url": f"https://shop.example.com/p/{n + 1}", "title": "Kettle £5 off", "seller_id": seller}
+    lines = []
+    for encoding in _OTHER_ENCODINGS:
+        for record in (after, before):
+            text = json.dumps(record, ensure_ascii=False)
+            lines.append(text.encode(encoding))
+    return lines
+
+
+@on_postgresql
+@pytest.mark.parametrize("seller", ["jane.doe@example.com", "José Müller"], ids=["ascii", "non-ascii"])
+def test_an_erasure_leaves_no_quarantined_bytes_naming_the_subject_in_any_encoding(warehouse, tmp_path, seller):
+    """Breaks: broken lines in Latin-1, cp1252 and UTF-16 name a seller (by field alone) who is then erased, and
+    the batch is materialised again and a later crawl brings the same lines.
+
+    Must hold: quarantine keeps only the start of such a line that is UTF-8 text (the reason says where it was
+    cut), which the erasure searches like any line; after the erasure no quarantined bytes name the seller in
+    UTF-8 or any of those encodings, before or after the re-runs, while every line stays counted. (Once, such
+    lines kept their bytes until the quarantine retention.)
+    """
+    from dedup_pipeline.store.schema import quarantine
+
+    folder = tmp_path / "landing"
+    write_batch(folder, "p1", [listing(7, seller_id=seller), *_lines_in_other_encodings(seller, 20)], landed=T0)
+    run_ladder(warehouse, folder, "p1")
+
+    def quarantined() -> dict:
+        with warehouse.engine.connect() as conn:
+            rows = conn.execute(select(quarantine.c.batch_id, quarantine.c.line_no, quarantine.c.raw_line)).all()
+        return {(batch, line): bytes(raw) for batch, line, raw in rows}
+
+    def naming_the_seller(rows: dict) -> list:
+        forms = {seller.encode("utf-8")}
+        for encoding in _OTHER_ENCODINGS:
+            forms |= {seller.encode(encoding, errors="ignore")} - {b""}
+        return [line for line, raw in rows.items() if any(form in raw for form in forms)]
+
+    rows = quarantined()
+    assert sorted(rows) == [("p1", n) for n in range(2, 10)]
+    erase_subject(warehouse, Subject.parse("field", seller, field="seller_id"), "DSR-enc")
+    assert naming_the_seller(quarantined()) == []
+    for raw in rows.values():  # what was kept is text the erasure could search
+        assert b"\x00" not in raw and isinstance(raw.decode("utf-8"), str)
+    run_ladder(warehouse, folder, "p1")
+    write_batch(folder, "p2", _lines_in_other_encodings(seller, 40), landed=T0 + DAY)
+    run_ladder(warehouse, folder, "p2")
+    rows = quarantined()
+    assert sorted(rows) == [("p1", n) for n in range(2, 10)] + [("p2", n) for n in range(1, 9)]
+    assert naming_the_seller(rows) == []

@@ -51,7 +51,8 @@ def _check_fates(engine, batch: str, cases: dict[int, corpus.Case]) -> None:
     for line, case in cases.items():
         fate = case.fate
         if isinstance(fate, corpus.Quarantined):
-            assert quarantined.get(line) == (fate.rung, fate.reason, case.line.rstrip(b"\r")), case.name
+            kept = case.line.rstrip(b"\r") if fate.kept is None else fate.kept
+            assert quarantined.get(line) == (fate.rung, fate.reason, kept), case.name
             assert line not in decisions, case.name
             continue
         assert line in canonical, f"{case.name}: quarantined as {quarantined.get(line)}"

@@ -24,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 
 import dedup_pipeline.ladder.canonical as canonical_rung
 import dedup_pipeline.ladder.raw as raw_rung
-from dedup_pipeline.defs.resources import LandingResource
+from dedup_pipeline.defs.resources import LadderResource, LandingResource
 from dedup_pipeline.defs.sensors import landing_sensor
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
@@ -364,7 +364,11 @@ def test_two_files_of_one_batch_key_set_aside_only_that_key(tmp_path, capfd):
             partition_key="x",
             instance=instance,
             raise_on_error=False,
-            resources={**resources, "warehouse": WarehouseResource(database_url=f"sqlite:///{tmp_path / 'w.sqlite'}")},
+            resources={
+                **resources,
+                "ladder": LadderResource(),
+                "warehouse": WarehouseResource(database_url=f"sqlite:///{tmp_path / 'w.sqlite'}"),
+            },
         )
         [failure] = result.get_step_failure_events()
         message = error_summary(failure.step_failure_data.error)

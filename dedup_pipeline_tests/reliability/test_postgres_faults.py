@@ -17,9 +17,11 @@ import pytest
 from sqlalchemy import and_, create_engine, func, select, text
 from sqlalchemy.exc import DBAPIError
 
-from dedup_pipeline.defs.assets import ladder_assets
+from dedup_pipeline.defs.assets import COLLAPSE_CHECK, ladder_assets
+from dedup_pipeline.defs.checks import ladder_checks
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import (
+    ChecksResource,
     LadderResource,
     LandingResource,
     NearDupResource,
@@ -78,7 +80,8 @@ class TerminateWhenBlocked:
     the statement that needs the lock, whatever the timing.
     """
 
-    def __init__(self, url: str, lock_sql: str):
+    def __init__(self, url: str, lock_sql: str, release_at_once: bool = False):
+        self.release_at_once = release_at_once  # let the victim's retry through, without waiting for `release`
         self.engine = create_engine(url)
         self.conn = self.engine.connect()
         self.conn.execute(text(lock_sql))  # the transaction stays open: the lock is held
@@ -100,6 +103,8 @@ class TerminateWhenBlocked:
                 if row:
                     watcher.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": row.pid})
                     self.victim = (row.pid, row.query)
+                    if self.release_at_once:
+                        self.conn.rollback()
                     return
                 time.sleep(0.01)
         finally:
@@ -318,3 +323,88 @@ def test_dagster_step_retries_after_the_connection_drops(warehouse, warehouse_ur
     retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     assert [e.step_key for e in retries] == ["deduplicated_records"]
     assert snapshot(warehouse.engine) == clean_run(tmp_path, folder, ["d"])
+
+
+class LockingChecksResource(ChecksResource):
+    """The checks resource, except that the collapse check's first start locks the decision log it reads, and its
+    backend is terminated once it waits on that lock (the lock then goes, so a retry gets through)."""
+
+    def collapse_rules(self):
+        if _CHECK_LOCK["url"] and _CHECK_LOCK["lock"] is None:
+            _CHECK_LOCK["lock"] = TerminateWhenBlocked(
+                _CHECK_LOCK["url"], "LOCK TABLE dedup_decisions IN ACCESS EXCLUSIVE MODE", release_at_once=True
+            )
+        return super().collapse_rules()
+
+
+_CHECK_LOCK: dict = {"url": None, "lock": None}
+
+
+def _ladder_run(instance, url: str, folder, checks: ChecksResource) -> dg.ExecuteInProcessResult:
+    resources = {
+        "warehouse": WarehouseResource(database_url=url),
+        "landing": LandingResource(folder=str(folder), settle_seconds=0),
+        "ladder": LadderResource(chunk_size=CHUNK),
+        "near_dup": NearDupResource(chunk_size=CHUNK),
+        "seen_set": SeenSetResource(kind="none"),
+        "checks": checks,
+    }
+    return dg.materialize(
+        [*ladder_assets, *ladder_checks],
+        partition_key="d",
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
+
+
+def _retried_steps(result) -> list[str]:
+    return [e.step_key for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+
+
+def _one_batch(tmp_path):
+    folder = tmp_path / "landing"
+    write_batch(folder, "d", [listing(n) for n in range(30)], landed=1e9)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["d"])
+    return instance, folder
+
+
+def test_an_asset_check_retries_after_its_connection_drops(warehouse, warehouse_url, tmp_path):
+    """Breaks: the collapse-rate check's connection is terminated in the middle of its query (it waits on a lock
+    taken as it starts, and its backend is killed while it waits), after the batch's data committed.
+
+    Must hold: the check's step is retried like an asset's, and the run succeeds with the check's result (it
+    once failed the run, though nothing was wrong with the data).
+    """
+    instance, folder = _one_batch(tmp_path)
+    _CHECK_LOCK.update(url=warehouse_url, lock=None)
+    try:
+        result = _ladder_run(instance, warehouse_url, folder, LockingChecksResource())
+    finally:
+        lock, _CHECK_LOCK["url"] = _CHECK_LOCK["lock"], None
+        victim = lock.release() if lock else None
+    assert victim is not None and "dedup_decisions" in victim[1]
+    assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert _retried_steps(result) == [f"deduplicated_records_{COLLAPSE_CHECK}"]
+    [evaluation] = [e for e in result.get_asset_check_evaluations() if e.check_name == COLLAPSE_CHECK]
+    assert evaluation.metadata["records_in"].value == 30
+
+
+def test_an_asset_check_fails_at_once_on_an_error_a_retry_cannot_clear(warehouse, warehouse_url, tmp_path, monkeypatch):
+    """Breaks: the collapse-rate check meets an error that is not transient (a bug, a wrong setting).
+
+    Must hold: its step fails at once with the error itself, without the retries a dropped connection gets.
+    """
+    from dedup_pipeline.defs import checks
+
+    def broken(*args, **kwargs):
+        raise ValueError("window must be positive")
+
+    monkeypatch.setattr(checks, "batch_rates", broken)
+    instance, folder = _one_batch(tmp_path)
+    result = _ladder_run(instance, warehouse_url, folder, ChecksResource())
+    assert not result.success and _retried_steps(result) == []
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_key == f"deduplicated_records_{COLLAPSE_CHECK}"
+    assert "ValueError: window must be positive" in failure.step_failure_data.error.message
