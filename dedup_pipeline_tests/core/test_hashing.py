@@ -94,13 +94,14 @@ DIFFERENCES = {
         '{%s,"price":1,"specs":{"w":1.50,"h":null,"unit":" c  m ","currency":"eur"},"sizes":[1.5,2.0]}' % BASE,
         {"specs": {"w": "1.5", "unit": "c m", "currency": "EUR"}, "sizes": ["1.5", "2"]},
     ),
-    "currency case": ('{%s,"price":1,"currency":"eur"}' % BASE, {"currency": "EUR"}),
+    "currency case": ('{%s,"price":1}' % BASE.replace('"currency":"EUR"', '"currency":"eur"'), {"currency": "EUR"}),
     "more volatile fields": (
         '{%s,"price":1,"fetched_at":"t","request_id":"r","user_agent":"u"}' % BASE,
         {"fetched_at": None, "request_id": None, "user_agent": None},
     ),
     "url/1": (
-        '{%s,"price":1,"url":"https://Shop.example.com/p/1?utm_source=x#top"}' % BASE,
+        '{%s,"price":1}'
+        % BASE.replace("https://shop.example.com/p/1", "https://Shop.example.com/p/1?utm_source=x#top"),
         {"url": "https://shop.example.com/p/1"},
     ),
 }
