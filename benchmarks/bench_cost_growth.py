@@ -54,7 +54,7 @@ from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store import near as near_index  # noqa: E402
 from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
-from dedup_pipeline.store.schema import record_hashes, records  # noqa: E402
+from dedup_pipeline.store.schema import RECORD_COLUMNS, record_hashes, records  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
 
 SETTINGS = LadderResource().settings()  # the code location's defaults
@@ -250,21 +250,7 @@ def add_filler(url: str, count: int, first_number: int) -> float:
             copy_rows(
                 conn,
                 records,
-                (
-                    "record_id",
-                    "natural_key",
-                    "canonical_url",
-                    "url_version",
-                    "hash_version",
-                    "content_hash",
-                    "payload",
-                    "first_seen_at",
-                    "last_crawled_at",
-                    "first_batch_id",
-                    "last_batch_id",
-                    "last_landed_at",
-                    "last_line_no",
-                ),
+                RECORD_COLUMNS,
                 (
                     (
                         rid,

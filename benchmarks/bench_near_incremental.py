@@ -55,7 +55,7 @@ from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.settings import NearSettings  # noqa: E402
 from dedup_pipeline.store.bulk import copy_rows  # noqa: E402
 from dedup_pipeline.store.near import _candidate_sql  # noqa: E402
-from dedup_pipeline.store.schema import records  # noqa: E402
+from dedup_pipeline.store.schema import RECORD_COLUMNS, records  # noqa: E402
 from dedup_pipeline.store.warehouse import Warehouse  # noqa: E402
 
 SEED = 20261130
@@ -145,21 +145,7 @@ def child_load(url: str, b: int, batch: int, copy_every: int) -> dict:
             copy_rows(
                 conn,
                 records,
-                (
-                    "record_id",
-                    "natural_key",
-                    "canonical_url",
-                    "url_version",
-                    "hash_version",
-                    "content_hash",
-                    "payload",
-                    "first_seen_at",
-                    "last_crawled_at",
-                    "first_batch_id",
-                    "last_batch_id",
-                    "last_landed_at",
-                    "last_line_no",
-                ),
+                RECORD_COLUMNS,
                 rows,
             )
     with warehouse.engine.connect() as conn:

@@ -121,3 +121,16 @@ def snapshot(engine) -> dict:
 def new_run_id(key: str) -> str:
     """A fresh run id, as each Dagster run of a partition has one (the same id twice would resume the first run)."""
     return f"run-{key}-{uuid.uuid4().hex[:8]}"
+
+
+def clusters_by_key(conn, keys: dict[int, str]) -> set[tuple[frozenset, str]]:
+    """Each near-duplicate cluster as (its members' natural keys, its representative's): free of record ids,
+    which follow the order records were first stored. `keys`: record id -> natural key."""
+    c = near_duplicate_clusters.c
+    members: dict[int, set[str]] = {}
+    representative: dict[int, str] = {}
+    for rid, cid, rep in conn.execute(select(c.record_id, c.cluster_id, c.is_representative)):
+        members.setdefault(cid, set()).add(keys[rid])
+        if rep:
+            representative[cid] = keys[rid]
+    return {(frozenset(m), representative[cid]) for cid, m in members.items()}

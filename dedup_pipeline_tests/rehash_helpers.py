@@ -26,7 +26,7 @@ from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.bulk import copy_rows
-from dedup_pipeline.store.schema import record_hashes, records
+from dedup_pipeline.store.schema import RECORD_COLUMNS, record_hashes, records
 from dedup_pipeline_tests.helpers import new_run_id
 
 _WORDS = "steel kettle copper enamel whistle travel quiet compact classic modern glass induction".split()
@@ -139,21 +139,7 @@ def load_legacy_rows(
         copy_rows(
             conn,
             records,
-            (
-                "record_id",
-                "natural_key",
-                "canonical_url",
-                "url_version",
-                "hash_version",
-                "content_hash",
-                "payload",
-                "first_seen_at",
-                "last_crawled_at",
-                "first_batch_id",
-                "last_batch_id",
-                "last_landed_at",
-                "last_line_no",
-            ),
+            RECORD_COLUMNS,
             rows,
         )
         copy_rows(conn, record_hashes, ("record_id", "hash_version", "content_hash", "error"), hashes)

@@ -106,6 +106,8 @@ records = Table(
     UniqueConstraint("hash_version", "content_hash", name="uq_records_version_hash"),
     Index("ix_records_last_batch", "last_batch_id", "record_id"),  # a batch's records in id order, page by page
 )
+#: Every column of `records`, in table order: a whole row as COPY takes it.
+RECORD_COLUMNS = tuple(column.name for column in records.columns)
 
 record_hashes = Table(
     "record_hashes",

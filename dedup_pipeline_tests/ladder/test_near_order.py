@@ -14,9 +14,9 @@ from sqlalchemy import select
 
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.settings import NearSettings
-from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, near_pending, records
+from dedup_pipeline.store.schema import near_duplicate_links, near_pending, records
 from dedup_pipeline.store.warehouse import Warehouse
-from dedup_pipeline_tests.helpers import database_url, description, fresh_database, listing
+from dedup_pipeline_tests.helpers import clusters_by_key, database_url, description, fresh_database, listing
 from dedup_pipeline_tests.ladder.test_near import land
 
 LANDED = 1e9
@@ -74,21 +74,10 @@ def by_key(warehouse) -> tuple[set, set]:
                 )
             )
         }
-        members: dict = {}
-        representative: dict = {}
-        for rid, cid, rep in conn.execute(
-            select(
-                near_duplicate_clusters.c.record_id,
-                near_duplicate_clusters.c.cluster_id,
-                near_duplicate_clusters.c.is_representative,
-            )
-        ):
-            members.setdefault(cid, set()).add(keys[rid])
-            if rep:
-                representative[cid] = keys[rid]
+        clusters = clusters_by_key(conn, keys)
         pending = conn.execute(select(near_pending.c.record_id)).all()
     assert not pending
-    return links, {(frozenset(m), representative[c]) for c, m in members.items()}
+    return links, clusters
 
 
 def clustered(url: str, folder, crawl, order) -> tuple[set, set]:

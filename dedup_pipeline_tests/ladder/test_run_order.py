@@ -7,9 +7,9 @@ import pytest
 from sqlalchemy import select
 
 from dedup_pipeline.ladder.settings import LadderSettings
-from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, record_history, records
+from dedup_pipeline.store.schema import near_duplicate_links, record_history, records
 from dedup_pipeline.store.warehouse import Warehouse
-from dedup_pipeline_tests.helpers import database_url, fresh_database, listing, write_batch
+from dedup_pipeline_tests.helpers import clusters_by_key, database_url, fresh_database, listing, write_batch
 from dedup_pipeline_tests.ladder.common import DAY, run_batch
 
 pytestmark = pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
@@ -48,18 +48,7 @@ def _by_key(warehouse: Warehouse) -> dict:
         rows = conn.execute(select(records)).all()
         history = conn.execute(select(record_history)).all()
         links = conn.execute(select(near_duplicate_links)).all()
-        members: dict = {}
-        representative: dict = {}
-        for rid, cid, rep in conn.execute(
-            select(
-                near_duplicate_clusters.c.record_id,
-                near_duplicate_clusters.c.cluster_id,
-                near_duplicate_clusters.c.is_representative,
-            )
-        ):
-            members.setdefault(cid, set()).add(keys[rid])
-            if rep:
-                representative[cid] = keys[rid]
+        clusters = clusters_by_key(conn, keys)
     return {
         "records": sorted(
             (
@@ -84,7 +73,7 @@ def _by_key(warehouse: Warehouse) -> dict:
             for h in history
         ),
         "links": sorted((keys[link.record_a], keys[link.record_b], round(link.similarity, 9)) for link in links),
-        "clusters": sorted((sorted(m), representative[c]) for c, m in members.items()),
+        "clusters": sorted((sorted(m), representative) for m, representative in clusters),
     }
 
 
