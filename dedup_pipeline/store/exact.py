@@ -41,6 +41,7 @@ from dedup_pipeline.store.bulk import copy_rows, in_values, staging_table
 from dedup_pipeline.store.json_text import EncodedJson
 from dedup_pipeline.store.near import mark_redated
 from dedup_pipeline.store.schema import (
+    SUPERSEDED_COLUMNS,
     Id,
     canonical_records,
     crawl_batches,
@@ -361,12 +362,7 @@ def _history_of_stored(conn: Connection, plan: ChunkPlan, batch_id: str, now: da
     """Copy the stored rows this chunk supersedes into history, in one INSERT ... SELECT."""
     ids = [row.record_id for row in plan.stored_superseded]
     old = select(
-        records.c.record_id,
-        records.c.natural_key,
-        records.c.hash_version,
-        records.c.content_hash,
-        records.c.payload,
-        records.c.last_crawled_at,
+        *SUPERSEDED_COLUMNS,
         literal(now, DateTime(timezone=True)),
         literal(batch_id),
     ).where(in_values(conn, records.c.record_id, ids))

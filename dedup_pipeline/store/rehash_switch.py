@@ -18,6 +18,7 @@ from dedup_pipeline.store.bulk import in_values
 from dedup_pipeline.store.near_graph import remove_from_index
 from dedup_pipeline.store.rehash import of_record
 from dedup_pipeline.store.schema import (
+    SUPERSEDED_COLUMNS,
     hash_version_events,
     near_index,
     record_hashes,
@@ -145,16 +146,7 @@ def move_merged_to_history(
             continue
         remove_from_index(conn, doomed, representative)
         gone = conn.execute(
-            delete(records)
-            .where(in_values(conn, records.c.record_id, doomed))
-            .returning(
-                records.c.record_id,
-                records.c.natural_key,
-                records.c.hash_version,
-                records.c.content_hash,
-                records.c.payload,
-                records.c.last_crawled_at,
-            )
+            delete(records).where(in_values(conn, records.c.record_id, doomed)).returning(*SUPERSEDED_COLUMNS)
         ).all()
         conn.execute(
             insert(record_history),

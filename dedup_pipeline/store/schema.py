@@ -132,6 +132,15 @@ record_history = Table(
     _now_column("superseded_at", nullable=False),
     Column("superseded_by_batch_id", String(255), nullable=False),
 )
+#: What of a stored row its history row keeps, in `record_history`'s column order (its first six).
+SUPERSEDED_COLUMNS = (
+    records.c.record_id,
+    records.c.natural_key,
+    records.c.hash_version,
+    records.c.content_hash,
+    records.c.payload,
+    records.c.last_crawled_at,
+)
 
 dedup_decisions = Table(
     "dedup_decisions",
