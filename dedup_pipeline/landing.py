@@ -228,8 +228,8 @@ def _corrupt(exc: BaseException) -> bool:
     """Damage inside the compressed data (a failed CRC or length check, an invalid deflate stream).
 
     A stream that merely ends early (EOFError) decompresses to an exact prefix
-    of the original, and bytes that are not gzip at all yield nothing, so
-    those are a quarantined tail. Corrupt data is only detected after the
+    of the original, so it is a quarantined tail (or, when nothing of it could
+    be read, an unreadable file: see `iter_lines`). Corrupt data is only detected after the
     lines before it were produced, and any of them may have been altered.
     """
     if isinstance(exc, zlib.error):
@@ -240,11 +240,13 @@ def _corrupt(exc: BaseException) -> bool:
 def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
     """Stream the non-blank lines of a batch file, gunzipping when needed.
 
-    Memory is one line at a time. A truncated gzip stream (or bytes that are
-    not gzip) yields every complete line before the damage and then raises
-    `TruncatedBatch` carrying the incomplete tail, so the caller can
-    quarantine it. A corrupt one (failed CRC, invalid deflate data) raises
-    `BatchFileError`: its lines cannot be trusted, so the rung writes nothing.
+    Memory is one line at a time. A truncated gzip stream yields every
+    complete line before the damage and then raises `TruncatedBatch` carrying
+    the incomplete tail, so the caller can quarantine it. A corrupt one
+    (failed CRC, invalid deflate data) raises `BatchFileError`: its lines
+    cannot be trusted, so the rung writes nothing; so does a stream of which
+    not one byte can be decompressed (a damaged header, bytes that are not
+    gzip), which would otherwise be a batch of one quarantined line.
     `digest`, if given, receives every byte of the file the lines came
     from (after damage, the rest of the file too).
     """
@@ -254,6 +256,7 @@ def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
             source = io.BufferedReader(_DigestedFile(raw_file, digest) if digest else raw_file, 1 << 20)
             handle = gzip.GzipFile(fileobj=source, mode="rb") if path.name.endswith(".gz") else source
             pending = b""
+            read_any = False
             while True:
                 try:
                     # read1: one read of the stream per call, so the lines decompressed before damage
@@ -264,12 +267,18 @@ def iter_lines(path: Path, digest: FileDigest | None = None) -> Iterator[Line]:
                         raise BatchFileError(
                             f"batch file {path} is corrupt ({exc}): none of its lines can be trusted; fetch it again"
                         ) from None
+                    if not read_any:  # a damaged header or no gzip at all: no line of it can be read
+                        raise BatchFileError(
+                            f"batch file {path} cannot be read ({exc}): not one line could be decompressed; "
+                            "fetch it again"
+                        ) from None
                     if digest:
                         while source.read1(1 << 20):
                             pass
                     raise TruncatedBatch(line_no + 1, pending, f"compressed stream damaged: {exc}") from None
                 if not block:
                     break
+                read_any = True
                 pending += block
                 *complete, pending = pending.split(b"\n")
                 for raw in complete:

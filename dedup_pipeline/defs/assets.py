@@ -20,6 +20,7 @@ from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.landing import find_batch
+from dedup_pipeline.quality.history import first_run_rate
 
 GROUP = "dedup_ladder"
 #: The collapse-rate check on deduplicated_records (defined with the other checks in defs/checks.py).
@@ -102,12 +103,13 @@ def deduplicated_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, seen_set: SeenSetResource
 ) -> dg.MaterializeResult:
     """The warehouse table `records`: one current row per natural key and per content, the UNIQUE index on
-    (hash_version, content_hash) the authority. Each record of the batch is `new`, `changed` (its old content
-    kept in `record_history`) or an `exact_duplicate`, every decision in `dedup_decisions`. Read `records_in` ->
-    `survivors`, one count per decision and `collapse_rate` (a replay shows 1.0). Checks: `collapse_rate_in_band`,
-    `warehouse_integrity` (blocks the near rung), `great_expectations_suite`, `seen_set_healthy`.
+        (hash_version, content_hash) the authority. Each record of the batch is `new`, `changed` (its old content
+        kept in `record_history`) or an `exact_duplicate`, every decision in `dedup_decisions`. Read `records_in` ->
+        `survivors`, one count per decision, `collapse_rate` (the batch's first run, as the collapse check judges it)
+    and `collapse_rate/this_run` (a replay shows 1.0). Checks: `collapse_rate_in_band`,
+        `warehouse_integrity` (blocks the near rung), `great_expectations_suite`, `seen_set_healthy`.
 
-    See docs/exact.md.
+        See docs/exact.md.
     """
     with retried_only_if_transient():
         report = deduplicate_batch(
@@ -115,9 +117,12 @@ def deduplicated_records(
         )
     for warning in report.seen_set_warnings:
         context.log.warning(warning)
-    return dg.MaterializeResult(
-        metadata={**report.as_metadata(), "dagster/row_count": report.survivors},
-    )
+    with warehouse.get().engine.connect() as conn:
+        first = first_run_rate(conn, context.partition_key)
+    metadata = {**report.as_metadata(), "dagster/row_count": report.survivors}
+    # The batch's rate is its first decisions' (as the collapse check judges it); a replay's own is beside it.
+    metadata.update(collapse_rate=first.rate, **{"collapse_rate/this_run": report.collapse_rate})
+    return dg.MaterializeResult(metadata=metadata)
 
 
 @dg.asset(

@@ -9,8 +9,11 @@ downstream asset) and which only report:
   duplicates nobody can find again.
 - `deduplicated_records` / `warehouse_integrity`: **blocks**. A warehouse that
   breaks its own invariants must not feed the near-duplicate index.
-- `canonical_records` / `quarantine_rate_under_bound`: warns. Quarantined lines
-  are kept aside with their reasons; the good records of the batch are fine.
+- `canonical_records` / `quarantine_rate_under_bound`: warns over
+  `max_quarantine_rate`: quarantined lines are kept aside with their reasons and
+  the good records of the batch are fine. **Blocks** over
+  `blocking_quarantine_rate` (any batch size): a batch that is mostly broken
+  lines is a broken file or crawler, not a crawl to store.
 - `deduplicated_records` / `collapse_rate_in_band`: reports (ERROR when the rate
   collapses, WARN when it jumps) without blocking: the rows are already stored
   correctly under the UNIQUE index, the rate judges the crawl or the hash rule,
@@ -55,6 +58,14 @@ _ERROR, _WARN = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec is currently in preview")
 
 
+def not_judged(reason: str, metadata: dict) -> dg.AssetCheckResult:
+    """The result of a check that could not judge the batch (too small, nothing to look at): a warning whose first
+    line says "not judged", with `judged: false` in its metadata, never a pass that reads as a verdict."""
+    return dg.AssetCheckResult(
+        passed=False, severity=_WARN, metadata={**metadata, "judged": False}, description=f"not judged: {reason}"
+    )
+
+
 @dg.asset_check(
     asset=deduplicated_records,
     name=COLLAPSE_CHECK,
@@ -81,6 +92,8 @@ def collapse_rate_in_band(
     }
     if verdict.trailing_median is not None:
         metadata.update(trailing_median=verdict.trailing_median, trailing_mad=verdict.trailing_mad)
+    if not verdict.judged:
+        return not_judged(f"{verdict.note}; collapse rate {verdict.rate:.3f}, no band applied", metadata)
     return dg.AssetCheckResult(
         passed=verdict.passed,
         severity=_ERROR if verdict.error else _WARN,
@@ -115,8 +128,10 @@ def warehouse_integrity(context: dg.AssetCheckExecutionContext, warehouse: Wareh
     asset=canonical_records,
     name=QUARANTINE_CHECK,
     partitions_def=crawl_batches_partitions,
+    blocking=True,
     description="Share of the batch's lines sent to quarantine (raw and canonical rungs) stays under "
-    "`max_quarantine_rate` of the `checks` resource. Warns only: quarantined lines are kept with their reasons.",
+    "`max_quarantine_rate` of the `checks` resource (a warning: quarantined lines are kept with their reasons). "
+    "Over `blocking_quarantine_rate` it is an error that blocks the warehouse write: the batch is mostly broken.",
 )
 def quarantine_rate_under_bound(
     context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, checks: ChecksResource
@@ -124,7 +139,8 @@ def quarantine_rate_under_bound(
     with warehouse.get().engine.connect() as conn:
         report = quarantine_report(conn, context.partition_key)
     too_small = report.lines < checks.min_lines_for_quarantine_check
-    passed = too_small or report.rate <= checks.max_quarantine_rate
+    mostly_quarantined = report.rate > checks.blocking_quarantine_rate
+    passed = not mostly_quarantined and (too_small or report.rate <= checks.max_quarantine_rate)
     reasons = "\n".join(
         ["| rung | reason | lines |", "|---|---|---:|"]
         + [f"| {rung} | {reason} | {n} |" for rung, reason, n in report.top_reasons]
@@ -134,20 +150,27 @@ def quarantine_rate_under_bound(
         "quarantined": report.quarantined,
         "lines": report.lines,
         "bound": checks.max_quarantine_rate,
+        "blocking_bound": checks.blocking_quarantine_rate,
         "top_reasons": dg.MetadataValue.md(reasons),
         **{f"quarantined/{rung}": n for rung, n in sorted(report.by_rung.items())},
     }
-    note = (
-        "batch too small to judge"
-        if too_small and report.rate > checks.max_quarantine_rate
-        else ("under the bound" if passed else "over the bound")
-    )
+    summary = f"{report.quarantined} of {report.lines} lines quarantined ({report.rate:.1%}, bound "
+    if too_small and not mostly_quarantined and report.rate > checks.max_quarantine_rate:
+        return not_judged(
+            f"batch too small ({report.lines} < {checks.min_lines_for_quarantine_check} lines); "
+            + summary
+            + f"{checks.max_quarantine_rate:.1%})",
+            metadata,
+        )
+    if mostly_quarantined:
+        note = f"mostly quarantined (over {checks.blocking_quarantine_rate:.0%}): the warehouse write is blocked"
+    else:
+        note = "under the bound" if passed else "over the bound"
     return dg.AssetCheckResult(
         passed=passed,
-        severity=_WARN,
+        severity=_ERROR if mostly_quarantined else _WARN,
         metadata=metadata,
-        description=f"{report.quarantined} of {report.lines} lines quarantined ({report.rate:.1%}, bound "
-        f"{checks.max_quarantine_rate:.1%}): {note}",
+        description=summary + f"{checks.max_quarantine_rate:.1%}): {note}",
     )
 
 
@@ -240,8 +263,8 @@ def deduplicated_records_suite(
     partitions_def=crawl_batches_partitions,
     blocking=True,
     description="No near-duplicate cluster holds more than `max_cluster_share` of the batch's new or changed records "
-    "(`near_dup` resource; batches under `min_records_for_cluster_check` pass). Metadata names the offending "
-    "cluster ids and sizes (ids and counts only). Blocks: fails the run.",
+    "(`near_dup` resource; batches under `min_records_for_cluster_check` are not judged: a warning). Metadata "
+    "names the offending cluster ids and sizes (ids and counts only). Blocks: fails the run.",
 )
 def no_runaway_cluster(
     context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource
@@ -249,6 +272,8 @@ def no_runaway_cluster(
     verdict = runaway_clusters(warehouse.get(), context.partition_key, near_dup.settings())
     metadata = verdict.as_metadata()
     metadata["largest_clusters"] = dg.MetadataValue.md(metadata["largest_clusters"])
+    if verdict.batch_records < verdict.min_records:
+        return not_judged(verdict.description(), metadata)
     return dg.AssetCheckResult(
         passed=verdict.passed, severity=_ERROR, metadata=metadata, description=verdict.description()
     )

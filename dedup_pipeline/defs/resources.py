@@ -236,7 +236,12 @@ class ChecksResource(dg.ConfigurableResource):
         default=0.05, description="Quarantine-rate check fails above this share of a batch's lines."
     )
     min_lines_for_quarantine_check: int = Field(
-        default=20, description="Smaller batches pass the quarantine-rate check."
+        default=20, description="Smaller batches pass the quarantine-rate check (unless mostly quarantined)."
+    )
+    blocking_quarantine_rate: float = Field(
+        default=0.5,
+        description="Quarantine-rate check fails with an error and blocks the warehouse write above this share of "
+        "a batch's lines, whatever its size: a batch that is mostly broken lines is a broken file or crawler.",
     )
     max_seen_set_fill: float = Field(
         default=0.9, description="Seen-set check warns when a Bloom filter holds more than this share of its capacity."

@@ -134,7 +134,7 @@ def test_demo_prints_the_decision_table(tmp_path):
     header = next(line for line in lines if line.startswith("batch"))
     assert header.split() == ["batch", "in", "quarantined", "exact", "dup", "changed", "new", "stale", "near", "dup"]
     rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith("2026-")}
-    assert set(rows) == {"2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication"}
+    assert set(rows) == {f"2026-11-0{day}-shop" for day in range(1, 5)} | {"2026-11-02-syndication"}
     shop1 = dict(
         zip(["in", "quarantined", "exact", "changed", "new", "stale", "near"], map(int, rows["2026-11-01-shop"]))
     )
@@ -296,3 +296,19 @@ def test_read_only_commands_refuse_a_database_without_a_warehouse_and_create_not
             with engine.connect() as conn:
                 assert inspect(conn).get_table_names() == (["dedup_settings"] if "other" in url else [])
             engine.dispose()
+
+
+def test_run_fails_a_batch_whose_gzip_header_is_damaged(tmp_path):
+    """Breaks: a 150-record `.jsonl.gz` with a damaged header was "in 1, quarantined 1", exit status 0."""
+    import gzip
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    data = bytearray(gzip.compress(b"".join(json.dumps(listing(n)).encode() + b"\n" for n in range(150)), mtime=0))
+    data[0] ^= 0xFF
+    (landing / "2026-11-01-shop.jsonl.gz").write_bytes(bytes(data))
+    os.utime(landing / "2026-11-01-shop.jsonl.gz", (1e9, 1e9))
+    result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    (failed,) = json.loads(result.stdout)["failed"]
+    assert failed["batch"] == "2026-11-01-shop" and "cannot be read (Not a gzipped file" in failed["error"]

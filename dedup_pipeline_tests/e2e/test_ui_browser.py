@@ -45,7 +45,7 @@ CHROMIUM_ARGS = [
 ARTIFACTS = REPO / "test-artifacts" / "ui"
 ASSETS = ["raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters"]
 RECRAWL = "2026-11-03-shop"
-DEMO_BATCHES = ["2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication"]
+DEMO_BATCHES = ["2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication", "2026-11-03-shop", "2026-11-04-shop"]
 
 
 def launch_partition(server: Server, key: str) -> str:
