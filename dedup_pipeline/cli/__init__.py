@@ -12,7 +12,6 @@ import json
 import os
 import sqlite3
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -87,12 +86,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from dedup_pipeline.cli.demo import write_demo_crawl
+    from dedup_pipeline.landing import landing_dir
 
-    with tempfile.TemporaryDirectory(prefix="dedup-demo-") as folder:
-        paths = write_demo_crawl(Path(folder))
-        if not args.json:
-            print(f"wrote {len(paths)} demo batches to {folder}; running the ladder...\n")
-        return _run(Path(folder), args.json, settle_seconds=0)
+    # The landing folder the UI and the sensor read, so a demo partition can be re-materialised from the UI.
+    folder = landing_dir()
+    paths = write_demo_crawl(folder)
+    if not args.json:
+        print(f"wrote {len(paths)} demo batches to {folder}; running the ladder...\n")
+    return _run(folder, args.json, settle_seconds=0)
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
@@ -170,7 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_SETTLE_SECONDS:g})",
     )
     run.set_defaults(func=cmd_run)
-    demo = commands.add_parser("demo", help="write a realistic sample crawl to a temporary folder and run it")
+    demo = commands.add_parser(
+        "demo", help="write a realistic sample crawl to the landing folder (.dedup/landing) and run it"
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     demo.set_defaults(func=cmd_demo)
     add_privacy_commands(commands)  # erase, prune-retention, grant-roles

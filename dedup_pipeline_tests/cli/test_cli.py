@@ -312,3 +312,13 @@ def test_run_fails_a_batch_whose_gzip_header_is_damaged(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     (failed,) = json.loads(result.stdout)["failed"]
     assert failed["batch"] == "2026-11-01-shop" and "cannot be read (Not a gzipped file" in failed["error"]
+
+
+def test_demo_batches_stay_in_the_landing_folder_the_ui_reads(tmp_path):
+    """Breaks: the demo wrote its batches to a temporary folder and deleted it, so "Materialize" on a demo
+    partition in the UI failed with `no landing file for batch …`."""
+    result = run_cli(["demo", "--json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    batches = [b["batch"] for b in json.loads(result.stdout)["batches"]]
+    landed = sorted(p.name.split(".")[0] for p in (tmp_path / ".dedup" / "landing").iterdir())
+    assert landed == batches and len(batches) == 5
