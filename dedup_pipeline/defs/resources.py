@@ -52,6 +52,11 @@ class LandingResource(dg.ConfigurableResource):
         default=DEFAULT_SETTLE_SECONDS,
         description="A file modified more recently than this is still being written and is left alone.",
     )
+    alert_after_seconds: float = Field(
+        default=600.0,
+        description="The landing sensor raises an alert for a file set aside (no batch name, or two files for one "
+        "batch) that has sat in the folder longer than this.",
+    )
 
     def path(self) -> Path:
         return Path(self.folder).resolve() if self.folder else landing_dir()
