@@ -13,6 +13,7 @@ import os
 import sqlite3
 import sys
 import warnings
+from importlib.metadata import version
 from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -98,9 +99,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_decisions(args: argparse.Namespace) -> int:
     from dedup_pipeline.decision_log import iter_events
-    from dedup_pipeline.store.warehouse import Warehouse
+    from dedup_pipeline.store.warehouse import Warehouse, batch_registered
 
     with Warehouse.existing().engine.connect() as conn:
+        if args.batch and not batch_registered(conn, args.batch):
+            print(
+                f"dedup-pipeline decisions: error: no batch {args.batch!r} in the warehouse "
+                "(a batch is known once its raw rung ran; see `dedup-pipeline run`)",
+                file=sys.stderr,
+            )
+            return 2  # a wrong argument, as argparse's own errors
         for event in iter_events(conn, args.batch, args.run):
             print(json.dumps(event, ensure_ascii=False))
     return 0
@@ -156,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dedup-pipeline", description="Keep a warehouse of scraped records free of duplicates."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('dedup_pipeline')}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run", help="register every batch in the landing folder and run the whole ladder for each"

@@ -322,3 +322,24 @@ def test_demo_batches_stay_in_the_landing_folder_the_ui_reads(tmp_path):
     batches = [b["batch"] for b in json.loads(result.stdout)["batches"]]
     landed = sorted(p.name.split(".")[0] for p in (tmp_path / ".dedup" / "landing").iterdir())
     assert landed == batches and len(batches) == 5
+
+
+def test_decisions_of_an_unknown_batch_is_an_error_naming_it(tmp_path):
+    """Breaks: `decisions --batch <typo>` printed nothing and exited 0, as if the batch had no decisions."""
+    landing = tmp_path / "landing"
+    write_batch(landing, "2026-11-01-shop", [listing(n) for n in range(3)], landed=1e9)
+    assert run_cli(["run", "--landing", str(landing)], cwd=tmp_path).returncode == 0
+    known = run_cli(["decisions", "--batch", "2026-11-01-shop"], cwd=tmp_path)
+    assert known.returncode == 0 and len(known.stdout.splitlines()) == 3
+    unknown = run_cli(["decisions", "--batch", "2026-11-01-shpo"], cwd=tmp_path)
+    assert unknown.returncode == 2 and unknown.stdout == ""  # a wrong argument
+    assert unknown.stderr.startswith("dedup-pipeline decisions: error: no batch '2026-11-01-shpo' in the warehouse")
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    result = subprocess.run(
+        [sys.executable, "-m", "dedup_pipeline.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stdout.strip() == f"dedup-pipeline {version('dedup_pipeline')}"
