@@ -48,16 +48,24 @@ def format_summary(summary: LadderSummary) -> str:
 
     Every line of a batch is counted once: quarantined, or in one decision column (near dup counts survivors).
     """
+    batches = summary.rows()
     columns = [
         (name, header)
         for name, header in _COLUMNS
-        if name not in _RARE_COLUMNS or any(getattr(b, name) for b in summary.batches)
+        if name not in _RARE_COLUMNS or any(getattr(b, name) for _, b in batches)
     ]
-    rows = [[header for _, header in columns]]
-    rows += [[str(getattr(b, name)) for name, _ in columns] for b in summary.batches]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    # A failed batch shows what it stored before failing, a held one zeros: the status column tells them apart.
+    with_status = any(status != "ok" for status, _ in batches)
+    rows = [[header for _, header in columns] + (["status"] if with_status else [])]
+    rows += [
+        [str(getattr(b, name)) for name, _ in columns] + ([status] if with_status else []) for status, b in batches
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    last = len(columns) if with_status else -1  # the status column reads left to right, as the batch's
     lines = [
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        "  ".join(
+            cell.ljust(w) if i in (0, last) else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
         for row in rows
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -66,14 +74,17 @@ def format_summary(summary: LadderSummary) -> str:
 
 
 def _run(landing: Path, as_json: bool, settle_seconds: float) -> int:
+    from dedup_pipeline.cli.progress import progress_for
     from dedup_pipeline.cli.runner import run_landing_folder
 
     ensure_dagster_home()
-    summary = run_landing_folder(landing, settle_seconds=settle_seconds)
+    summary = run_landing_folder(landing, settle_seconds=settle_seconds, progress=progress_for(sys.stderr, as_json))
     for notice in summary.notices:
         print(f"dedup-pipeline run: {notice}", file=sys.stderr)
     for batch, error in summary.failed.items():
         print(f"dedup-pipeline run: batch {batch} failed: {error} (its run is in the Dagster UI)", file=sys.stderr)
+    for batch, reason in summary.held.items():
+        print(f"dedup-pipeline run: batch {batch} {reason}", file=sys.stderr)
     print(json.dumps(summary.as_dict()) if as_json else format_summary(summary))
     return 1 if summary.failed else 0
 

@@ -10,6 +10,7 @@ the UI can re-execute a failed one.
 from __future__ import annotations
 
 import fcntl
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,8 +28,8 @@ from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.landing import scan_landing
-from dedup_pipeline.store.schema import records
+from dedup_pipeline.landing import batch_source, scan_landing
+from dedup_pipeline.store.schema import dedup_decisions, records
 from dedup_pipeline.store.warehouse import Warehouse
 
 LOCAL_DAGSTER_HOME = ".dagster_home"
@@ -83,14 +84,53 @@ class LadderSummary:
     warehouse_records: int = 0
     failed: dict[str, str] = field(default_factory=dict)  # batch -> error: their runs failed, the others went on
     notices: list[str] = field(default_factory=list)  # landing files left alone, and why
+    stored_before_failing: dict[str, BatchSummary] = field(default_factory=dict)  # failed batch -> what it stored
+    held: dict[str, str] = field(default_factory=dict)  # batch -> why it was not run (an earlier one failed)
+    order: list[str] = field(default_factory=list)  # every batch tried, held or not, in run order
 
     def as_dict(self) -> dict:
         return {
             "batches": [asdict(b) for b in self.batches],
             "warehouse_records": self.warehouse_records,
-            "failed": [{"batch": batch, "error": error} for batch, error in self.failed.items()],
+            "failed": [
+                {"batch": batch, "error": error, "stored": asdict(self.stored_before_failing[batch])}
+                if batch in self.stored_before_failing
+                else {"batch": batch, "error": error}
+                for batch, error in self.failed.items()
+            ],
+            "held": [{"batch": batch, "reason": reason} for batch, reason in self.held.items()],
             "notices": self.notices,
         }
+
+    def rows(self) -> list[tuple[str, BatchSummary]]:
+        """(status, figures) of every batch in run order: `ok`, `FAILED` (what it stored before failing) or
+        `held` (nothing: not run)."""
+        done = {b.batch: b for b in self.batches}
+        rows = []
+        for key in self.order or list(done):
+            if key in done:
+                rows.append(("ok", done[key]))
+            elif key in self.failed:
+                rows.append(("FAILED", self.stored_before_failing.get(key) or BatchSummary(key, *[0] * 7)))
+            elif key in self.held:
+                rows.append(("held", BatchSummary(key, *[0] * 7)))
+        return rows
+
+
+class Progress:
+    """What `run_landing_folder` tells its caller while it works: one call before and one after each batch."""
+
+    def start(self, total: int) -> None:
+        """`total` batches are about to run."""
+
+    def batch_started(self, key: str) -> None:
+        """`key` starts."""
+
+    def batch_done(self, key: str, status: str, seconds: float) -> None:
+        """`key` ended `ok`, `FAILED` or `held` (not run), after `seconds`."""
+
+    def finish(self) -> None:
+        """Every batch is done."""
 
 
 def remote_job_origin(job_name: str, repository_name: str) -> RemoteJobOrigin:
@@ -155,17 +195,50 @@ def _local_instance() -> dg.DagsterInstance:
         return dg.DagsterInstance.get()
 
 
+def _summary_of(key: str, result: ExecutionResult, warehouse: Warehouse) -> BatchSummary:
+    """A batch's figures from its run's materialisations; for a rung that did not finish (a failed run), the
+    decisions it committed before failing, from the warehouse's decision log."""
+    raw = _metadata(result, "raw_crawl_batches")
+    canonical = _metadata(result, "canonical_records")
+    exact = _metadata(result, "deduplicated_records")
+    near = _metadata(result, "near_duplicate_clusters")
+    if not exact and raw:
+        d = dedup_decisions.c
+        committed = select(d.decision, func.count()).where(d.batch_id == key, d.run_id == result.run_id)
+        with warehouse.engine.connect() as conn:
+            exact = dict(conn.execute(committed.group_by(d.decision)).all())
+    return BatchSummary(
+        batch=key,
+        records_in=int(raw.get("lines", 0)),
+        quarantined=int(raw.get("quarantined", 0)) + int(canonical.get("quarantined", 0)),
+        exact_duplicates=int(exact.get("exact_duplicate", 0)),
+        changed=int(exact.get("changed", 0)),
+        new=int(exact.get("new", 0)),
+        stale=int(exact.get("stale", 0)),
+        near_duplicates=int(near.get("near_duplicates", 0)),
+        change_ignored=int(exact.get("change_ignored", 0)),
+        erased=int(exact.get("erased", 0)),
+    )
+
+
 def run_landing_folder(
-    landing: Path, instance: dg.DagsterInstance | None = None, settle_seconds: float = 0.0
+    landing: Path,
+    instance: dg.DagsterInstance | None = None,
+    settle_seconds: float = 0.0,
+    progress: Progress | None = None,
 ) -> LadderSummary:
     """Register every settled batch file in `landing` and materialise the ladder for each, in name order.
 
-    A batch whose run fails is reported in `failed` and the next one runs all
-    the same (the policy orders batches by landing time, so a batch run later
-    than a newer one is judged as the older one it is). Files modified in the
-    last `settle_seconds`, and files that are not batches, are left alone and
-    named in `notices`.
+    A batch whose run fails is reported in `failed`, with what it stored before
+    failing, and the batches of other sources run all the same; the later
+    batches of its source are `held`, not run, as the production lanes hold
+    them: a source's batches are stored in landing order, so one that failed
+    on a transient error is run again (with those after it) by the next
+    `run`. Files modified in the last `settle_seconds`, and files that are not
+    batches, are left alone and named in `notices`. `progress` hears of each
+    batch as it starts and ends.
     """
+    progress = progress or Progress()
     from dedup_pipeline.definitions import defs
 
     landing = landing.resolve()
@@ -182,31 +255,31 @@ def run_landing_folder(
     summary = LadderSummary(notices=scan.notices(settle_seconds))
     for run_id in release_runs_of_dead_processes(instance):
         summary.notices.append(f"run {run_id} died with its process: marked failed, its warehouse pool slots freed")
+    failed_sources: dict[str, str] = {}  # source -> its batch that failed
+    progress.start(len(batches))
     for batch in batches:
+        summary.order.append(batch.key)
+        source = batch_source(batch.key)
+        if source in failed_sources:
+            summary.held[batch.key] = (
+                f"held: batch {failed_sources[source]} of source {source!r} failed before it; a source's batches "
+                "are stored in landing order, so it runs once that one succeeds"
+            )
+            progress.batch_done(batch.key, "held", 0.0)
+            continue
+        progress.batch_started(batch.key)
+        started = time.monotonic()
         result = execute_partition(
             job, batch.key, instance, origin, {PROCESS_TAG: process_token(instance)}, run_config_for(landing)
         )
-        if not result.success:
+        if result.success:
+            summary.batches.append(_summary_of(batch.key, result, warehouse))
+        else:
             summary.failed[batch.key] = _failure_reason(result)
-            continue
-        raw = _metadata(result, "raw_crawl_batches")
-        canonical = _metadata(result, "canonical_records")
-        exact = _metadata(result, "deduplicated_records")
-        near = _metadata(result, "near_duplicate_clusters")
-        summary.batches.append(
-            BatchSummary(
-                batch=batch.key,
-                records_in=int(raw.get("lines", 0)),
-                quarantined=int(raw.get("quarantined", 0)) + int(canonical.get("quarantined", 0)),
-                exact_duplicates=int(exact.get("exact_duplicate", 0)),
-                changed=int(exact.get("changed", 0)),
-                new=int(exact.get("new", 0)),
-                stale=int(exact.get("stale", 0)),
-                near_duplicates=int(near.get("near_duplicates", 0)),
-                change_ignored=int(exact.get("change_ignored", 0)),
-                erased=int(exact.get("erased", 0)),
-            )
-        )
+            summary.stored_before_failing[batch.key] = _summary_of(batch.key, result, warehouse)
+            failed_sources[source] = batch.key
+        progress.batch_done(batch.key, "ok" if result.success else "FAILED", time.monotonic() - started)
+    progress.finish()
     with warehouse.engine.connect() as conn:
         summary.warehouse_records = conn.execute(select(func.count()).select_from(records)).scalar_one()
     return summary

@@ -343,3 +343,39 @@ def test_version_prints_the_installed_version():
         [sys.executable, "-m", "dedup_pipeline.cli", "--version"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and result.stdout.strip() == f"dedup-pipeline {version('dedup_pipeline')}"
+
+
+def test_run_holds_a_source_s_later_batches_after_one_failed_and_shows_what_the_failed_one_stored(tmp_path):
+    """Breaks (#21.1): `run` went on with a source's later batches after an earlier one failed, so the later
+    ones were stored first and the earlier one's history was lost; and a failed batch left the table.
+
+    Must hold: the source's later batch is held, not run, and says so (stderr, JSON, the table's status
+    column); another source's batch runs; the failed batch is in the table with what it stored before its
+    blocking check failed (its lines and quarantined lines, no decisions); exit status 1.
+    """
+    landing = tmp_path / "landing"
+    write_batch(landing, "2026-11-01-shop", [listing(n) for n in range(3)], landed=1e9)
+    write_batch(landing, "2026-11-02-shop", [listing(5)] + ["{broken"] * 9, landed=1e9 + 60)  # mostly broken
+    write_batch(landing, "2026-11-02-wire", [listing(n) for n in range(50, 52)], landed=1e9 + 90)
+    write_batch(landing, "2026-11-03-shop", [listing(n) for n in range(10, 12)], landed=1e9 + 120)
+    result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    out = json.loads(result.stdout)
+    assert [b["batch"] for b in out["batches"]] == ["2026-11-01-shop", "2026-11-02-wire"]
+    (failed,) = out["failed"]
+    assert failed["batch"] == "2026-11-02-shop" and "quarantine_rate_under_bound" in failed["error"]
+    assert (failed["stored"]["records_in"], failed["stored"]["quarantined"], failed["stored"]["new"]) == (10, 9, 0)
+    (held,) = out["held"]
+    assert held["batch"] == "2026-11-03-shop" and held["reason"].startswith(
+        "held: batch 2026-11-02-shop of source 'shop' failed before it"
+    )
+    assert "dedup-pipeline run: batch 2026-11-03-shop held: batch 2026-11-02-shop" in result.stderr
+    # not a terminal: one plain progress line per batch, on stderr
+    assert "dedup-pipeline run: batch 2/4 2026-11-02-shop: FAILED in " in result.stderr
+    assert "dedup-pipeline run: batch 4/4 2026-11-03-shop: held (not run)" in result.stderr
+
+    table = run_cli(["run", "--landing", str(landing)], cwd=tmp_path).stdout.splitlines()
+    assert table[0].split()[-1] == "status"
+    rows = {line.split()[0]: line.split() for line in table[2:6]}
+    assert rows["2026-11-02-shop"][1:3] == ["10", "9"] and rows["2026-11-02-shop"][-1] == "FAILED"
+    assert rows["2026-11-03-shop"][-1] == "held" and rows["2026-11-01-shop"][-1] == "ok"
