@@ -179,7 +179,10 @@ class SeenSetResource(dg.ConfigurableResource):
     """The exact rung's fast path. It only says "maybe seen"; the warehouse's UNIQUE index decides."""
 
     kind: str = Field(
-        default="auto", description="'auto' (Redis if $DEDUP_REDIS_URL is set, else Bloom), 'redis', 'bloom' or 'none'."
+        default="auto", description="'auto' (Redis if a Redis URL is set, else Bloom), 'redis', 'bloom' or 'none'."
+    )
+    redis_url: Optional[str] = Field(
+        default=None, description=f"Redis URL of the seen-set; empty means ${environment.REDIS_URL_ENV} (none: Bloom)."
     )
     ttl_seconds: Optional[int] = Field(
         default=None,
@@ -203,6 +206,7 @@ class SeenSetResource(dg.ConfigurableResource):
             ttl_seconds=self.ttl_seconds,
             bloom_capacity=self.bloom_capacity,
             bloom_error_rate=self.bloom_error_rate,
+            redis_url=self.redis_url,
         )
 
 
@@ -265,12 +269,27 @@ class ChecksResource(dg.ConfigurableResource):
         )
 
 
+#: The resource fields whose value may come from the environment, and how Dagster reads the variable.
+_ENV_VAR_TYPES = {"seen_set.ttl_seconds": dg.EnvVar.int}
+
+
+def environment_config() -> dict[str, dict]:
+    """Per resource, its fields set from the environment as `dg.EnvVar`s, so the launchpad names the variable
+    a value comes from (`environment.resource_variables`: only the variables that are set)."""
+    config: dict[str, dict] = {}
+    for field, name in environment.resource_variables().items():
+        resource, attribute = field.split(".")
+        config.setdefault(resource, {})[attribute] = _ENV_VAR_TYPES.get(field, dg.EnvVar)(name)
+    return config
+
+
 def default_resources() -> dict:
+    env = environment_config()
     return {
-        "warehouse": WarehouseResource(),
-        "landing": LandingResource(),
+        "warehouse": WarehouseResource(**env.get("warehouse", {})),
+        "landing": LandingResource(**env.get("landing", {})),
         "ladder": LadderResource(),
         "near_dup": NearDupResource(),
-        "seen_set": SeenSetResource(),
+        "seen_set": SeenSetResource(**env.get("seen_set", {})),
         "checks": ChecksResource(),
     }
