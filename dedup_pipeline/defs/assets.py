@@ -87,7 +87,7 @@ def canonical_records(
     See docs/canonical.md.
     """
     with retried_only_if_transient():
-        report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings())
+        report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings(), context.log.info)
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.canonical})
 
 
@@ -113,7 +113,12 @@ def deduplicated_records(
     """
     with retried_only_if_transient():
         report = deduplicate_batch(
-            warehouse.get(), context.partition_key, context.run.run_id, ladder.settings(), seen_set.get()
+            warehouse.get(),
+            context.partition_key,
+            context.run.run_id,
+            ladder.settings(),
+            seen_set.get(),
+            context.log.info,
         )
     for warning in report.seen_set_warnings:
         context.log.warning(warning)
@@ -145,7 +150,9 @@ def near_duplicate_clusters(
     See docs/near.md.
     """
     with retried_only_if_transient():
-        report = cluster_batch(warehouse.get(), context.partition_key, near_dup.settings(), context.run.run_id)
+        report = cluster_batch(
+            warehouse.get(), context.partition_key, near_dup.settings(), context.run.run_id, context.log.info
+        )
     if report.capped:
         context.log.warning(
             f"{len(report.capped)} record(s) met more than {near_dup.max_candidates} records sharing a band with them "
