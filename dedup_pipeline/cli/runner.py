@@ -201,6 +201,7 @@ def _summary_of(key: str, result: ExecutionResult, warehouse: Warehouse) -> Batc
     raw = _metadata(result, "raw_crawl_batches")
     canonical = _metadata(result, "canonical_records")
     exact = _metadata(result, "deduplicated_records")
+    exact.update(exact.pop("figures", {}))  # the figures the UI does not plot
     near = _metadata(result, "near_duplicate_clusters")
     if not exact and raw:
         d = dedup_decisions.c

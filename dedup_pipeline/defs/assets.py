@@ -7,7 +7,7 @@ import dagster as dg
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.plots import ladder_figures
+from dedup_pipeline.defs.plots import exact_metadata, ladder_figures
 from dedup_pipeline.defs.resources import (
     LadderResource,
     LandingResource,
@@ -20,7 +20,7 @@ from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.quality.history import first_run_rate
+from dedup_pipeline.quality.history import first_decision_counts, rate_of
 
 GROUP = "dedup_ladder"
 #: The collapse-rate check on deduplicated_records (defined with the other checks in defs/checks.py).
@@ -123,11 +123,13 @@ def deduplicated_records(
     for warning in report.seen_set_warnings:
         context.log.warning(warning)
     with warehouse.get().engine.connect() as conn:
-        first = first_run_rate(conn, context.partition_key)
-    metadata = {**report.as_metadata(), "dagster/row_count": report.survivors}
+        first_run = first_decision_counts(conn, [context.partition_key]).get(context.partition_key, {})
+    first = rate_of(context.partition_key, first_run)
     # The batch's rate is its first decisions' (as the collapse check judges it); a replay's own is beside it.
-    metadata.update(collapse_rate=first.rate, **{"collapse_rate/this_run": report.collapse_rate})
-    return dg.MaterializeResult(metadata=metadata)
+    figures = {**report.as_metadata(), "collapse_rate": first.rate, "collapse_rate/this_run": report.collapse_rate}
+    return dg.MaterializeResult(
+        metadata={**exact_metadata(figures, first_run, first.rate), "dagster/row_count": report.survivors}
+    )
 
 
 @dg.asset(
@@ -161,7 +163,8 @@ def near_duplicate_clusters(
     if report.threshold_warning:
         context.log.warning(report.threshold_warning)
     figures = ladder_figures(warehouse.get(), context.partition_key, report.clusters)
-    return dg.MaterializeResult(metadata={**report.as_metadata(), **figures})
+    seeds = {"scraper_near_duplicates_flagged_total": len(report.near_duplicates)}  # as Prometheus names it
+    return dg.MaterializeResult(metadata={**report.as_metadata(), **seeds, **figures})
 
 
 ladder_assets = [raw_crawl_batches, canonical_records, deduplicated_records, near_duplicate_clusters]

@@ -37,6 +37,7 @@ import dagster as dg
 
 from dedup_pipeline.defs.assets import COLLAPSE_CHECK, canonical_records, deduplicated_records, near_duplicate_clusters
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.defs.plots import rounded
 from dedup_pipeline.defs.resources import ChecksResource, NearDupResource, WarehouseResource
 from dedup_pipeline.ladder.near import runaway_clusters
 from dedup_pipeline.quality import expectations, frames
@@ -82,16 +83,16 @@ def collapse_rate_in_band(
         current, history = batch_rates(conn, context.partition_key, rules.window, rules.min_records)
     verdict = judge_collapse(current, history, rules)
     metadata = {
-        "collapse_rate": verdict.rate,
-        "lower_bound": verdict.lower_bound,
-        "upper_bound": verdict.upper_bound,
+        "collapse_rate": rounded(verdict.rate),  # as deduplicated_records shows it
+        "lower_bound": rounded(verdict.lower_bound),
+        "upper_bound": rounded(verdict.upper_bound),
         "records_in": verdict.records_in,
         "history_batches": len(verdict.history),
         "fixed_band": f"[{rules.band_low:g}, {rules.band_high:g}]",
         "note": verdict.note,
     }
     if verdict.trailing_median is not None:
-        metadata.update(trailing_median=verdict.trailing_median, trailing_mad=verdict.trailing_mad)
+        metadata.update(trailing_median=rounded(verdict.trailing_median), trailing_mad=rounded(verdict.trailing_mad))
     if not verdict.judged:
         return not_judged(f"{verdict.note}; collapse rate {verdict.rate:.3f}, no band applied", metadata)
     return dg.AssetCheckResult(
