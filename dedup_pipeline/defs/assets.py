@@ -19,7 +19,7 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.landing import find_batch
+from dedup_pipeline.landing import BatchFileError, find_batch
 from dedup_pipeline.quality.history import first_decision_counts, rate_of
 
 GROUP = "dedup_ladder"
@@ -62,9 +62,40 @@ def raw_crawl_batches(
 
     See docs/canonical.md.
     """
+    try:
+        batch = find_batch(landing.path(), context.partition_key)
+    except BatchFileError as exc:
+        checks_not_judged(context, f"its run failed before it: {exc}")
+        raise dg.Failure(description=f"BatchFileError: {exc}", allow_retries=False) from exc
     with retried_only_if_transient():
-        report = ingest_raw_batch(warehouse.get(), find_batch(landing.path(), context.partition_key))
+        report = ingest_raw_batch(warehouse.get(), batch)
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.parsed})
+
+
+def checks_not_judged(context: dg.AssetExecutionContext, reason: str) -> None:
+    """Record every check this run planned on the batch as not judged (a warning that says why), before the run
+    fails on a batch it cannot even find.
+
+    Dagster marks each check a failed run planned but never ran "execution failed", red on every asset of the
+    ladder, as if each one had found a fault; the checks found nothing, and a warning naming the cause is
+    what is true. An evaluation reported after the run's plan is the partition's latest, so it is shown.
+    """
+    planned = context.instance.get_records_for_run(
+        context.run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
+    ).records
+    for record in planned:
+        check = record.event_log_entry.dagster_event.event_specific_data
+        context.instance.report_runless_asset_event(
+            dg.AssetCheckEvaluation(
+                asset_key=check.asset_key,
+                check_name=check.check_name,
+                passed=False,
+                severity=dg.AssetCheckSeverity.WARN,
+                partition=context.partition_key,
+                description=f"not judged: {reason}",
+                metadata={"judged": False},
+            )
+        )
 
 
 @dg.asset(

@@ -318,3 +318,29 @@ def test_a_large_batch_goes_through_worker_processes_and_passes_every_check(tmp_
     figures = values(result.asset_materializations_for_node("canonical_records")[0].metadata)
     assert (figures["workers"], figures["canonical"], figures["quarantined"]) == (3, 400, 0)
     assert {name: e.passed for (_, name), e in evaluations(result).items() if not e.passed} == {}
+
+
+def test_a_missing_landing_file_fails_its_run_without_turning_every_check_red(tmp_path):
+    """Breaks: "Materialize" on a batch whose file is gone failed with `no landing file for batch …`, and every
+    check of the three later assets then showed Failed: Dagster resolves a check a failed run planned but never
+    ran as "execution failed". Must hold: the run fails with the reason; each of those checks' latest result
+    on the batch is a warning saying it was not judged, and why."""
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    write_batch(folder, "b1", [listing(n) for n in range(30)], landed=1e9)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b1"])
+    assert run(instance, url, folder, "b1").success
+    (folder / "b1.jsonl").unlink()
+    result = run(instance, url, folder, "b1")
+
+    assert not result.success
+    error = result.failure_data_for_node("raw_crawl_batches").error
+    assert "no landing file for batch 'b1'" in error.message
+    keys = [key for check in ladder_checks for key in check.check_keys]
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+    assert len(latest) == 7
+    for key, record in latest.items():
+        assert record.status.value == "FAILED", key  # an evaluation (a warning here), not "planned"
+        evaluation = record.event.dagster_event.event_specific_data
+        assert evaluation.severity == dg.AssetCheckSeverity.WARN and evaluation.partition == "b1"
+        assert evaluation.description.startswith("not judged: its run failed before it: no landing file for batch")
