@@ -67,8 +67,10 @@ def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource
     known = set(context.instance.get_dynamic_partitions(crawl_batches_partitions.name))
     scan = scan_landing(folder, landing.settle_seconds)
     set_aside = scan.notices(landing.settle_seconds)
-    for notice in set_aside:  # a file a crawler meant as a batch must not vanish without a word
-        context.log.warning(f"landing file {notice}")
+    for name, reason in scan.ignored:  # a file a crawler meant as a batch must not vanish without a word
+        context.log.warning(f"landing file {name} ignored: {reason}")
+    for key, reason in scan.ambiguous.items():  # the other batches go on; this one waits for a single file
+        context.log.warning(f"landing batch {key} set aside: {reason}")
     for notice in overdue_notices(folder, scan, landing.alert_after_seconds):
         alerts.error("ALERT dedup landing: %s", notice)
         context.log.error(f"ALERT {notice}")
