@@ -2,6 +2,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# dg warns (twice) that the active virtual environment is not the project's when none is activated, although
+# it runs the project's: naming it makes that true.
+DG := VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg
+DEV_PORT ?= 3000
 # A git-ignored local Dagster instance (SQLite), never the production instance in deploy/.
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
@@ -41,16 +45,19 @@ test: install
 test-fast: install
 	$(PYTEST) -m "not slow"
 
-## The Dagster UI on http://127.0.0.1:3000 over the same local instance and warehouse.
+## The Dagster UI on http://127.0.0.1:3000 (DEV_PORT) over the same local instance and warehouse.
+# Dagster's warning that ./dagster.yaml "will not be used" is true of the file itself: its copy in DAGSTER_HOME
+# (the rule above refreshes it) is the one in use, as the echo says.
 dev: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dg dev -h 127.0.0.1 -p 3000
+	@echo "make dev: the instance is $(DAGSTER_HOME); its dagster.yaml is a copy of ./dagster.yaml, refreshed by make"
+	$(DG) dev -h 127.0.0.1 -p $(DEV_PORT)
 
 ## Lint, format check, the docs build and the code location loading (no database, no tests).
 check: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MKDOCS)
-	$(BIN)/dg check defs
+	$(DG) check defs
 
 ## The docs site, built strictly into site/ (open site/index.html).
 docs: install

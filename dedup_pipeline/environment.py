@@ -88,6 +88,21 @@ def _whole_number(name: str, unit: str) -> int | None:
         raise ConfigurationError(f"{name} must be a whole number of {unit}, got {raw!r}") from None
 
 
+def resource_variables() -> dict[str, str]:
+    """Which of the variables the Dagster resources take as `dg.EnvVar` are set: resource field -> variable.
+
+    Only a set variable becomes an `EnvVar` (Dagster refuses an unset one), so an unset one keeps the field's
+    default (the embedded warehouse, `.dedup/landing`, no Redis, 30 days), as before.
+    """
+    fields = {
+        "warehouse.database_url": DATABASE_URL_ENV,
+        "landing.folder": LANDING_DIR_ENV,
+        "seen_set.redis_url": REDIS_URL_ENV,
+        "seen_set.ttl_seconds": SEEN_TTL_ENV,
+    }
+    return {field: name for field, name in fields.items() if _set(name)}
+
+
 def database_url() -> str | None:
     """$DEDUP_DATABASE_URL: the warehouse's SQLAlchemy URL (None: the embedded SQLite warehouse)."""
     return _set(DATABASE_URL_ENV)

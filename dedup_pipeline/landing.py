@@ -257,8 +257,8 @@ def _corrupt(exc: BaseException) -> bool:
     """Damage inside the compressed data (a failed CRC or length check, an invalid deflate stream).
 
     A stream that merely ends early (EOFError) decompresses to an exact prefix
-    of the original, and bytes that are not gzip at all yield nothing, so
-    those are a quarantined tail. Corrupt data is only detected after the
+    of the original, so it is a quarantined tail (or, when nothing of it could
+    be read, an unreadable file: see `iter_lines`). Corrupt data is only detected after the
     lines before it were produced, and any of them may have been altered.
     """
     if isinstance(exc, zlib.error):
@@ -273,12 +273,14 @@ def iter_lines(path: Path, digest: FileDigest | None = None, max_line_bytes: int
     (None: no limit) is skipped to its newline without being held, and yielded
     as its head and length (`Line.too_long`). A UTF-8 byte-order mark at the
     start of the file (of its decompressed bytes, for gzip) is not part of the
-    first line. A truncated gzip stream (or bytes that are not gzip) yields every
-    complete line before the damage and then raises `TruncatedBatch` carrying
-    the incomplete tail, so the caller can quarantine it. A corrupt one (failed
-    CRC, invalid deflate data) raises `BatchFileError`: its lines cannot be
-    trusted, so the rung writes nothing. `digest`, if given, receives every byte
-    of the file the lines came from (after damage, the rest of the file too).
+    first line. A truncated gzip stream yields every complete line before the
+    damage and then raises `TruncatedBatch` carrying the incomplete tail, so the
+    caller can quarantine it. A corrupt one (failed CRC, invalid deflate data)
+    raises `BatchFileError`: its lines cannot be trusted, so the rung writes
+    nothing; so does a stream of which not one byte can be decompressed (a
+    damaged header, bytes that are not gzip), which would otherwise be a batch
+    of one quarantined line. `digest`, if given, receives every byte of the file
+    the lines came from (after damage, the rest of the file too).
     """
     limit = max_line_bytes if max_line_bytes is not None else float("inf")
     line_no = 0
@@ -289,6 +291,7 @@ def iter_lines(path: Path, digest: FileDigest | None = None, max_line_bytes: int
             pending = b""
             at_start = True
             skipped: Line | None = None  # an over-long line read past so far: its head and length
+            read_any = False
             while True:
                 try:
                     # read1: one read of the stream per call, so the lines decompressed before damage
@@ -299,11 +302,17 @@ def iter_lines(path: Path, digest: FileDigest | None = None, max_line_bytes: int
                         raise BatchFileError(
                             f"batch file {path} is corrupt ({exc}): none of its lines can be trusted; fetch it again"
                         ) from None
+                    if not read_any:  # a damaged header or no gzip at all: no line of it can be read
+                        raise BatchFileError(
+                            f"batch file {path} cannot be read ({exc}): not one line could be decompressed; "
+                            "fetch it again"
+                        ) from None
                     if digest:
                         while source.read1(1 << 20):
                             pass
                     tail = skipped.raw if skipped else pending
                     raise TruncatedBatch(line_no + 1, tail, f"compressed stream damaged: {exc}") from None
+                read_any = read_any or bool(block)
                 if skipped is not None and block:
                     end = block.find(b"\n")
                     if end < 0:

@@ -41,9 +41,9 @@ def seed_figures(records_seen: int, decisions: Mapping[str, int]) -> dict:
 
     The counters this module exports are the totals of these figures over every run.
     """
-    figures = {"scraper_records_seen": records_seen}
+    figures = {"scraper_records_seen_total": records_seen}  # the names exactly as Prometheus shows them
     for decision, label in _SKIPPED.items():
-        figures[f'scraper_duplicates_skipped{{type="{label}"}}'] = decisions[decision]
+        figures[f'scraper_duplicates_skipped_total{{type="{label}"}}'] = decisions[decision]
     return figures
 
 

@@ -278,9 +278,9 @@ def test_a_run_s_figures_carry_the_seeds_metric_names_and_labels():
 
     figures = seed_figures(12, Counter({"exact_duplicate": 3, "stale": 1, "new": 8}))
     assert figures == {
-        "scraper_records_seen": 12,
-        'scraper_duplicates_skipped{type="exact"}': 3,
-        'scraper_duplicates_skipped{type="stale"}': 1,
-        'scraper_duplicates_skipped{type="change_ignored"}': 0,
-        'scraper_duplicates_skipped{type="erased"}': 0,
+        "scraper_records_seen_total": 12,  # exactly as Prometheus names them
+        'scraper_duplicates_skipped_total{type="exact"}': 3,
+        'scraper_duplicates_skipped_total{type="stale"}': 1,
+        'scraper_duplicates_skipped_total{type="change_ignored"}': 0,
+        'scraper_duplicates_skipped_total{type="erased"}': 0,
     }

@@ -12,8 +12,8 @@ import json
 import os
 import sqlite3
 import sys
-import tempfile
 import warnings
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,16 +51,24 @@ def format_summary(summary: LadderSummary) -> str:
 
     Every line of a batch is counted once: quarantined, or in one decision column (near dup counts survivors).
     """
+    batches = summary.rows()
     columns = [
         (name, header)
         for name, header in _COLUMNS
-        if name not in _RARE_COLUMNS or any(getattr(b, name) for b in summary.batches)
+        if name not in _RARE_COLUMNS or any(getattr(b, name) for _, b in batches)
     ]
-    rows = [[header for _, header in columns]]
-    rows += [[str(getattr(b, name)) for name, _ in columns] for b in summary.batches]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    # A failed batch shows what it stored before failing, a held one zeros: the status column tells them apart.
+    with_status = any(status != "ok" for status, _ in batches)
+    rows = [[header for _, header in columns] + (["status"] if with_status else [])]
+    rows += [
+        [str(getattr(b, name)) for name, _ in columns] + ([status] if with_status else []) for status, b in batches
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    last = len(columns) if with_status else -1  # the status column reads left to right, as the batch's
     lines = [
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        "  ".join(
+            cell.ljust(w) if i in (0, last) else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
         for row in rows
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -69,14 +77,19 @@ def format_summary(summary: LadderSummary) -> str:
 
 
 def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = 1) -> int:
+    from dedup_pipeline.cli.progress import progress_for
     from dedup_pipeline.cli.runner import ensure_dagster_home, run_landing_folder
 
     ensure_dagster_home()
-    summary = run_landing_folder(landing, settle_seconds=settle_seconds, workers=workers)
+    summary = run_landing_folder(
+        landing, settle_seconds=settle_seconds, workers=workers, progress=progress_for(sys.stderr, as_json)
+    )
     for notice in summary.notices:
         print(f"dedup-pipeline run: {notice}", file=sys.stderr)
     for batch, error in summary.failed.items():
         print(f"dedup-pipeline run: batch {batch} failed: {error} (its run is in the Dagster UI)", file=sys.stderr)
+    for batch, reason in summary.held.items():
+        print(f"dedup-pipeline run: batch {batch} {reason}", file=sys.stderr)
     print(json.dumps(summary.as_dict()) if as_json else format_summary(summary))
     return 1 if summary.failed else 0
 
@@ -90,19 +103,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from dedup_pipeline.cli.demo import write_demo_crawl
+    from dedup_pipeline.landing import landing_dir
 
-    with tempfile.TemporaryDirectory(prefix="dedup-demo-") as folder:
-        paths = write_demo_crawl(Path(folder))
-        if not args.json:
-            print(f"wrote {len(paths)} demo batches to {folder}; running the ladder...\n")
-        return _run(Path(folder), args.json, settle_seconds=0)
+    # The landing folder the UI and the sensor read, so a demo partition can be re-materialised from the UI.
+    folder = landing_dir()
+    paths = write_demo_crawl(folder)
+    if not args.json:
+        print(f"wrote {len(paths)} demo batches to {folder}; running the ladder...\n")
+    return _run(folder, args.json, settle_seconds=0)
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
     from dedup_pipeline.decision_log import iter_events
-    from dedup_pipeline.store.warehouse import Warehouse
+    from dedup_pipeline.store.warehouse import Warehouse, batch_registered
 
     with Warehouse.existing().engine.connect() as conn:
+        if args.batch and not batch_registered(conn, args.batch):
+            print(
+                f"dedup-pipeline decisions: error: no batch {args.batch!r} in the warehouse "
+                "(a batch is known once its raw rung ran; see `dedup-pipeline run`)",
+                file=sys.stderr,
+            )
+            return 2  # a wrong argument, as argparse's own errors
         for event in iter_events(conn, args.batch, args.run):
             print(json.dumps(event, ensure_ascii=False))
     return 0
@@ -165,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dedup-pipeline", description="Keep a warehouse of scraped records free of duplicates."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('dedup_pipeline')}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run", help="register every batch in the landing folder and run the whole ladder for each"
@@ -188,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(0: one per CPU; default 1: every batch in this process; a PostgreSQL warehouse only)",
     )
     run.set_defaults(func=cmd_run)
-    demo = commands.add_parser("demo", help="write a realistic sample crawl to a temporary folder and run it")
+    demo = commands.add_parser(
+        "demo", help="write a realistic sample crawl to the landing folder (.dedup/landing) and run it"
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     demo.set_defaults(func=cmd_demo)
     add_privacy_commands(commands)  # erase, prune-retention, grant-roles

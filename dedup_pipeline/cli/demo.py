@@ -82,15 +82,36 @@ def _edit(text: str, rng: random.Random) -> str:
     return " ".join(words) + " Read more on our site."
 
 
+#: Products in the shop's catalogue: every shop crawl holds over 100 records, the collapse check's minimum.
+_PRODUCTS = 100
+#: Days the shop is crawled: from the fourth on, the collapse check has three earlier crawls to judge against.
+_SHOP_DAYS = 4
+
+
+def _recrawl(products: list[dict], rng: random.Random, day: int) -> list[str]:
+    """Every product fetched again on `day`; a few prices changed (same key, new content)."""
+    lines = []
+    for n, product in enumerate(products):
+        record = dict(product)
+        if n % 12 == 5 + day:
+            record["price"] = f"{float(record['price']) * 0.8:.2f}"
+        lines.append(json.dumps(_fetch(record, f"crawl-11{day:02d}", rng, day)))
+    return lines
+
+
 def write_demo_crawl(folder: Path, seed: int = 7) -> list[Path]:
-    """Write three batch files into `folder` and return their paths in batch order."""
+    """Write the demo's batch files into `folder` and return their paths in batch order.
+
+    Byte for byte the same every time (gzip with a fixed header time, fixed modification times), so writing
+    them again over the files of an earlier demo changes nothing a batch's registration compares.
+    """
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    products = [_product(rng, n) for n in range(60)]
+    products = [_product(rng, n) for n in range(_PRODUCTS)]
     articles = [_article(rng, n) for n in range(12)]
 
     day1: list[str] = []
-    for page in range(4):  # 20 per page with 5 items of overlap: pagination drift
+    for page in range(_PRODUCTS // 15):  # 20 per page with 5 items of overlap: pagination drift
         for product in products[page * 15 : page * 15 + 20]:
             record = dict(product)
             if rng.random() < 0.25:
@@ -100,12 +121,7 @@ def write_demo_crawl(folder: Path, seed: int = 7) -> list[Path]:
     day1.insert(17, '{"url": "https://shop.example.com/p/broken", "title": "cut off mid-line')
     day1.insert(40, json.dumps({"title": "a record without a url", "price": "1.00"}))
 
-    day2: list[str] = []
-    for n, product in enumerate(products):
-        record = dict(product)
-        if n % 12 == 5:  # a price change: same key, new content
-            record["price"] = f"{float(record['price']) * 0.8:.2f}"
-        day2.append(json.dumps(_fetch(record, "crawl-1102", rng, 2)))
+    day2 = _recrawl(products, rng, 2)
     day2.append(json.dumps(_fetch({**products[3], "url": "javascript:void(0)"}, "crawl-1102", rng, 2)))
 
     syndication = []
@@ -118,16 +134,23 @@ def write_demo_crawl(folder: Path, seed: int = 7) -> list[Path]:
         }
         syndication.append(json.dumps(_fetch(copy, "crawl-mirror", rng, 2)))
 
-    paths = [
-        folder / "2026-11-01-shop.jsonl",
-        folder / "2026-11-02-shop.jsonl.gz",
-        folder / "2026-11-02-syndication.jsonl",
+    batches = [
+        ("2026-11-01-shop.jsonl", 1, day1),
+        ("2026-11-02-shop.jsonl.gz", 2, day2),
+        ("2026-11-02-syndication.jsonl", 2, syndication),
+        *((f"2026-11-{day:02d}-shop.jsonl", day, _recrawl(products, rng, day)) for day in range(3, _SHOP_DAYS + 1)),
     ]
-    paths[0].write_text("\n".join(day1) + "\n", encoding="utf-8")
-    with gzip.open(paths[1], "wt", encoding="utf-8") as handle:
-        handle.write("\n".join(day2) + "\n")
-    paths[2].write_text("\n".join(syndication) + "\n", encoding="utf-8")
-    for day, path in zip((1, 2, 2), paths):  # landing time orders batches: the newest crawl wins
-        landed = datetime(2026, 11, day, 23, 0, tzinfo=UTC).timestamp() + paths.index(path)
+    paths = []
+    for order, (name, day, lines) in enumerate(batches):
+        path = folder / name
+        data = ("\n".join(lines) + "\n").encode("utf-8")
+        if name.endswith(".gz"):
+            # mtime=0: the header carries no time, so the file is the same bytes on every run of the demo
+            with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as handle:
+                handle.write(data)
+        else:
+            path.write_bytes(data)
+        landed = datetime(2026, 11, day, 23, 0, tzinfo=UTC).timestamp() + order  # landing time orders batches
         os.utime(path, (landed, landed))
+        paths.append(path)
     return paths

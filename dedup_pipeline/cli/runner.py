@@ -10,6 +10,11 @@ the UI can re-execute a failed one.
 from __future__ import annotations
 
 import fcntl
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -30,8 +35,8 @@ from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.landing import scan_landing
-from dedup_pipeline.store.schema import records
+from dedup_pipeline.landing import batch_source, scan_landing
+from dedup_pipeline.store.schema import dedup_decisions, records
 from dedup_pipeline.store.warehouse import Warehouse
 
 LOCAL_DAGSTER_HOME = ".dagster_home"
@@ -86,20 +91,62 @@ class LadderSummary:
     warehouse_records: int = 0
     failed: dict[str, str] = field(default_factory=dict)  # batch -> error: their runs failed, the others went on
     notices: list[str] = field(default_factory=list)  # landing files left alone, and why
+    stored_before_failing: dict[str, BatchSummary] = field(default_factory=dict)  # failed batch -> what it stored
+    held: dict[str, str] = field(default_factory=dict)  # batch -> why it was not run (an earlier one failed)
+    order: list[str] = field(default_factory=list)  # every batch tried, held or not, in run order
 
     def add(self, other: LadderSummary) -> None:
-        """Take in a lane's batches, failures and notices."""
+        """Take in a lane's batches, failures, held batches and notices."""
         self.batches += other.batches
         self.failed.update(other.failed)
+        self.stored_before_failing.update(other.stored_before_failing)
+        self.held.update(other.held)
+        self.order += other.order
         self.notices += other.notices
 
     def as_dict(self) -> dict:
         return {
             "batches": [asdict(b) for b in self.batches],
             "warehouse_records": self.warehouse_records,
-            "failed": [{"batch": batch, "error": error} for batch, error in self.failed.items()],
+            "failed": [
+                {"batch": batch, "error": error, "stored": asdict(self.stored_before_failing[batch])}
+                if batch in self.stored_before_failing
+                else {"batch": batch, "error": error}
+                for batch, error in self.failed.items()
+            ],
+            "held": [{"batch": batch, "reason": reason} for batch, reason in self.held.items()],
             "notices": self.notices,
         }
+
+    def rows(self) -> list[tuple[str, BatchSummary]]:
+        """(status, figures) of every batch in run order: `ok`, `FAILED` (what it stored before failing) or
+        `held` (nothing: not run)."""
+        done = {b.batch: b for b in self.batches}
+        rows = []
+        for key in self.order or list(done):
+            if key in done:
+                rows.append(("ok", done[key]))
+            elif key in self.failed:
+                rows.append(("FAILED", self.stored_before_failing.get(key) or BatchSummary(key, *[0] * 7)))
+            elif key in self.held:
+                rows.append(("held", BatchSummary(key, *[0] * 7)))
+        return rows
+
+
+class Progress:
+    """What `run_landing_folder` tells its caller while it works: one call before and one after each batch."""
+
+    def start(self, total: int) -> None:
+        """`total` batches are about to run."""
+
+    def batch_started(self, key: str) -> None:
+        """`key` starts."""
+
+    def batch_done(self, key: str, status: str, seconds: float) -> None:
+        """`key` ended `ok`, `FAILED` or `held` (not run), after `seconds`."""
+
+    def finish(self) -> None:
+        """Every batch is done."""
 
 
 def remote_job_origin(job_name: str, repository_name: str) -> RemoteJobOrigin:
@@ -164,20 +211,55 @@ def _local_instance() -> dg.DagsterInstance:
         return dg.DagsterInstance.get()
 
 
+def _summary_of(key: str, result: ExecutionResult, warehouse: Warehouse) -> BatchSummary:
+    """A batch's figures from its run's materialisations; for a rung that did not finish (a failed run), the
+    decisions it committed before failing, from the warehouse's decision log."""
+    raw = _metadata(result, "raw_crawl_batches")
+    canonical = _metadata(result, "canonical_records")
+    exact = _metadata(result, "deduplicated_records")
+    exact.update(exact.pop("figures", {}))  # the figures the UI does not plot
+    near = _metadata(result, "near_duplicate_clusters")
+    if not exact and raw:
+        d = dedup_decisions.c
+        committed = select(d.decision, func.count()).where(d.batch_id == key, d.run_id == result.run_id)
+        with warehouse.engine.connect() as conn:
+            exact = dict(conn.execute(committed.group_by(d.decision)).all())
+    return BatchSummary(
+        batch=key,
+        records_in=int(raw.get("lines", 0)),
+        quarantined=int(raw.get("quarantined", 0)) + int(canonical.get("quarantined", 0)),
+        exact_duplicates=int(exact.get("exact_duplicate", 0)),
+        changed=int(exact.get("changed", 0)),
+        new=int(exact.get("new", 0)),
+        stale=int(exact.get("stale", 0)),
+        near_duplicates=int(near.get("near_duplicates", 0)),
+        change_ignored=int(exact.get("change_ignored", 0)),
+        erased=int(exact.get("erased", 0)),
+    )
+
+
 def run_landing_folder(
-    landing: Path, instance: dg.DagsterInstance | None = None, settle_seconds: float = 0.0, workers: int = 1
+    landing: Path,
+    instance: dg.DagsterInstance | None = None,
+    settle_seconds: float = 0.0,
+    workers: int = 1,
+    progress: Progress | None = None,
 ) -> LadderSummary:
     """Register every settled batch file in `landing` and materialise the ladder for each.
 
-    Batches of one source run one after the other in landing (name) order; with
+    A source's batches run one after the other in landing (name) order; with
     `workers` above 1 on a PostgreSQL warehouse, the sources' lanes run side by
     side in that many worker processes (`lanes.run_lanes`; 0: one per CPU, at
-    most one per source). A batch whose run fails is reported in `failed` and
-    the next one runs all the same (the policy orders batches by landing time,
-    so a batch run later than a newer one is judged as the older one it is).
-    Files modified in the last `settle_seconds`, and files that are not
-    batches, are left alone and named in `notices`.
+    most one per source). A batch whose run fails is reported in `failed`, with
+    what it stored before failing, and the batches of other sources run all
+    the same; the later batches of its source are `held`, not run, as the
+    production lanes hold them: a source's batches are stored in landing order,
+    so one that failed on a transient error is run again (with those after it)
+    by the next `run`. Files modified in the last `settle_seconds`, and files
+    that are not batches, are left alone and named in `notices`. `progress`
+    hears of each batch as it starts and ends.
     """
+    progress = progress or Progress()
     landing = landing.resolve()
     instance = instance or _local_instance()
     scan = scan_landing(landing, settle_seconds)
@@ -192,53 +274,95 @@ def run_landing_folder(
         summary.notices.append(f"run {run_id} died with its process: marked failed, its warehouse pool slots freed")
     lanes = source_lanes(keys)
     workers = lane_workers(workers, len(lanes), warehouse.dialect, instance.is_persistent)
+    progress.start(len(keys))
     if workers > 1:
-        for lane in run_lanes(partial(_run_lane, landing, instance.get_ref()), lanes, workers):
-            summary.add(lane)
+        with forwarded(progress) as events:
+            for lane in run_lanes(partial(_run_lane, landing, instance.get_ref(), events), lanes, workers):
+                summary.add(lane)
+        summary.order.sort(key=keys.index)
         summary.batches.sort(key=lambda b: keys.index(b.batch))
     else:
-        summary.add(run_batches(landing, keys, instance))
+        summary.add(run_batches(landing, keys, instance, warehouse, progress))
+    progress.finish()
     with warehouse.engine.connect() as conn:
         summary.warehouse_records = conn.execute(select(func.count()).select_from(records)).scalar_one()
     return summary
 
 
-def _run_lane(landing: Path, ref: InstanceRef, keys: list[str]) -> LadderSummary:
+class _ForwardedProgress(Progress):
+    """A worker process's progress: each event onto the queue the parent's `forwarded` drains."""
+
+    def __init__(self, events) -> None:
+        self.events = events
+
+    def batch_started(self, key: str) -> None:
+        self.events.put(("batch_started", (key,)))
+
+    def batch_done(self, key: str, status: str, seconds: float) -> None:
+        self.events.put(("batch_done", (key, status, seconds)))
+
+
+@contextmanager
+def forwarded(progress: Progress) -> Iterator[object]:
+    """A queue worker processes can put progress events on; a thread here hands them to `progress`."""
+    manager = multiprocessing.get_context("spawn").Manager()
+    events = manager.Queue()
+
+    def drain() -> None:
+        while (event := events.get()) is not None:
+            getattr(progress, event[0])(*event[1])
+
+    thread = threading.Thread(target=drain, name="lane-progress", daemon=True)
+    thread.start()
+    try:
+        yield events
+    finally:
+        events.put(None)
+        thread.join()
+        manager.shutdown()
+
+
+def _run_lane(landing: Path, ref: InstanceRef, events, keys: list[str]) -> LadderSummary:
     """A worker process's lane: its batches in order, on the instance `ref` names."""
     with dg.DagsterInstance.from_ref(ref) as instance:
-        return run_batches(landing, keys, instance)
+        warehouse = Warehouse()
+        try:
+            return run_batches(landing, keys, instance, warehouse, _ForwardedProgress(events))
+        finally:
+            warehouse.dispose()
 
 
-def run_batches(landing: Path, keys: list[str], instance: dg.DagsterInstance) -> LadderSummary:
-    """One run of the ladder per batch, in the order given, in this process; a failed run does not stop the rest."""
+def run_batches(
+    landing: Path, keys: list[str], instance: dg.DagsterInstance, warehouse: Warehouse, progress: Progress
+) -> LadderSummary:
+    """One run of the ladder per batch, in the order given, in this process; after a batch fails, the later
+    batches of its source are held (not run), the others run all the same."""
     from dedup_pipeline.definitions import defs
 
     job = defs.resolve_job_def("dedup_ladder")
     origin = remote_job_origin(job.name, defs.get_repository_def().name)
     summary = LadderSummary()
+    failed_sources: dict[str, str] = {}  # source -> its batch that failed
     for key in keys:
+        summary.order.append(key)
+        source = batch_source(key)
+        if source in failed_sources:
+            summary.held[key] = (
+                f"held: batch {failed_sources[source]} of source {source!r} failed before it; a source's batches "
+                "are stored in landing order, so it runs once that one succeeds"
+            )
+            progress.batch_done(key, "held", 0.0)
+            continue
+        progress.batch_started(key)
+        started = time.monotonic()
         result = execute_partition(
             job, key, instance, origin, {PROCESS_TAG: process_token(instance)}, run_config_for(landing)
         )
-        if not result.success:
+        if result.success:
+            summary.batches.append(_summary_of(key, result, warehouse))
+        else:
             summary.failed[key] = _failure_reason(result)
-            continue
-        raw = _metadata(result, "raw_crawl_batches")
-        canonical = _metadata(result, "canonical_records")
-        exact = _metadata(result, "deduplicated_records")
-        near = _metadata(result, "near_duplicate_clusters")
-        summary.batches.append(
-            BatchSummary(
-                batch=key,
-                records_in=int(raw.get("lines", 0)),
-                quarantined=int(raw.get("quarantined", 0)) + int(canonical.get("quarantined", 0)),
-                exact_duplicates=int(exact.get("exact_duplicate", 0)),
-                changed=int(exact.get("changed", 0)),
-                new=int(exact.get("new", 0)),
-                stale=int(exact.get("stale", 0)),
-                near_duplicates=int(near.get("near_duplicates", 0)),
-                change_ignored=int(exact.get("change_ignored", 0)),
-                erased=int(exact.get("erased", 0)),
-            )
-        )
+            summary.stored_before_failing[key] = _summary_of(key, result, warehouse)
+            failed_sources[source] = key
+        progress.batch_done(key, "ok" if result.success else "FAILED", time.monotonic() - started)
     return summary

@@ -7,7 +7,7 @@ import dagster as dg
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
-from dedup_pipeline.defs.plots import ladder_figures
+from dedup_pipeline.defs.plots import exact_metadata, ladder_figures
 from dedup_pipeline.defs.resources import (
     LadderResource,
     LandingResource,
@@ -19,7 +19,8 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.landing import find_batch
+from dedup_pipeline.landing import BatchFileError, find_batch
+from dedup_pipeline.quality.history import first_decision_counts, rate_of
 
 GROUP = "dedup_ladder"
 #: The collapse-rate check on deduplicated_records (defined with the other checks in defs/checks.py).
@@ -62,10 +63,40 @@ def raw_crawl_batches(
 
     See docs/canonical.md.
     """
-    with retried_only_if_transient():
+    try:
         batch = find_batch(landing.path(), context.partition_key)
+    except BatchFileError as exc:
+        checks_not_judged(context, f"its run failed before it: {exc}")
+        raise dg.Failure(description=f"BatchFileError: {exc}", allow_retries=False) from exc
+    with retried_only_if_transient():
         report = ingest_raw_batch(warehouse.get(), batch, ladder.settings().max_line_bytes)
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.parsed})
+
+
+def checks_not_judged(context: dg.AssetExecutionContext, reason: str) -> None:
+    """Record every check this run planned on the batch as not judged (a warning that says why), before the run
+    fails on a batch it cannot even find.
+
+    Dagster marks each check a failed run planned but never ran "execution failed", red on every asset of the
+    ladder, as if each one had found a fault; the checks found nothing, and a warning naming the cause is
+    what is true. An evaluation reported after the run's plan is the partition's latest, so it is shown.
+    """
+    planned = context.instance.get_records_for_run(
+        context.run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
+    ).records
+    for record in planned:
+        check = record.event_log_entry.dagster_event.event_specific_data
+        context.instance.report_runless_asset_event(
+            dg.AssetCheckEvaluation(
+                asset_key=check.asset_key,
+                check_name=check.check_name,
+                passed=False,
+                severity=dg.AssetCheckSeverity.WARN,
+                partition=context.partition_key,
+                description=f"not judged: {reason}",
+                metadata={"judged": False},
+            )
+        )
 
 
 @dg.asset(
@@ -88,7 +119,7 @@ def canonical_records(
     See docs/canonical.md.
     """
     with retried_only_if_transient():
-        report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings())
+        report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings(), context.log.info)
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.canonical})
 
 
@@ -104,21 +135,32 @@ def deduplicated_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, seen_set: SeenSetResource
 ) -> dg.MaterializeResult:
     """The warehouse table `records`: one current row per natural key and per content, the UNIQUE index on
-    (hash_version, content_hash) the authority. Each record of the batch is `new`, `changed` (its old content
-    kept in `record_history`) or an `exact_duplicate`, every decision in `dedup_decisions`. Read `records_in` ->
-    `survivors`, one count per decision and `collapse_rate` (a replay shows 1.0). Checks: `collapse_rate_in_band`,
-    `warehouse_integrity` (blocks the near rung), `great_expectations_suite`, `seen_set_healthy`.
+        (hash_version, content_hash) the authority. Each record of the batch is `new`, `changed` (its old content
+        kept in `record_history`) or an `exact_duplicate`, every decision in `dedup_decisions`. Read `records_in` ->
+        `survivors`, one count per decision, `collapse_rate` (the batch's first run, as the collapse check judges it)
+    and `collapse_rate/this_run` (a replay shows 1.0). Checks: `collapse_rate_in_band`,
+        `warehouse_integrity` (blocks the near rung), `great_expectations_suite`, `seen_set_healthy`.
 
-    See docs/exact.md.
+        See docs/exact.md.
     """
     with retried_only_if_transient():
         report = deduplicate_batch(
-            warehouse.get(), context.partition_key, context.run.run_id, ladder.settings(), seen_set.get()
+            warehouse.get(),
+            context.partition_key,
+            context.run.run_id,
+            ladder.settings(),
+            seen_set.get(),
+            context.log.info,
         )
     for warning in report.seen_set_warnings:
         context.log.warning(warning)
+    with warehouse.get().engine.connect() as conn:
+        first_run = first_decision_counts(conn, [context.partition_key]).get(context.partition_key, {})
+    first = rate_of(context.partition_key, first_run)
+    # The batch's rate is its first decisions' (as the collapse check judges it); a replay's own is beside it.
+    figures = {**report.as_metadata(), "collapse_rate": first.rate, "collapse_rate/this_run": report.collapse_rate}
     return dg.MaterializeResult(
-        metadata={**report.as_metadata(), "dagster/row_count": report.survivors},
+        metadata={**exact_metadata(figures, first_run, first.rate), "dagster/row_count": report.survivors}
     )
 
 
@@ -142,7 +184,9 @@ def near_duplicate_clusters(
     See docs/near.md.
     """
     with retried_only_if_transient():
-        report = cluster_batch(warehouse.get(), context.partition_key, near_dup.settings(), context.run.run_id)
+        report = cluster_batch(
+            warehouse.get(), context.partition_key, near_dup.settings(), context.run.run_id, context.log.info
+        )
     if report.capped:
         context.log.warning(
             f"{len(report.capped)} record(s) met more than {near_dup.max_candidates} records sharing a band with them "
@@ -151,7 +195,8 @@ def near_duplicate_clusters(
     if report.threshold_warning:
         context.log.warning(report.threshold_warning)
     figures = ladder_figures(warehouse.get(), context.partition_key, report.clusters)
-    return dg.MaterializeResult(metadata={**report.as_metadata(), **figures})
+    seeds = {"scraper_near_duplicates_flagged_total": len(report.near_duplicates)}  # as Prometheus names it
+    return dg.MaterializeResult(metadata={**report.as_metadata(), **seeds, **figures})
 
 
 ladder_assets = [raw_crawl_batches, canonical_records, deduplicated_records, near_duplicate_clusters]

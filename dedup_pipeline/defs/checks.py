@@ -9,8 +9,11 @@ downstream asset) and which only report:
   duplicates nobody can find again.
 - `deduplicated_records` / `warehouse_integrity`: **blocks**. A warehouse that
   breaks its own invariants must not feed the near-duplicate index.
-- `canonical_records` / `quarantine_rate_under_bound`: warns. Quarantined lines
-  are kept aside with their reasons; the good records of the batch are fine.
+- `canonical_records` / `quarantine_rate_under_bound`: warns over
+  `max_quarantine_rate`: quarantined lines are kept aside with their reasons and
+  the good records of the batch are fine. **Blocks** over
+  `blocking_quarantine_rate` (any batch size): a batch that is mostly broken
+  lines is a broken file or crawler, not a crawl to store.
 - `deduplicated_records` / `collapse_rate_in_band`: reports (ERROR when the rate
   collapses, WARN when it jumps) without blocking: the rows are already stored
   correctly under the UNIQUE index, the rate judges the crawl or the hash rule,
@@ -47,6 +50,7 @@ from dedup_pipeline.defs.assets import (
     retried_only_if_transient,
 )
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.defs.plots import rounded
 from dedup_pipeline.defs.resources import ChecksResource, NearDupResource, WarehouseResource
 from dedup_pipeline.ladder.near import runaway_clusters
 from dedup_pipeline.quality import expectations, frames
@@ -82,6 +86,14 @@ def batch_check(**spec) -> Callable[[Callable[..., dg.AssetCheckResult]], dg.Ass
     return decorate
 
 
+def not_judged(reason: str, metadata: dict) -> dg.AssetCheckResult:
+    """The result of a check that could not judge the batch (too small, nothing to look at): a warning whose first
+    line says "not judged", with `judged: false` in its metadata, never a pass that reads as a verdict."""
+    return dg.AssetCheckResult(
+        passed=False, severity=_WARN, metadata={**metadata, "judged": False}, description=f"not judged: {reason}"
+    )
+
+
 @batch_check(
     asset=deduplicated_records,
     name=COLLAPSE_CHECK,
@@ -97,16 +109,18 @@ def collapse_rate_in_band(
         current, history = batch_rates(conn, context.partition_key, rules.window, rules.min_records)
     verdict = judge_collapse(current, history, rules)
     metadata = {
-        "collapse_rate": verdict.rate,
-        "lower_bound": verdict.lower_bound,
-        "upper_bound": verdict.upper_bound,
+        "collapse_rate": rounded(verdict.rate),  # as deduplicated_records shows it
+        "lower_bound": rounded(verdict.lower_bound),
+        "upper_bound": rounded(verdict.upper_bound),
         "records_in": verdict.records_in,
         "history_batches": len(verdict.history),
         "fixed_band": f"[{rules.band_low:g}, {rules.band_high:g}]",
         "note": verdict.note,
     }
     if verdict.trailing_median is not None:
-        metadata.update(trailing_median=verdict.trailing_median, trailing_mad=verdict.trailing_mad)
+        metadata.update(trailing_median=rounded(verdict.trailing_median), trailing_mad=rounded(verdict.trailing_mad))
+    if not verdict.judged:
+        return not_judged(f"{verdict.note}; collapse rate {verdict.rate:.3f}, no band applied", metadata)
     return dg.AssetCheckResult(
         passed=verdict.passed,
         severity=_ERROR if verdict.error else _WARN,
@@ -139,8 +153,10 @@ def warehouse_integrity(context: dg.AssetCheckExecutionContext, warehouse: Wareh
 @batch_check(
     asset=canonical_records,
     name=QUARANTINE_CHECK,
+    blocking=True,
     description="Share of the batch's lines sent to quarantine (raw and canonical rungs) stays under "
-    "`max_quarantine_rate` of the `checks` resource. Warns only: quarantined lines are kept with their reasons.",
+    "`max_quarantine_rate` of the `checks` resource (a warning: quarantined lines are kept with their reasons). "
+    "Over `blocking_quarantine_rate` it is an error that blocks the warehouse write: the batch is mostly broken.",
 )
 def quarantine_rate_under_bound(
     context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, checks: ChecksResource
@@ -148,7 +164,8 @@ def quarantine_rate_under_bound(
     with warehouse.get().engine.connect() as conn:
         report = quarantine_report(conn, context.partition_key)
     too_small = report.lines < checks.min_lines_for_quarantine_check
-    passed = too_small or report.rate <= checks.max_quarantine_rate
+    mostly_quarantined = report.rate > checks.blocking_quarantine_rate
+    passed = not mostly_quarantined and (too_small or report.rate <= checks.max_quarantine_rate)
     reasons = "\n".join(
         ["| rung | reason | lines |", "|---|---|---:|"]
         + [f"| {rung} | {reason} | {n} |" for rung, reason, n in report.top_reasons]
@@ -158,20 +175,27 @@ def quarantine_rate_under_bound(
         "quarantined": report.quarantined,
         "lines": report.lines,
         "bound": checks.max_quarantine_rate,
+        "blocking_bound": checks.blocking_quarantine_rate,
         "top_reasons": dg.MetadataValue.md(reasons),
         **{f"quarantined/{rung}": n for rung, n in sorted(report.by_rung.items())},
     }
-    note = (
-        "batch too small to judge"
-        if too_small and report.rate > checks.max_quarantine_rate
-        else ("under the bound" if passed else "over the bound")
-    )
+    summary = f"{report.quarantined} of {report.lines} lines quarantined ({report.rate:.1%}, bound "
+    if too_small and not mostly_quarantined and report.rate > checks.max_quarantine_rate:
+        return not_judged(
+            f"batch too small ({report.lines} < {checks.min_lines_for_quarantine_check} lines); "
+            + summary
+            + f"{checks.max_quarantine_rate:.1%})",
+            metadata,
+        )
+    if mostly_quarantined:
+        note = f"mostly quarantined (over {checks.blocking_quarantine_rate:.0%}): the warehouse write is blocked"
+    else:
+        note = "under the bound" if passed else "over the bound"
     return dg.AssetCheckResult(
         passed=passed,
-        severity=_WARN,
+        severity=_ERROR if mostly_quarantined else _WARN,
         metadata=metadata,
-        description=f"{report.quarantined} of {report.lines} lines quarantined ({report.rate:.1%}, bound "
-        f"{checks.max_quarantine_rate:.1%}): {note}",
+        description=summary + f"{checks.max_quarantine_rate:.1%}): {note}",
     )
 
 
@@ -260,8 +284,8 @@ def deduplicated_records_suite(
     name=RUNAWAY_CHECK,
     blocking=True,
     description="No near-duplicate cluster holds more than `max_cluster_share` of the batch's new or changed records "
-    "(`near_dup` resource; batches under `min_records_for_cluster_check` pass). Metadata names the offending "
-    "cluster ids and sizes (ids and counts only). Blocks: fails the run.",
+    "(`near_dup` resource; batches under `min_records_for_cluster_check` are not judged: a warning). Metadata "
+    "names the offending cluster ids and sizes (ids and counts only). Blocks: fails the run.",
 )
 def no_runaway_cluster(
     context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, near_dup: NearDupResource
@@ -269,6 +293,8 @@ def no_runaway_cluster(
     verdict = runaway_clusters(warehouse.get(), context.partition_key, near_dup.settings())
     metadata = verdict.as_metadata()
     metadata["largest_clusters"] = dg.MetadataValue.md(metadata["largest_clusters"])
+    if verdict.batch_records < verdict.min_records:
+        return not_judged(verdict.description(), metadata)
     return dg.AssetCheckResult(
         passed=verdict.passed, severity=_ERROR, metadata=metadata, description=verdict.description()
     )

@@ -65,6 +65,42 @@ def cluster_table(rows: Sequence[Mapping]) -> dg.MetadataValue:
     )
 
 
+#: The figures of `deduplicated_records` the UI plots over the batches: what reaches the rung and survives it, the
+#: rate, the decisions an operator reads, and the seen-set's fallbacks. Every other figure is in its `figures` entry.
+PLOTTED_EXACT_FIGURES = (
+    "records_in",
+    "survivors",
+    "collapse_rate",
+    "new",
+    "changed",
+    "exact_duplicate",
+    "seen_set_fallbacks",
+)
+#: Decimal places of a float figure: enough for a rate, none of binary floating point's noise.
+FLOAT_DIGITS = 4
+
+
+def rounded(value):
+    return round(value, FLOAT_DIGITS) if isinstance(value, float) else value
+
+
+def exact_metadata(figures: Mapping, first_run: Mapping[str, int], first_rate: float) -> dict:
+    """`deduplicated_records`' metadata: the plotted figures (`PLOTTED_EXACT_FIGURES`) and its text (batch, hash
+    version, seen-set) as entries; the rest, under the seeds' metric names among them, in one `figures` JSON
+    entry; and the batch's first run (`first_run`: its decisions and rate from the decision log), which a replay
+    (every record an exact duplicate) leaves as it was."""
+    plotted = {key: rounded(figures[key]) for key in PLOTTED_EXACT_FIGURES if key in figures}
+    text = {key: value for key, value in figures.items() if isinstance(value, str)}
+    rest = {key: rounded(value) for key, value in figures.items() if key not in plotted and key not in text}
+    story = {**{key: int(n) for key, n in sorted(first_run.items())}, "collapse_rate": rounded(first_rate)}
+    return {
+        **text,
+        **plotted,
+        "figures": dg.MetadataValue.json(rest),
+        "first_run": dg.MetadataValue.json(story),
+    }
+
+
 def ladder_figures(warehouse: Warehouse, batch_id: str, cluster_sizes: Mapping[int, int]) -> dict:
     """Metadata for the last rung: the funnel (picture and numbers) and the largest clusters this batch touched."""
     largest = sorted(cluster_sizes, key=lambda cid: (-cluster_sizes[cid], cid))[:CLUSTER_PREVIEW_ROWS]

@@ -52,6 +52,11 @@ class LandingResource(dg.ConfigurableResource):
         default=DEFAULT_SETTLE_SECONDS,
         description="A file modified more recently than this is still being written and is left alone.",
     )
+    alert_after_seconds: float = Field(
+        default=600.0,
+        description="The landing sensor raises an alert for a file set aside (no batch name, or two files for one "
+        "batch) that has sat in the folder longer than this.",
+    )
 
     def path(self) -> Path:
         return Path(self.folder).resolve() if self.folder else landing_dir()
@@ -179,7 +184,10 @@ class SeenSetResource(dg.ConfigurableResource):
     """The exact rung's fast path. It only says "maybe seen"; the warehouse's UNIQUE index decides."""
 
     kind: str = Field(
-        default="auto", description="'auto' (Redis if $DEDUP_REDIS_URL is set, else Bloom), 'redis', 'bloom' or 'none'."
+        default="auto", description="'auto' (Redis if a Redis URL is set, else Bloom), 'redis', 'bloom' or 'none'."
+    )
+    redis_url: Optional[str] = Field(
+        default=None, description=f"Redis URL of the seen-set; empty means ${environment.REDIS_URL_ENV} (none: Bloom)."
     )
     ttl_seconds: Optional[int] = Field(
         default=None,
@@ -203,6 +211,7 @@ class SeenSetResource(dg.ConfigurableResource):
             ttl_seconds=self.ttl_seconds,
             bloom_capacity=self.bloom_capacity,
             bloom_error_rate=self.bloom_error_rate,
+            redis_url=self.redis_url,
         )
 
 
@@ -241,7 +250,12 @@ class ChecksResource(dg.ConfigurableResource):
         default=0.05, description="Quarantine-rate check fails above this share of a batch's lines."
     )
     min_lines_for_quarantine_check: int = Field(
-        default=20, description="Smaller batches pass the quarantine-rate check."
+        default=20, description="Smaller batches pass the quarantine-rate check (unless mostly quarantined)."
+    )
+    blocking_quarantine_rate: float = Field(
+        default=0.5,
+        description="Quarantine-rate check fails with an error and blocks the warehouse write above this share of "
+        "a batch's lines, whatever its size: a batch that is mostly broken lines is a broken file or crawler.",
     )
     max_seen_set_fill: float = Field(
         default=0.9, description="Seen-set check warns when a Bloom filter holds more than this share of its capacity."
@@ -260,12 +274,27 @@ class ChecksResource(dg.ConfigurableResource):
         )
 
 
+#: The resource fields whose value may come from the environment, and how Dagster reads the variable.
+_ENV_VAR_TYPES = {"seen_set.ttl_seconds": dg.EnvVar.int}
+
+
+def environment_config() -> dict[str, dict]:
+    """Per resource, its fields set from the environment as `dg.EnvVar`s, so the launchpad names the variable
+    a value comes from (`environment.resource_variables`: only the variables that are set)."""
+    config: dict[str, dict] = {}
+    for field, name in environment.resource_variables().items():
+        resource, attribute = field.split(".")
+        config.setdefault(resource, {})[attribute] = _ENV_VAR_TYPES.get(field, dg.EnvVar)(name)
+    return config
+
+
 def default_resources() -> dict:
+    env = environment_config()
     return {
-        "warehouse": WarehouseResource(),
-        "landing": LandingResource(),
+        "warehouse": WarehouseResource(**env.get("warehouse", {})),
+        "landing": LandingResource(**env.get("landing", {})),
         "ladder": LadderResource(),
         "near_dup": NearDupResource(),
-        "seen_set": SeenSetResource(),
+        "seen_set": SeenSetResource(**env.get("seen_set", {})),
         "checks": ChecksResource(),
     }

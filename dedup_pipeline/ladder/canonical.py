@@ -15,6 +15,7 @@ from dedup_pipeline.core.erasure import WITHHELD
 from dedup_pipeline.core.parallel import available_cpus, can_start_processes, ordered_map
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.canonical_lines import COLUMNS, CanonicalLines, canonicalise_lines
+from dedup_pipeline.ladder.progress import ChunkProgress, ProgressLog
 from dedup_pipeline.ladder.raw import QuarantineWriter, clear_quarantine
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.landing import BatchFileError, FileDigest, TruncatedBatch, file_sha256, iter_lines
@@ -94,7 +95,9 @@ def worker_count(settings: LadderSettings, lines: int) -> int:
     return max(1, min(wanted, -(-lines // settings.chunk_size)))
 
 
-def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSettings) -> CanonicalReport:
+def canonicalise_batch(
+    warehouse: Warehouse, batch_id: str, settings: LadderSettings, progress: ProgressLog | None = None
+) -> CanonicalReport:
     """Canonicalise every parsable line of a registered batch into the `canonical_records` table.
 
     Lines the raw rung quarantined are skipped (they are already in quarantine);
@@ -105,7 +108,7 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
     spread over worker processes (`settings.canonical_workers`) while this
     process reads the file and copies each chunk, in file order, in one
     statement. One transaction, so a partition is either fully replaced or
-    untouched.
+    untouched. `progress`, if given, hears how far it got after each chunk.
     """
     registered = registered_file(warehouse, batch_id)
     path, sha = registered.path, registered.sha256
@@ -129,9 +132,11 @@ def canonicalise_batch(warehouse: Warehouse, batch_id: str, settings: LadderSett
             key_fields=settings.natural_key,
             url_version=url_version,
         )
+        done = ChunkProgress("canonical", registered.lines, progress)
         chunks = _line_chunks(path, read, settings.chunk_size, settings.max_line_bytes)
         for chunk in ordered_map(work, chunks, report.workers):
             report.add(chunk)
+            done.advance(len(chunk.rows) + len(chunk.quarantine))
             for line_no, reason, raw in chunk.quarantine:
                 bad.add(line_no, reason, raw)
             erased = erased_positions(conn, _StagedRecords(chunk.rows))

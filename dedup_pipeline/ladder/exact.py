@@ -16,6 +16,7 @@ from dedup_pipeline import decision_log
 from dedup_pipeline.core.exact import Decision, plan_chunk
 from dedup_pipeline.core.records import CanonicalRecord
 from dedup_pipeline.ladder.canonical import canonicalise_batch
+from dedup_pipeline.ladder.progress import ChunkProgress, ProgressLog
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import seed_figures
 from dedup_pipeline.store.exact import (
@@ -28,6 +29,7 @@ from dedup_pipeline.store.exact import (
     load_state,
     other_versions_held,
     quarantined_lines,
+    staged_after,
     staged_without,
 )
 from dedup_pipeline.store.schema import (
@@ -132,7 +134,12 @@ class ExactReport:
 
 
 def deduplicate_batch(
-    warehouse: Warehouse, batch_id: str, run_id: str, settings: LadderSettings, seen_set: SeenSet | None = None
+    warehouse: Warehouse,
+    batch_id: str,
+    run_id: str,
+    settings: LadderSettings,
+    seen_set: SeenSet | None = None,
+    progress: ProgressLog | None = None,
 ) -> ExactReport:
     """Apply the duplicate-class policy to every canonical record of the batch.
 
@@ -149,14 +156,20 @@ def deduplicate_batch(
     retried after a dropped connection, a re-execution, `dedup-pipeline run`
     again) resumes after the last chunk that one committed, and reports the
     whole batch: each line is decided, and counted, once until a run finishes.
-    Runs of one batch's exact rung wait for each other.
+    Runs of one batch's exact rung wait for each other. `progress`, if given, hears how far it got after each
+    chunk.
     """
     with batch_rung_held(warehouse.engine, batch_id, "exact"):
-        return _deduplicate_held_batch(warehouse, batch_id, run_id, settings, seen_set)
+        return _deduplicate_held_batch(warehouse, batch_id, run_id, settings, seen_set, progress)
 
 
 def _deduplicate_held_batch(
-    warehouse: Warehouse, batch_id: str, run_id: str, settings: LadderSettings, seen_set: SeenSet | None
+    warehouse: Warehouse,
+    batch_id: str,
+    run_id: str,
+    settings: LadderSettings,
+    seen_set: SeenSet | None,
+    progress: ProgressLog | None = None,
 ) -> ExactReport:
     with warehouse.engine.connect() as conn:
         version = active_hash_version(conn)
@@ -187,6 +200,7 @@ def _deduplicate_held_batch(
             seen_set,
             batch_time,
             version,
+            ChunkProgress("exact", staged_after(reader, batch_id, done_until), progress) if progress else None,
         )
         reader.rollback()
     report.decisions.update(done)
@@ -207,6 +221,7 @@ def deduplicate_records(
     seen_set: SeenSet | None,
     batch_time: datetime,
     version: str | None = None,
+    progress: ChunkProgress | None = None,
 ) -> ExactReport:
     """The exact rung over canonical records in file order, a chunk per transaction.
 
@@ -226,6 +241,8 @@ def deduplicate_records(
     for chunk in chunks:
         report.records_in += len(chunk)
         report.decisions.update(writer.write(chunk))
+        if progress is not None:
+            progress.advance(len(chunk))
         with warehouse.engine.begin() as conn:  # the next chunk's lookups, planned on the tables as they are now
             analyze_grown(conn, _LOOKED_UP)
     with warehouse.engine.begin() as conn:  # the near rung pages through this batch's rows by these columns

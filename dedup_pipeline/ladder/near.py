@@ -26,6 +26,7 @@ from dedup_pipeline.core.lsh import band_keys, fold_to_int32
 from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, pack_bbit
 from dedup_pipeline.core.near import NearDupParams, near_text
 from dedup_pipeline.core.simhash import block_bounds, simhash_fingerprints
+from dedup_pipeline.ladder.progress import ChunkProgress, ProgressLog
 from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.store import near as index
 from dedup_pipeline.store import near_graph as graph
@@ -117,16 +118,24 @@ def _order(row) -> tuple[int, int, int]:
     return index.order_of(row.first_landed_at, row.first_seen_at, row.natural_key)
 
 
-def cluster_batch(warehouse: Warehouse, batch_id: str, settings: NearSettings, run_id: str | None = None) -> NearReport:
+def cluster_batch(
+    warehouse: Warehouse,
+    batch_id: str,
+    settings: NearSettings,
+    run_id: str | None = None,
+    progress: ProgressLog | None = None,
+) -> NearReport:
     """Sketch, index, link and cluster the batch's new and changed records.
 
     ``settings.max_candidates`` caps the candidates a record meets (None: no
     cap); the records capped are counted in the report. ``settings.max_links``
     bounds the links a record keeps. The run's figures are kept in
     `near_rung_runs` under ``run_id`` (the Dagster run; a fresh id when not
-    given).
+    given). `progress`, if given, hears how far it got after each chunk (records and rate: how many records
+    the batch brings to the index is only known once they are read).
     """
     params, max_candidates, max_links = settings.params, settings.max_candidates, settings.max_links
+    done = ChunkProgress("near", None, progress)
     with warehouse.engine.begin() as conn:
         if settings.bands_from_index:
             params = index.adopt_bands(conn, params)
@@ -148,6 +157,7 @@ def cluster_batch(warehouse: Warehouse, batch_id: str, settings: NearSettings, r
         _index_chunk(warehouse, rows, sketches, texts, params, batch_id, report, max_links, max_candidates)
         with warehouse.engine.begin() as conn:
             analyze_grown(conn, {table: () for table in index.INDEX_TABLES})
+        done.advance(len(rows))
     with warehouse.engine.begin() as conn:
         report.clusters = index.cluster_sizes(conn, report.clusters)  # a cluster merged into another since is gone
         record_rung_run(conn, near_rung_runs, batch_id, run_id or f"local-{uuid.uuid4().hex}", report.as_metadata())

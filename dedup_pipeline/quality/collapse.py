@@ -15,8 +15,9 @@ collapse rate is exact duplicates / records that reached the exact rung.
   Outside it is a warning: without history, a rate near zero may just be a
   source's first crawl.
 
-Batches smaller than `min_records` pass (too small to judge) and are left out of
-the history, as are batches whose rate is unknown.
+Batches smaller than `min_records` are not judged (`judged` is False: the
+check reports a warning that says so, never a pass) and are left out of the
+history, as are batches whose rate is unknown.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class CollapseVerdict:
     passed: bool
     error: bool  # True when the rate collapsed below the trailing median's share: a bug, not a crawl quirk
     reasons: list[str] = field(default_factory=list)
+    judged: bool = True  # False when the batch is too small to say anything about its rate
 
     @property
     def note(self) -> str:
@@ -99,6 +101,7 @@ def judge_collapse(current: BatchRate, history: Sequence[BatchRate], rules: Coll
     too_small = current.records_in < rules.min_records
     if too_small:
         reasons.append(f"batch too small to judge ({current.records_in} < {rules.min_records} records)")
+        lower, upper = rules.band_low, rules.band_high  # not judged: only the fixed band is worth showing
     elif rate < lower:
         if m is not None and rate < m * rules.collapse_ratio:
             reasons.append(
@@ -119,7 +122,7 @@ def judge_collapse(current: BatchRate, history: Sequence[BatchRate], rules: Coll
             reasons.append(f"jumped far above the trailing median {m:.3f}: {rate:.3f} > {upper:.3f}")
         else:
             reasons.append(f"above the fixed band: {rate:.3f} > {rules.band_high:g}")
-    passed = too_small or lower <= rate <= upper
+    passed = not too_small and lower <= rate <= upper
     collapsed = m is not None and rate < m * rules.collapse_ratio  # the leak's signature: only history shows it
     return CollapseVerdict(
         batch_id=current.batch_id,
@@ -133,4 +136,5 @@ def judge_collapse(current: BatchRate, history: Sequence[BatchRate], rules: Coll
         passed=passed,
         error=not passed and collapsed,
         reasons=reasons,
+        judged=not too_small,
     )

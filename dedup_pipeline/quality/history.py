@@ -52,6 +52,12 @@ def rate_of(batch_id: str, counts: Counter | None) -> BatchRate:
     return BatchRate(batch_id, sum(counts.values()), counts[Decision.EXACT_DUPLICATE.value])
 
 
+def first_run_rate(conn: Connection, batch_id: str) -> BatchRate:
+    """The batch's collapse rate as its first decisions made it: what the collapse check judges, whatever the
+    replays since."""
+    return rate_of(batch_id, first_decision_counts(conn, [batch_id]).get(batch_id))
+
+
 def earlier_batches_of_its_source(conn: Connection, batch_id: str) -> list[str]:
     """The batches of `batch_id`'s source landed before it (landing time, then key), most recent first.
 
@@ -75,7 +81,7 @@ def batch_rates(
 
     Most recent first; batches with fewer than `min_records` records (or no decisions) are skipped, not counted.
     """
-    current = rate_of(batch_id, first_decision_counts(conn, [batch_id]).get(batch_id))
+    current = first_run_rate(conn, batch_id)
     candidates = earlier_batches_of_its_source(conn, batch_id)
     history: list[BatchRate] = []
     for start in range(0, len(candidates), 4 * window):

@@ -547,6 +547,13 @@ def canonical_chunk_query(batch_id: str, after_line: int, chunk_size: int) -> Se
     )
 
 
+def staged_after(conn: Connection, batch_id: str, after_line: int = 0) -> int:
+    """How many canonical records of the batch are staged after line `after_line`: what the exact rung has left."""
+    c = canonical_records.c
+    query = select(func.count()).select_from(canonical_records).where(c.batch_id == batch_id, c.line_no > after_line)
+    return conn.execute(query).scalar_one()
+
+
 def iter_canonical_chunks(
     conn: Connection, batch_id: str, chunk_size: int, after_line: int = 0
 ) -> Iterator[list[CanonicalRecord]]:

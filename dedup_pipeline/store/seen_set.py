@@ -332,16 +332,18 @@ def seen_set_from_env(
     ttl_seconds: int | None = None,
     bloom_capacity: int | None = None,
     bloom_error_rate: float | None = None,
+    redis_url: str | None = None,
 ) -> SeenSet:
-    """The configured seen-set: Redis when DEDUP_REDIS_URL is set, else a Bloom file in the data folder.
+    """The configured seen-set: Redis when a Redis URL is given or DEDUP_REDIS_URL is set, else a Bloom file in
+    the data folder.
 
     `kind` forces one of "redis", "bloom", "none". Arguments left as None come
-    from the environment (DEDUP_SEEN_TTL_SECONDS, DEDUP_BLOOM_CAPACITY,
+    from the environment (DEDUP_REDIS_URL, DEDUP_SEEN_TTL_SECONDS, DEDUP_BLOOM_CAPACITY,
     DEDUP_BLOOM_ERROR_RATE), else the defaults.
     """
     from dedup_pipeline.store.warehouse import data_dir
 
-    url = environment.redis_url()
+    url = redis_url or environment.redis_url()
     if kind == "auto":
         kind = "redis" if url else "bloom"
     if kind == "redis":

@@ -19,7 +19,7 @@ from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
 from dedup_pipeline.core.url import URL_VERSION, URL_VERSIONS
 from dedup_pipeline.store import json_text
-from dedup_pipeline.store.schema import metadata, records, settings
+from dedup_pipeline.store.schema import crawl_batches, metadata, records, settings
 
 log = logging.getLogger(__name__)
 ACTIVE_HASH_VERSION = "active_hash_version"
@@ -201,6 +201,12 @@ class Warehouse:
 
 def read_setting(conn: Connection, name: str) -> str | None:
     return conn.execute(select(settings.c.value).where(settings.c.name == name)).scalar_one_or_none()
+
+
+def batch_registered(conn: Connection, batch_id: str) -> bool:
+    """Whether the raw rung registered `batch_id` (its file landed and was read)."""
+    found = conn.execute(select(crawl_batches.c.batch_id).where(crawl_batches.c.batch_id == batch_id)).first()
+    return found is not None
 
 
 def active_hash_version(conn: Connection) -> str:

@@ -134,7 +134,7 @@ def test_demo_prints_the_decision_table(tmp_path):
     header = next(line for line in lines if line.startswith("batch"))
     assert header.split() == ["batch", "in", "quarantined", "exact", "dup", "changed", "new", "stale", "near", "dup"]
     rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith("2026-")}
-    assert set(rows) == {"2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication"}
+    assert set(rows) == {f"2026-11-0{day}-shop" for day in range(1, 5)} | {"2026-11-02-syndication"}
     shop1 = dict(
         zip(["in", "quarantined", "exact", "changed", "new", "stale", "near"], map(int, rows["2026-11-01-shop"]))
     )
@@ -309,3 +309,86 @@ def test_migrate_url_moves_the_warehouse_to_url2_and_prints_counts(tmp_path):
     assert (report["from_version"], report["to_version"], report["rows_rewritten"]) == ("url/2", "url/2", 0)
     text = run_cli(["migrate-url"], cwd=tmp_path).stdout
     assert text.startswith("URL version: url/2 -> url/2") and "rows_rewritten" in text
+
+
+def test_run_fails_a_batch_whose_gzip_header_is_damaged(tmp_path):
+    """Breaks: a 150-record `.jsonl.gz` with a damaged header was "in 1, quarantined 1", exit status 0."""
+    import gzip
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    data = bytearray(gzip.compress(b"".join(json.dumps(listing(n)).encode() + b"\n" for n in range(150)), mtime=0))
+    data[0] ^= 0xFF
+    (landing / "2026-11-01-shop.jsonl.gz").write_bytes(bytes(data))
+    os.utime(landing / "2026-11-01-shop.jsonl.gz", (1e9, 1e9))
+    result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    (failed,) = json.loads(result.stdout)["failed"]
+    assert failed["batch"] == "2026-11-01-shop" and "cannot be read (Not a gzipped file" in failed["error"]
+
+
+def test_demo_batches_stay_in_the_landing_folder_the_ui_reads(tmp_path):
+    """Breaks: the demo wrote its batches to a temporary folder and deleted it, so "Materialize" on a demo
+    partition in the UI failed with `no landing file for batch …`."""
+    result = run_cli(["demo", "--json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    batches = [b["batch"] for b in json.loads(result.stdout)["batches"]]
+    landed = sorted(p.name.split(".")[0] for p in (tmp_path / ".dedup" / "landing").iterdir())
+    assert landed == batches and len(batches) == 5
+
+
+def test_decisions_of_an_unknown_batch_is_an_error_naming_it(tmp_path):
+    """Breaks: `decisions --batch <typo>` printed nothing and exited 0, as if the batch had no decisions."""
+    landing = tmp_path / "landing"
+    write_batch(landing, "2026-11-01-shop", [listing(n) for n in range(3)], landed=1e9)
+    assert run_cli(["run", "--landing", str(landing)], cwd=tmp_path).returncode == 0
+    known = run_cli(["decisions", "--batch", "2026-11-01-shop"], cwd=tmp_path)
+    assert known.returncode == 0 and len(known.stdout.splitlines()) == 3
+    unknown = run_cli(["decisions", "--batch", "2026-11-01-shpo"], cwd=tmp_path)
+    assert unknown.returncode == 2 and unknown.stdout == ""  # a wrong argument
+    assert unknown.stderr.startswith("dedup-pipeline decisions: error: no batch '2026-11-01-shpo' in the warehouse")
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    result = subprocess.run(
+        [sys.executable, "-m", "dedup_pipeline.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stdout.strip() == f"dedup-pipeline {version('dedup_pipeline')}"
+
+
+def test_run_holds_a_source_s_later_batches_after_one_failed_and_shows_what_the_failed_one_stored(tmp_path):
+    """Breaks (#21.1): `run` went on with a source's later batches after an earlier one failed, so the later
+    ones were stored first and the earlier one's history was lost; and a failed batch left the table.
+
+    Must hold: the source's later batch is held, not run, and says so (stderr, JSON, the table's status
+    column); another source's batch runs; the failed batch is in the table with what it stored before its
+    blocking check failed (its lines and quarantined lines, no decisions); exit status 1.
+    """
+    landing = tmp_path / "landing"
+    write_batch(landing, "2026-11-01-shop", [listing(n) for n in range(3)], landed=1e9)
+    write_batch(landing, "2026-11-02-shop", [listing(5)] + ["{broken"] * 9, landed=1e9 + 60)  # mostly broken
+    write_batch(landing, "2026-11-02-wire", [listing(n) for n in range(50, 52)], landed=1e9 + 90)
+    write_batch(landing, "2026-11-03-shop", [listing(n) for n in range(10, 12)], landed=1e9 + 120)
+    result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    out = json.loads(result.stdout)
+    assert [b["batch"] for b in out["batches"]] == ["2026-11-01-shop", "2026-11-02-wire"]
+    (failed,) = out["failed"]
+    assert failed["batch"] == "2026-11-02-shop" and "quarantine_rate_under_bound" in failed["error"]
+    assert (failed["stored"]["records_in"], failed["stored"]["quarantined"], failed["stored"]["new"]) == (10, 9, 0)
+    (held,) = out["held"]
+    assert held["batch"] == "2026-11-03-shop" and held["reason"].startswith(
+        "held: batch 2026-11-02-shop of source 'shop' failed before it"
+    )
+    assert "dedup-pipeline run: batch 2026-11-03-shop held: batch 2026-11-02-shop" in result.stderr
+    # not a terminal: one plain progress line per batch, on stderr
+    assert "dedup-pipeline run: batch 2/4 2026-11-02-shop: FAILED in " in result.stderr
+    assert "dedup-pipeline run: batch 4/4 2026-11-03-shop: held (not run)" in result.stderr
+
+    table = run_cli(["run", "--landing", str(landing)], cwd=tmp_path).stdout.splitlines()
+    assert table[0].split()[-1] == "status"
+    rows = {line.split()[0]: line.split() for line in table[2:6]}
+    assert rows["2026-11-02-shop"][1:3] == ["10", "9"] and rows["2026-11-02-shop"][-1] == "FAILED"
+    assert rows["2026-11-03-shop"][-1] == "held" and rows["2026-11-01-shop"][-1] == "ok"

@@ -213,3 +213,39 @@ def test_a_comparison_of_nothing_is_a_warning_not_a_pass(tmp_path):
     [check] = result.get_asset_check_evaluations()
     assert result.success and not check.passed and check.severity == dg.AssetCheckSeverity.WARN
     assert check.description.startswith("nothing compared")
+
+
+def test_a_backfill_run_hashes_several_shards_each_resumable(legacy):
+    """Breaks: the backfill paid one run per shard (16 runs of ~12 s of overhead for 79 rows). With
+    `BackfillPolicy.multi_run` a run takes a range of shards; each stays resumable on its own."""
+    from dedup_pipeline.defs.rehash import SHARDS_PER_RUN
+
+    url, want = legacy
+    policy = MIGRATION.hashes.backfill_policy
+    assert policy == dg.BackfillPolicy.multi_run(max_partitions_per_run=SHARDS_PER_RUN)
+    instance = dg.DagsterInstance.ephemeral()
+    first, last = SHARDS[0], SHARDS[SHARDS_PER_RUN - 1]
+
+    def run_range(**rehash):
+        return dg.materialize(
+            [MIGRATION.hashes],
+            instance=instance,
+            resources=resources(url, **rehash),
+            tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last},
+        )
+
+    stopped = run_range(chunk_size=5, max_chunks_per_run=1)  # every shard of the range stops after one page
+    meta = metadata(stopped, "content_v2_hashes")
+    assert meta["shard"] == f"{first}-{last}" and not meta["complete"]
+    assert (
+        sorted(meta["shards"]) == list(SHARDS[:SHARDS_PER_RUN])
+        and meta["rows_hashed"] + meta["rows_unhashable"] == 5 * SHARDS_PER_RUN
+    )
+    done = metadata(run_range(chunk_size=50), "content_v2_hashes")  # resumes each shard where it stopped
+    assert done["complete"] and done["shard_rows_left"] == 0
+    assert (
+        done["rows_already_hashed"] == 0
+        and done["rows_hashed"] + done["rows_unhashable"] == done["shard_rows"] - 5 * SHARDS_PER_RUN
+    )
+    materialized = instance.get_materialized_partitions(MIGRATION.hashes.key)
+    assert materialized == set(SHARDS[:SHARDS_PER_RUN])

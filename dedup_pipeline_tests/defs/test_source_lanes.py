@@ -158,9 +158,13 @@ def test_runs_from_the_launchpad_are_tagged_by_partition_and_others_left_alone(w
 
 def test_an_asset_backfill_of_migration_shards_runs_one_shard_at_a_time(workspace_context):
     """The asset page's "Materialize" of shard partitions carries none of the rehash job's tags: the run coordinator
-    gives each run its migration's lane, not a source lane named after the shard."""
+    gives each run its migration's lane, not a source lane named after the shard. A run takes a range of
+    `SHARDS_PER_RUN` shards (the asset's BackfillPolicy); the lane runs one range at a time."""
+    from dedup_pipeline.defs.rehash import SHARDS_PER_RUN
+
     migration = MIGRATIONS[0]
-    shards = ["0", "1", "2"]
+    shards = [f"{n:x}" for n in range(2 * SHARDS_PER_RUN)]
+    ranges = [f"{shards[0]}-{shards[SHARDS_PER_RUN - 1]}", f"{shards[SHARDS_PER_RUN]}-{shards[-1]}"]
     params = {"partitionNames": shards, "assetSelection": [{"path": migration.hashes.key.path}]}
     launched = _graphql(workspace_context, LAUNCH_PARTITION_BACKFILL_MUTATION, {"backfillParams": params})
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
@@ -168,19 +172,16 @@ def test_an_asset_backfill_of_migration_shards_runs_one_shard_at_a_time(workspac
     instance = workspace_context.instance
 
     def shard_runs() -> dict[str, dg.DagsterRun]:
-        return {
-            run.tags["dagster/partition"]: run
-            for run in instance.get_runs()
-            if run.tags.get("dagster/partition") in shards
-        }
+        start, end = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
+        return {f"{run.tags[start]}-{run.tags[end]}": run for run in instance.get_runs() if start in run.tags}
 
     for _ in range(5):
         list(execute_backfill_iteration(workspace_context, logging.getLogger("test_source_lanes")))
-        if len(shard_runs()) == len(shards):
+        if len(shard_runs()) == len(ranges):
             break
     runs = shard_runs()
     assert {key: (run.tags.get(MIGRATION_TAG), run.tags.get(SOURCE_TAG)) for key, run in runs.items()} == {
-        shard: (migration.target, None) for shard in shards
+        shard_range: (migration.target, None) for shard_range in ranges
     }
 
     def started() -> set[str]:
@@ -189,10 +190,10 @@ def test_an_asset_backfill_of_migration_shards_runs_one_shard_at_a_time(workspac
 
     with QueuedRunCoordinatorDaemon(interval_seconds=1) as daemon:
         done: set[str] = set()
-        for _ in shards:
+        for _ in ranges:
             running = started() - done
             assert len(running) == 1, running
-            assert started() - done == running  # the lane is held: the other shards keep waiting
+            assert started() - done == running  # the lane is held: the other range keeps waiting
             instance.report_run_failed(runs[running.pop()])
             done = {key for key, run in shard_runs().items() if run.status == dg.DagsterRunStatus.FAILURE}
-        assert done == set(shards)
+        assert done == set(ranges)

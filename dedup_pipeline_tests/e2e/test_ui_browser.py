@@ -44,8 +44,8 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = REPO / "test-artifacts" / "ui"
 ASSETS = ["raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters"]
-RECRAWL = "2026-11-03-shop"
-DEMO_BATCHES = ["2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication"]
+RECRAWL = "2026-11-05-market"  # a new source: its first crawl is judged by the fixed band alone
+DEMO_BATCHES = ["2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication", "2026-11-03-shop", "2026-11-04-shop"]
 
 
 def launch_partition(server: Server, key: str) -> str:
@@ -118,7 +118,7 @@ def ui(tmp_path_factory):
     assert summary["warehouse_records"] == sum(b["new"] for b in summary["batches"]) > 0
     server = start_server(env, ARTIFACTS / "dagster-dev.log")
     try:
-        # A re-crawl of 150 products, 30 of them fetched twice: big enough for the collapse check to judge.
+        # A new source's crawl of 150 products, 30 of them fetched twice: big enough for the collapse check to judge.
         write_batch(
             landing,
             RECRAWL,

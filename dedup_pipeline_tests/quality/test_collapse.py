@@ -19,7 +19,7 @@ def test_fixed_band_applies_without_history():
     high = judge_collapse(BatchRate("x", 200, 198), [], rules)
     assert not high.passed and not high.error and "above the fixed band" in high.note
     small = judge_collapse(BatchRate("x", 50, 0), [], rules)
-    assert small.passed and "too small" in small.note
+    assert not small.judged and not small.passed and not small.error and "too small" in small.note
 
 
 def test_history_catches_a_collapse_the_fixed_band_lets_through():

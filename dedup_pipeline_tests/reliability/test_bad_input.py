@@ -134,22 +134,26 @@ def test_a_truncated_gzip_keeps_every_line_before_the_damage(warehouse, tmp_path
     assert keys == {f"https://shop.example.com/p/{n}" for n in range(good)}
 
 
-def test_a_file_that_is_not_gzip_is_one_quarantined_tail(warehouse, tmp_path):
-    """Breaks: a `.jsonl.gz` batch whose bytes are not gzip at all.
+@pytest.mark.parametrize("damage", ["header", "not-gzip"])
+def test_a_gzip_batch_nobody_can_read_is_refused_whole(warehouse, tmp_path, damage):
+    """Breaks: a `.jsonl.gz` batch with a damaged gzip header, or whose bytes are not gzip at all.
 
-    Must hold: no crash; the batch is registered with one quarantine row that
-    says the compressed stream is damaged; nothing is stored.
+    Must hold: not one line can be read, so the raw rung refuses the file with the reason (as for a corrupt
+    CRC), and registers, quarantines and stores nothing: never a green batch of "in 1, quarantined 1".
     """
+    from dedup_pipeline.ladder.raw import ingest_raw_batch
+    from dedup_pipeline.landing import BatchFileError, find_batch
+
     folder = tmp_path / "landing"
     folder.mkdir()
-    (folder / "plain.jsonl.gz").write_bytes(json.dumps(listing(1)).encode() + b"\n")
-    reports = run_ladder(warehouse, folder, "plain")
-    assert reports.raw.lines == 1 and reports.raw.quarantined == 1 and reports.canonical.canonical == 0
-    ((line, (rung, reason, _)),) = quarantined_lines(warehouse.engine, "plain").items()
-    assert (line, rung) == (1, "raw") and reason.startswith(
-        "truncated batch file: compressed stream damaged: Not a gzipped file"
-    )
-    assert count(warehouse.engine, crawl_batches) == 1 and not stored_payloads(warehouse.engine)
+    lines = b"".join(json.dumps(listing(n)).encode() + b"\n" for n in range(150))
+    data = bytearray(gzip.compress(lines, mtime=0)) if damage == "header" else bytearray(lines)
+    if damage == "header":
+        data[0:2] = b"\x00\x00"  # the gzip magic number
+    (folder / "unreadable.jsonl.gz").write_bytes(bytes(data))
+    with pytest.raises(BatchFileError, match=r"cannot be read \(Not a gzipped file.*not one line could be"):
+        ingest_raw_batch(warehouse, find_batch(folder, "unreadable"))
+    assert count(warehouse.engine, crawl_batches) == 0 and not quarantined_lines(warehouse.engine, "unreadable")
 
 
 @pytest.mark.parametrize("level", [0, 6], ids=["stored", "deflated"])
