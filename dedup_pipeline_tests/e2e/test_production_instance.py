@@ -27,8 +27,6 @@ from dedup_pipeline_tests.helpers import listing, write_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-IN_PROCESS = {"execution": {"config": {"in_process": {}}}}  # one process per run keeps the test lean
-
 
 def test_partitions_run_through_the_queue_and_the_daemon(tmp_path):
     landing = tmp_path / "landing"
@@ -52,7 +50,7 @@ def test_partitions_run_through_the_queue_and_the_daemon(tmp_path):
             deployment.start_code_server()
             deployment.start_daemon()
             deployment.wait_for_code_server()
-            deployment.launch_all("dedup_ladder", {older: {}, newer: {}}, run_config=IN_PROCESS)
+            deployment.launch_all("dedup_ladder", {older: {}, newer: {}})
             done = wait_until(lambda: deployment.runs_done(2), 300, "two runs to finish through the daemon")
 
             assert {r.dagster_run.tags["dagster/partition"] for r in done} == {older, newer}

@@ -22,11 +22,8 @@ from dedup_pipeline.defs.checks import ladder_checks
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.resources import (
     ChecksResource,
-    LadderResource,
-    LandingResource,
     NearDupResource,
     SeenSetResource,
-    WarehouseResource,
 )
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
@@ -37,6 +34,7 @@ from dedup_pipeline.landing import find_batch
 from dedup_pipeline.quality.history import first_decision_counts
 from dedup_pipeline.store.schema import canonical_records, crawl_batches, dedup_decisions, quarantine, records
 from dedup_pipeline.store.seen_set import NoSeenSet
+from dedup_pipeline_tests.defs.common import ladder_resources
 from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
 from dedup_pipeline_tests.reliability.ladder_run import (
     NEAR,
@@ -311,13 +309,13 @@ def test_dagster_step_retries_after_the_connection_drops(warehouse, warehouse_ur
         ladder_assets,
         partition_key="d",
         instance=instance,
-        resources={
-            "warehouse": WarehouseResource(database_url=warehouse_url),
-            "landing": LandingResource(folder=str(folder), settle_seconds=0),
-            "ladder": LadderResource(chunk_size=CHUNK),
-            "near_dup": NearDupResource(chunk_size=CHUNK),
-            "seen_set": DroppingSeenSetResource(kind="none"),
-        },
+        resources=ladder_resources(
+            warehouse_url,
+            folder,
+            seen_set=DroppingSeenSetResource(kind="none"),
+            near_dup=NearDupResource(chunk_size=CHUNK),
+            chunk_size=CHUNK,
+        ),
     )
     assert result.success and _DROP_ONCE.result
     retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
@@ -341,14 +339,9 @@ _CHECK_LOCK: dict = {"url": None, "lock": None}
 
 
 def _ladder_run(instance, url: str, folder, checks: ChecksResource) -> dg.ExecuteInProcessResult:
-    resources = {
-        "warehouse": WarehouseResource(database_url=url),
-        "landing": LandingResource(folder=str(folder), settle_seconds=0),
-        "ladder": LadderResource(chunk_size=CHUNK),
-        "near_dup": NearDupResource(chunk_size=CHUNK),
-        "seen_set": SeenSetResource(kind="none"),
-        "checks": checks,
-    }
+    resources = ladder_resources(
+        url, folder, checks=checks, near_dup=NearDupResource(chunk_size=CHUNK), chunk_size=CHUNK
+    )
     return dg.materialize(
         [*ladder_assets, *ladder_checks],
         partition_key="d",
