@@ -62,8 +62,10 @@ def test_one_ctrl_c_stops_make_dev_and_everything_it_started(tmp_path):
         started = time.monotonic()
         os.killpg(make.pid, signal.SIGINT)  # Ctrl-C, once
         make.wait(timeout=45)
-        assert time.monotonic() - started < 45
-        assert _running(make.pid) == [], "a process of make dev outlived it"
+        # The code server may still be closing its socket as make returns: everything ends within the 45 s,
+        # with no second signal.
+        wait_until("every process of make dev to end", lambda: not _running(make.pid), timeout=45, every=0.5)
+        assert time.monotonic() - started < 45, _running(make.pid)
         assert "Dagster services shut down." in (tmp_path / "make-dev.log").read_text()
     finally:
         if make.poll() is None:
