@@ -1,4 +1,5 @@
-"""Sources side by side: `dedup-pipeline run --workers N` runs each source's lane of batches in a worker process.
+"""Sources side by side: `dedup-pipeline run --workers N` runs each source's lane of batches in a worker process
+(`core.parallel.ordered_map`, each worker taking the next lane when it is free).
 
 A source's batches always run one after the other, in landing order (the exact
 rung's history and the production lanes' rule); batches of different sources
@@ -11,13 +12,10 @@ warehouse, like an in-memory Dagster instance, runs one lane at a time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-from dedup_pipeline.core.parallel import available_cpus, ordered_map
+from dedup_pipeline.core.parallel import available_cpus
 from dedup_pipeline.landing import batch_source
-
-Result = TypeVar("Result")
 
 
 def source_lanes(keys: Sequence[str]) -> list[list[str]]:
@@ -40,8 +38,3 @@ def lane_workers(requested: int, lanes: int, dialect: str, persistent_instance: 
     if dialect != "postgresql" or not persistent_instance:
         return 1
     return max(1, min(requested or available_cpus(), lanes))
-
-
-def run_lanes(run_lane: Callable[[list[str]], Result], lanes: list[list[str]], workers: int) -> Iterator[Result]:
-    """`run_lane(lane)` for every lane on `workers` processes, each taking the next lane when it is free."""
-    yield from ordered_map(run_lane, lanes, workers)

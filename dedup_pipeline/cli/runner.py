@@ -30,9 +30,10 @@ from dagster._core.workspace.load import location_origin_from_module_name
 from sqlalchemy import func, select
 
 from dedup_pipeline import environment
-from dedup_pipeline.cli.lanes import lane_workers, run_lanes, source_lanes
+from dedup_pipeline.cli.lanes import lane_workers, source_lanes
 from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.core.errors import ConfigurationError
+from dedup_pipeline.core.parallel import ordered_map
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.landing import batch_source, scan_landing
@@ -249,7 +250,7 @@ def run_landing_folder(
 
     A source's batches run one after the other in landing (name) order; with
     `workers` above 1 on a PostgreSQL warehouse, the sources' lanes run side by
-    side in that many worker processes (`lanes.run_lanes`; 0: one per CPU, at
+    side in that many worker processes (`cli/lanes.py`; 0: one per CPU, at
     most one per source). A batch whose run fails is reported in `failed`, with
     what it stored before failing, and the batches of other sources run all
     the same; the later batches of its source are `held`, not run, as the
@@ -277,7 +278,7 @@ def run_landing_folder(
     progress.start(len(keys))
     if workers > 1:
         with forwarded(progress) as events:
-            for lane in run_lanes(partial(_run_lane, landing, instance.get_ref(), events), lanes, workers):
+            for lane in ordered_map(partial(_run_lane, landing, instance.get_ref(), events), lanes, workers):
                 summary.add(lane)
         summary.order.sort(key=keys.index)
         summary.batches.sort(key=lambda b: keys.index(b.batch))

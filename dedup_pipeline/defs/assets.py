@@ -114,7 +114,8 @@ def canonical_records(
     (no userinfo), volatile fetch fields left out, text and numbers normalised, one digest per hash version beside
     its version; what has no usable URL or key, or that the active version cannot hash, goes to quarantine. Read
     `records_in` -> `canonical`, `quarantined`, `unhashable[content/N]` and `workers`. Checks:
-    `great_expectations_suite` (blocks the warehouse write) and `quarantine_rate_under_bound` (warns).
+    `great_expectations_suite` (blocks the warehouse write) and `quarantine_rate_under_bound` (warns; blocks a
+    mostly quarantined batch).
 
     See docs/canonical.md.
     """
@@ -135,13 +136,13 @@ def deduplicated_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, seen_set: SeenSetResource
 ) -> dg.MaterializeResult:
     """The warehouse table `records`: one current row per natural key and per content, the UNIQUE index on
-        (hash_version, content_hash) the authority. Each record of the batch is `new`, `changed` (its old content
-        kept in `record_history`) or an `exact_duplicate`, every decision in `dedup_decisions`. Read `records_in` ->
-        `survivors`, one count per decision, `collapse_rate` (the batch's first run, as the collapse check judges it)
+    (hash_version, content_hash) the authority. Each record of the batch is `new`, `changed` (its old content
+    kept in `record_history`) or an `exact_duplicate`, every decision in `dedup_decisions`. Read `records_in` ->
+    `survivors`, one count per decision, `collapse_rate` (the batch's first run, as the collapse check judges it)
     and `collapse_rate/this_run` (a replay shows 1.0). Checks: `collapse_rate_in_band`,
-        `warehouse_integrity` (blocks the near rung), `great_expectations_suite`, `seen_set_healthy`.
+    `warehouse_integrity` (blocks the near rung), `great_expectations_suite`, `seen_set_healthy`.
 
-        See docs/exact.md.
+    See docs/exact.md.
     """
     with retried_only_if_transient():
         report = deduplicate_batch(
