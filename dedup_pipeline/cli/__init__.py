@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
+from dedup_pipeline.cli.lanes import DEFAULT_WORKERS
 from dedup_pipeline.cli.near import add_commands as add_near_commands
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, BatchFileError
@@ -76,7 +77,7 @@ def format_summary(summary: LadderSummary) -> str:
     return "\n".join(lines)
 
 
-def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = 1) -> int:
+def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = DEFAULT_WORKERS) -> int:
     from dedup_pipeline.cli.progress import progress_for
     from dedup_pipeline.cli.runner import ensure_dagster_home, run_landing_folder
 
@@ -205,10 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workers",
         type=_workers,
-        default=1,
+        default=DEFAULT_WORKERS,
         metavar="N",
         help="run up to N sources' batches side by side, each source's in landing order, in worker processes "
-        "(0: one per CPU; default 1: every batch in this process; a PostgreSQL warehouse only)",
+        "(default 0: one per CPU; 1: every batch in this process; an SQLite warehouse runs one at a time)",
     )
     run.set_defaults(func=cmd_run)
     demo = commands.add_parser(

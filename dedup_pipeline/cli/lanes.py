@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from dedup_pipeline.core.parallel import available_cpus
 from dedup_pipeline.landing import batch_source
 
+#: Worker processes `run` uses by default: 0, one per CPU (at most one per source).
+DEFAULT_WORKERS = 0
+
 
 def source_lanes(keys: Sequence[str]) -> list[list[str]]:
     """The batch keys grouped by source, each group in the order given; the longest lanes first.

@@ -30,7 +30,7 @@ from dagster._core.workspace.load import location_origin_from_module_name
 from sqlalchemy import func, select
 
 from dedup_pipeline import environment
-from dedup_pipeline.cli.lanes import lane_workers, source_lanes
+from dedup_pipeline.cli.lanes import DEFAULT_WORKERS, lane_workers, source_lanes
 from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.parallel import ordered_map
@@ -84,6 +84,7 @@ class BatchSummary:
     near_duplicates: int
     change_ignored: int = 0  # the `keep_first` policy's changes left unstored
     erased: int = 0  # records of erased subjects, suppressed
+    capped: int = 0  # records that met the near rung's `max_candidates`
 
 
 @dataclass
@@ -236,6 +237,7 @@ def _summary_of(key: str, result: ExecutionResult, warehouse: Warehouse) -> Batc
         near_duplicates=int(near.get("near_duplicates", 0)),
         change_ignored=int(exact.get("change_ignored", 0)),
         erased=int(exact.get("erased", 0)),
+        capped=int(near.get("capped_records", 0)),
     )
 
 
@@ -243,15 +245,15 @@ def run_landing_folder(
     landing: Path,
     instance: dg.DagsterInstance | None = None,
     settle_seconds: float = 0.0,
-    workers: int = 1,
+    workers: int = DEFAULT_WORKERS,
     progress: Progress | None = None,
 ) -> LadderSummary:
     """Register every settled batch file in `landing` and materialise the ladder for each.
 
-    A source's batches run one after the other in landing (name) order; with
-    `workers` above 1 on a PostgreSQL warehouse, the sources' lanes run side by
-    side in that many worker processes (`cli/lanes.py`; 0: one per CPU, at
-    most one per source). A batch whose run fails is reported in `failed`, with
+    A source's batches run one after the other in landing (name) order; on a
+    PostgreSQL warehouse, the sources' lanes run side by side in `workers`
+    worker processes (`cli/lanes.py`; 0, the default: one per CPU, at most one
+    per source; 1: all in this process). A batch whose run fails is reported in `failed`, with
     what it stored before failing, and the batches of other sources run all
     the same; the later batches of its source are `held`, not run, as the
     production lanes hold them: a source's batches are stored in landing order,
@@ -282,6 +284,12 @@ def run_landing_folder(
                 summary.add(lane)
         summary.order.sort(key=keys.index)
         summary.batches.sort(key=lambda b: keys.index(b.batch))
+        if capped := sum(b.capped for b in summary.batches):
+            summary.notices.append(
+                f"{capped} record(s) met the near rung's max_candidates: which candidates such a record meets "
+                "depends on what the other lanes had indexed, so the links around them may differ from a "
+                "--workers 1 run's (see docs/near.md, Boilerplate and large clusters)"
+            )
     else:
         summary.add(run_batches(landing, keys, instance, warehouse, progress))
     progress.finish()

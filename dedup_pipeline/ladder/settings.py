@@ -59,7 +59,8 @@ class NearSettings:
     - ``params``: the sketch, verification and representative settings (`NearDupParams`).
     - ``chunk_size``: records sketched and linked per transaction.
     - ``max_candidates``: a record meets at most this many (the first stored) of the records sharing a band key
-      with it; None: no cap.
+      with it; None: no cap. Above the largest real clusters measured (hundreds), so that the cap only meets
+      boilerplate: a capped record's links depend on what was indexed before it (docs/near.md).
     - ``max_links``: links a record keeps, to its nearest earlier-landed near duplicates.
     - ``bands_from_index``: an index that exists keeps the bands and rows it was built with, whatever the
       threshold (which then only filters verified pairs); False when the settings pin bands and rows themselves.
@@ -69,7 +70,7 @@ class NearSettings:
 
     params: NearDupParams = field(default_factory=NearDupParams)
     chunk_size: int = CHUNK_SIZE
-    max_candidates: int | None = 200
+    max_candidates: int | None = 1000
     max_links: int = 3
     bands_from_index: bool = True
     max_cluster_share: float = 0.2

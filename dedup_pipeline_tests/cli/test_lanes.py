@@ -91,3 +91,38 @@ def test_two_sources_side_by_side_give_the_warehouse_of_one_process_in_landing_o
     assert serial_processes == 1 and lane_processes == 2
     assert serial[2] and any(len(members) > 2 for members, _ in serial[3])
     assert side_by_side == serial
+
+
+@pytest.mark.postgres
+def test_a_side_by_side_run_whose_records_met_max_candidates_says_their_links_may_differ(tmp_path, monkeypatch):
+    """Breaks: a run of two lanes in which records met the near rung's `max_candidates` (here 2), whose links
+    then depend on what the other lane had indexed.
+
+    Must hold: the run says so in its notices, with the count the batches report; a one-process run of the
+    same crawl says nothing of it (its links follow landing order).
+    """
+    import dataclasses
+
+    from dedup_pipeline.cli import runner
+    from dedup_pipeline.defs.resources import NearDupResource
+
+    settings = NearDupResource.settings
+    monkeypatch.setattr(NearDupResource, "settings", lambda self: dataclasses.replace(settings(self), max_candidates=2))
+    # The lanes run inline, in this process, so that they see the patched setting; the summary is a lanes run's.
+    monkeypatch.setattr(runner, "ordered_map", lambda function, items, workers: map(function, items))
+    keys = _land(tmp_path / "landing", syndicated_crawl(seed=5, stories=8, batches=2))
+    notices = {}
+    with fresh_database("lanes_capped_one") as one, fresh_database("lanes_capped_two") as two:
+        for workers, name in ((1, one), (2, two)):
+            monkeypatch.setenv("DEDUP_DATABASE_URL", database_url(name))
+            home = tmp_path / f"home{workers}"
+            home.mkdir()
+            (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+            with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+                summary = run_landing_folder(tmp_path / "landing", instance=instance, workers=workers)
+            assert not summary.failed and [b.batch for b in summary.batches] == keys
+            capped = sum(b.capped for b in summary.batches)
+            notices[workers] = [n for n in summary.notices if "max_candidates" in n]
+    assert capped > 0
+    assert notices[1] == []
+    assert len(notices[2]) == 1 and notices[2][0].startswith(f"{capped} record(s) met")
