@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/neardup_quality.py /work/shared/data [--part test] [--sets cora,febrl1]
                                                    [--json out.json]
-    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --sweep [--part dev]
+    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --sweep [--part dev] [--settings "a;b"]
+    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --buckets --sets clough --settings "default;word1"
 
 Methods, each turning a list of texts into links, closed transitively (union-find) into clusters:
 
@@ -20,7 +21,9 @@ Scores: for sets labelled by clusters, pairwise precision/recall/F1 over all pai
 predicted positive when both land in one cluster); for sets labelled by pairs (Magellan, WDC), the same over
 the labelled pairs only (the other pairs are unknown). ``R@J>=t`` is the share of the pairs whose exact
 Jaccard on the method's own shingles reaches its threshold that the method linked directly (ground truth
-ignored): what banding and verification lose.
+ignored): what banding and verification lose. ``J<t`` is the share of a method's direct links whose exact
+Jaccard on its own shingles is below the threshold: about 0 for ours (every candidate is verified), while
+datasketch's ``MinHashLSH`` links every candidate its bands find.
 
 Parts: a set with its own train/valid/test split (Magellan, WDC) gives ``dev`` = train + valid and ``test``;
 any other set is split by cluster (every other cluster in xxh32 order of the keys), so that no cluster is in
@@ -57,7 +60,11 @@ Long texts:
   ``clough+heavy`` also puts the heavy rewrites into their task's cluster.
 
 ``--sweep`` prints F1 of ours over the shingle settings tried, on ``--part`` (default ``dev``), beside the
-baselines on the same part: this is how the defaults were chosen.
+baselines on the same part: this is how the defaults were chosen. ``--settings`` runs only the named ones.
+
+``--buckets`` prints, per set and part, every pair by exact Jaccard on the default shingles (or on the
+``--settings`` named, ``default`` among them) in bands of 0.1, with how many are true and the recall of linking
+every pair from that band up: what any method that honours a Jaccard threshold on those shingles can reach.
 """
 
 from __future__ import annotations
@@ -489,6 +496,23 @@ def datasketch_words(texts, threshold: float = DEFAULT_THRESHOLD):
     return [(i, j) for i in usable for j in lsh.query(sketches[i]) if j > i]
 
 
+#: The sets datasketch words signs: the whitespace tokens of each text (its documentation's example).
+datasketch_words.shingles = lambda texts: [{w.encode("utf-8") for w in text.split()} for text in texts]
+
+
+def below_threshold_share(shingles, links, threshold: float) -> float:
+    """Share of ``links`` whose exact Jaccard on ``shingles`` is below ``threshold`` (0.0 without links).
+
+    Ours verifies every candidate, so its share is 0 but for the few pairs whose estimate alone decided;
+    datasketch's ``MinHashLSH`` links every candidate its bands find, however dissimilar.
+    """
+    if not links:
+        return 0.0
+    sets = [set(items) for items in shingles]
+    below = sum(len(sets[a] & sets[b]) < threshold * len(sets[a] | sets[b]) for a, b, *_ in links)
+    return below / len(links)
+
+
 def simhash_package(texts, threshold: float = DEFAULT_THRESHOLD):
     from simhash import Simhash, SimhashIndex
 
@@ -508,6 +532,8 @@ def ours(params: NearDupParams):
         )
 
     run.params = params
+    if params.method == "minhash":
+        run.shingles = lambda texts: shingle_texts(texts, params.normaliser)
     return run
 
 
@@ -541,6 +567,8 @@ def evaluate(data: LabelledSet, methods=METHODS, recall: bool = True) -> dict:
         params = getattr(run, "params", None)
         if recall and params is not None and params.method == "minhash":
             row["R@J>=t"], row["pairs J>=t"] = recall_above_threshold(data.texts, links, params)
+        if hasattr(run, "shingles"):
+            row["links J<t"] = below_threshold_share(run.shingles(data.texts), links, DEFAULT_THRESHOLD)
         out["methods"][name] = row
     best = max(BASELINES, key=lambda m: out["methods"][m]["F1"])
     new = out["methods"]["ours new"]
@@ -558,10 +586,11 @@ def print_result(result: dict) -> None:
         f"\n{result['set']} ({result['kind']}, part {result['part']}): {result['docs']} docs, "
         f"{result['true_pairs']} true pairs, median {result['median_tokens']:.0f} tokens"
     )
-    print(f"  {'method':18} {'P':>6} {'R':>6} {'F1':>6} {'R@J>=t':>7} {'pairs':>7} {'sec':>6}")
+    print(f"  {'method':18} {'P':>6} {'R':>6} {'F1':>6} {'R@J>=t':>7} {'pairs':>7} {'J<t':>6} {'sec':>6}")
     for name, row in result["methods"].items():
         recall = f"{row['R@J>=t']:7.3f} {row['pairs J>=t']:7d}" if "R@J>=t" in row else f"{'':7} {'':7}"
-        print(f"  {name:18} {row['P']:6.3f} {row['R']:6.3f} {row['F1']:6.3f} {recall} {row['sec']:6.2f}")
+        below = f"{row['links J<t']:6.3f}" if "links J<t" in row else f"{'':6}"
+        print(f"  {name:18} {row['P']:6.3f} {row['R']:6.3f} {row['F1']:6.3f} {recall} {below} {row['sec']:6.2f}")
 
 
 def verdict_line(result: dict) -> str:
@@ -612,14 +641,32 @@ def sweep_settings() -> dict[str, TextNormaliser]:
     for short, (words, chars) in shorts.items():
         for below in (20, 50, 100) if short in ("w1", "c4") else (20, 30, 50, 75, 100):
             settings[f"auto/{short}/{below}"] = TextNormaliser(short_below=below, short_words=words, short_chars=chars)
+    for below in (150, 300):  # answers and pages of 100-300 tokens get the short records' shingles
+        settings[f"auto/w1+c4/{below}"] = TextNormaliser(short_below=below)
+    for n in (1, 2, 4):  # the default short rule, long texts as word n-grams other than 3
+        settings[f"auto/w1+c4/75 long word{n}"] = TextNormaliser(ngram=n)
     return settings
 
 
-def sweep(root: Path, sets: dict, part: str, json_path: Path | None, thresholds=(DEFAULT_THRESHOLD,)) -> None:
-    """F1 of ours over shingle settings (and thresholds) on one part of every set, beside the baselines."""
+def sweep(
+    root: Path,
+    sets: dict,
+    part: str,
+    json_path: Path | None,
+    thresholds=(DEFAULT_THRESHOLD,),
+    only: list[str] | None = None,
+) -> None:
+    """F1 of ours over shingle settings (and thresholds) on one part of every set, beside the baselines.
+
+    ``only`` restricts the settings to those labels (of :func:`sweep_settings`)."""
+    settings = sweep_settings()
+    unknown = sorted(set(only or ()) - set(settings))
+    if unknown:
+        raise SystemExit(f"unknown --settings {unknown}; known: {list(settings)}")
+    if only:
+        settings = {label: settings[label] for label in only}
     data = {name: loader(root, part) for name, loader in sets.items()}
     names = list(data)
-    settings = sweep_settings()
     baselines = {
         m: {n: scores(d, cluster_labels(len(d.texts), METHODS[m](d.texts)))["F1"] for n, d in data.items()}
         for m in BASELINES
@@ -661,10 +708,72 @@ def sweep(root: Path, sets: dict, part: str, json_path: Path | None, thresholds=
         json_path.write_text(json.dumps({"part": part, "baselines": baselines, "settings": table}, indent=1))
 
 
+# ------------------------------------------------------------------ buckets
+def similarity_buckets(data: LabelledSet, normaliser: TextNormaliser, low: float = 0.2, width: float = 0.1) -> dict:
+    """Every pair of ``data`` with exact Jaccard >= ``low`` on ``normaliser``'s shingles, by bands of ``width``.
+
+    Per band: the pairs (for pair-labelled sets, the labelled ones only), how many are true, and the recall a
+    method would have that linked exactly the pairs at or above the band's lower bound (ground truth: every
+    true pair of the set). This is what any method that honours a Jaccard threshold on these shingles can reach.
+    """
+    shingles = shingle_texts(data.texts, normaliser)
+    i, j = high_jaccard_pairs(shingles, low)
+    sets = [set(items) for items in shingles]
+    sims = np.array([len(sets[a] & sets[b]) / len(sets[a] | sets[b]) for a, b in zip(i.tolist(), j.tolist())])
+    if data.pairs is not None:
+        n = max(len(data.texts), 1)
+        labelled = dict(zip((data.pairs[:, 0] * n + data.pairs[:, 1]).tolist(), data.pairs[:, 2].tolist()))
+        truth = np.array([labelled.get(key, -1) for key in (i * n + j).tolist()], dtype=np.int64)
+    else:
+        labels = np.asarray(data.labels, dtype=str)
+        truth = (labels[i] == labels[j]).astype(np.int64)
+    edges = np.round(np.arange(1.0, low - 1e-9, -width), 6)
+    rows, found = [], 0
+    for top, bottom in zip(np.append(edges[:1] + 1, edges[:-1]), edges):
+        band = (sims >= bottom) & (sims < top) & (truth >= 0)
+        true = int(np.sum(truth[band] == 1))
+        found += true
+        rows.append({"from": float(bottom), "pairs": int(band.sum()), "true": true, "recall": found / data.true_pairs})
+    return {"set": data.name, "part": data.part, "true_pairs": data.true_pairs, "low": low, "rows": rows}
+
+
+def print_buckets(result: dict, label: str) -> None:
+    print(f"\n{result['set']} (part {result['part']}), {label}: {result['true_pairs']} true pairs")
+    print(f"  {'exact J':>9} {'pairs':>8} {'true':>6} {'prec':>6} {'recall at J>=':>13}")
+    for row in result["rows"]:
+        precision = row["true"] / row["pairs"] if row["pairs"] else float("nan")
+        print(f"  >= {row['from']:5.2f} {row['pairs']:8d} {row['true']:6d} {precision:6.3f} {row['recall']:13.3f}")
+    below = result["true_pairs"] - sum(row["true"] for row in result["rows"])
+    print(f"  {'< ' + format(result['low'], '.2f'):>9} {'':8} {below:6d}")
+
+
+def buckets(root: Path, sets: dict, parts: list[str], only: list[str] | None, json_path: Path | None) -> None:
+    """:func:`similarity_buckets` of the default shingles (or the ``only`` sweep settings) on every set and part."""
+    known = {"default": NearDupParams().normaliser, **sweep_settings()}
+    unknown = sorted(set(only or ()) - set(known))
+    if unknown:
+        raise SystemExit(f"unknown --settings {unknown}; known: {list(known)}")
+    out = []
+    for part in parts:
+        for loader in sets.values():
+            data = loader(root, part)
+            for label in only or ["default"]:
+                result = similarity_buckets(data, known[label])
+                print_buckets(result, label)
+                out.append({**result, "setting": label})
+    if json_path:
+        json_path.write_text(json.dumps(out, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--sweep", action="store_true", help="F1 over the shingle settings tried")
+    parser.add_argument(
+        "--buckets",
+        action="store_true",
+        help="pairs and true pairs by exact Jaccard (default shingles, or --settings); use with --sets",
+    )
     parser.add_argument(
         "--part",
         choices=("dev", "test", "all"),
@@ -674,14 +783,20 @@ def main() -> None:
     parser.add_argument("--sets", help="comma-separated set names (default: all)")
     parser.add_argument("--febrl", default=os.environ.get("FEBRL_DIR"), help="folder of the Febrl dataset*.csv files")
     parser.add_argument("--thresholds", default=str(DEFAULT_THRESHOLD), help="--sweep: comma-separated thresholds")
+    parser.add_argument(
+        "--settings", help="--sweep, --buckets: semicolon-separated setting labels (default: all tried / default)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     sets = datasets(_febrl_folder(args.febrl))
     if args.sets:
         sets = {name: sets[name] for name in args.sets.split(",")}
+    only = args.settings.split(";") if args.settings else None
     if args.sweep:
         thresholds = tuple(float(t) for t in args.thresholds.split(","))
-        sweep(args.data_dir, sets, (args.part or ["dev"])[0], args.json, thresholds)
+        sweep(args.data_dir, sets, (args.part or ["dev"])[0], args.json, thresholds, only)
+    elif args.buckets:
+        buckets(args.data_dir, sets, args.part or ["test"], only, args.json)
     else:
         report(args.data_dir, sets, args.part or ["test"], args.json)
 
