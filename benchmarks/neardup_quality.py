@@ -89,7 +89,7 @@ import xxhash
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dedup_pipeline.core.clustering import cluster_labels  # noqa: E402
-from dedup_pipeline.core.minhash import minhash_signatures_from_texts  # noqa: E402
+from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts  # noqa: E402
 from dedup_pipeline.core.near import (  # noqa: E402
     DEFAULT_THRESHOLD,
     NearDupParams,
@@ -212,12 +212,13 @@ def _join(*values: str) -> str:
 
 
 def _two_tables(left: list[tuple[str, str]], right: list[tuple[str, str]], matches: list[tuple[str, str]]):
-    """Texts of two tables (key, text) and cluster keys: the connected components of the matches."""
+    """Texts of two tables (key, text), cluster keys (the connected components of the matches) and each text's
+    table (0 or 1)."""
     position = {("L", k): p for p, (k, _) in enumerate(left)}
     position.update({("R", k): len(left) + p for p, (k, _) in enumerate(right)})
     links = [(position[("L", a)], position[("R", b)]) for a, b in matches]
     texts = [t for _, t in left] + [t for _, t in right]
-    return texts, [f"c{c}" for c in cluster_labels(len(texts), links).tolist()]
+    return texts, [f"c{c}" for c in cluster_labels(len(texts), links).tolist()], [0] * len(left) + [1] * len(right)
 
 
 def load_leipzig(root: Path, folder: str, left: str, right: str, mapping: str, fields: Callable[[dict], str]):
@@ -304,6 +305,7 @@ class LabelledSet:
     labels: list | None = None
     pairs: np.ndarray | None = None
     part: str = "all"
+    tables: list[int] | None = None  # for a set of two tables, each text's (0 or 1)
 
     @property
     def true_pairs(self) -> int:
@@ -312,23 +314,35 @@ class LabelledSet:
         return int(sum(comb(int(s), 2) for s in np.unique(np.asarray(self.labels, dtype=str), return_counts=True)[1]))
 
 
-def _cluster_part(name: str, kind: str, texts: list[str], labels: list, part: str) -> LabelledSet:
+def _cluster_part(
+    name: str, kind: str, texts: list[str], labels: list, part: str, tables: list[int] | None = None
+) -> LabelledSet:
     """The whole set, or every other cluster: clusters of two or more, then singletons, each in xxh32 order of
     their keys, alternate between dev and test (so a set with five clusters has two or three in each)."""
     if part == "all":
-        return LabelledSet(name, kind, texts, list(labels), part=part)
+        return LabelledSet(name, kind, texts, list(labels), part=part, tables=tables)
     keys, sizes = np.unique(np.asarray(labels, dtype=str), return_counts=True)
     order = sorted(range(keys.size), key=lambda k: (sizes[k] < 2, xxhash.xxh32_intdigest(keys[k].encode()), keys[k]))
     rank = {keys[k]: r for r, k in enumerate([k for k in order if sizes[k] >= 2])}
     rank.update({keys[k]: r for r, k in enumerate([k for k in order if sizes[k] < 2])})
     want = 0 if part == "dev" else 1
     keep = [p for p, label in enumerate(labels) if rank[str(label)] % 2 == want]
-    return LabelledSet(name, kind, [texts[p] for p in keep], [labels[p] for p in keep], part=part)
+    return LabelledSet(
+        name,
+        kind,
+        [texts[p] for p in keep],
+        [labels[p] for p in keep],
+        part=part,
+        tables=None if tables is None else [tables[p] for p in keep],
+    )
 
 
-def cluster_set(name: str, kind: str, load: Callable[[Path], tuple[list[str], list]]):
+def cluster_set(name: str, kind: str, load: Callable[[Path], tuple]):
+    """A loader of ``load(root)``'s texts and labels (and tables, for two tables), by part."""
+
     def loader(root: Path, part: str) -> LabelledSet:
-        return _cluster_part(name, kind, *load(root), part)
+        texts, labels, *tables = load(root)
+        return _cluster_part(name, kind, texts, labels, part, *tables)
 
     return loader
 
@@ -629,7 +643,39 @@ def report(root: Path, sets: dict, parts: list[str], json_path: Path | None) -> 
 
 
 # -------------------------------------------------------------------- sweep
-def sweep_settings() -> dict[str, TextNormaliser]:
+@dataclass(frozen=True)
+class ShortVariant:
+    """A short-record shingle rule that ``TextNormaliser`` does not offer, tried in the sweep only.
+
+    Texts of ``short_below`` tokens or more get the default word 3-grams; shorter ones their word unigrams and:
+    ``"in-words"``, the character 4-grams of each token (a token of up to 4 characters whole), none across a
+    space; ``"letters"``, the character 4-grams of the text without its tokens holding a digit (model numbers,
+    dates and postcodes count as whole words only); ``"bigrams"``, the text's character 4-grams and its word
+    2-grams. Python per shingle: the sweep signs its shingle lists.
+    """
+
+    kind: str
+    short_below: int = 75
+
+    def shingle_bytes(self, text: str) -> list[bytes]:
+        normaliser = TextNormaliser(shingle="word", ngram=3)
+        tokens = normaliser.normalise(text).split()
+        if len(tokens) >= self.short_below:
+            return normaliser.shingle_bytes(text)
+        grams = lambda s, n: [s] if len(s) <= n else [s[i : i + n] for i in range(len(s) - n + 1)]  # noqa: E731
+        out = list(tokens)
+        if self.kind == "in-words":
+            out += [g for token in tokens for g in grams(token, 4)]
+        elif self.kind == "letters":
+            letters = " ".join(t for t in tokens if not any(c.isdigit() for c in t))
+            out += grams(letters, 4) if letters else []
+        else:
+            out += grams(" ".join(tokens), 4) if tokens else []
+            out += [" ".join(pair) for pair in zip(tokens, tokens[1:])]
+        return [g.encode("utf-8") for g in out]
+
+
+def sweep_settings() -> dict[str, TextNormaliser | ShortVariant]:
     """The shingle settings tried; "auto/<short>/<below>": <short> for texts under <below> tokens, else word 3-grams."""
     settings = {"word3 (old)": OLD_NORMALISER}
     settings.update({f"word{n}": TextNormaliser(shingle="word", ngram=n) for n in (1, 2)})
@@ -645,6 +691,9 @@ def sweep_settings() -> dict[str, TextNormaliser]:
         settings[f"auto/w1+c4/{below}"] = TextNormaliser(short_below=below)
     for n in (1, 2, 4):  # the default short rule, long texts as word n-grams other than 3
         settings[f"auto/w1+c4/75 long word{n}"] = TextNormaliser(ngram=n)
+    settings["auto/w2+c4/75"] = TextNormaliser(short_words=2)
+    for kind in ("in-words", "letters", "bigrams"):
+        settings[f"auto/w1+c4 {kind}/75"] = ShortVariant(kind)
     return settings
 
 
@@ -678,8 +727,12 @@ def sweep(
             params = NearDupParams(threshold=t, normaliser=normaliser)
             row = {}
             for n, d in data.items():
-                sigs = minhash_signatures_from_texts(d.texts, normaliser, params.num_perm, params.seed)
-                links = minhash_links(sigs, params, shingle_texts(d.texts, normaliser))
+                shingles = shingle_texts(d.texts, normaliser)
+                if isinstance(normaliser, TextNormaliser):
+                    sigs = minhash_signatures_from_texts(d.texts, normaliser, params.num_perm, params.seed)
+                else:
+                    sigs = minhash_signatures(shingles, params.num_perm, params.seed)
+                links = minhash_links(sigs, params, shingles)
                 row[n] = scores(d, cluster_labels(len(d.texts), [(a, b) for a, b, _ in links]))["F1"]
             table[f"{label} t={t}"] = row
             print(f"{label} t={t}: " + " ".join(f"{n}={row[n]:.3f}" for n in names), file=sys.stderr)
@@ -728,21 +781,38 @@ def similarity_buckets(data: LabelledSet, normaliser: TextNormaliser, low: float
         labels = np.asarray(data.labels, dtype=str)
         truth = (labels[i] == labels[j]).astype(np.int64)
     edges = np.round(np.arange(1.0, low - 1e-9, -width), 6)
+    tables = np.asarray(data.tables if data.tables is not None else np.zeros(len(data.texts)), dtype=np.int64)
+    within = tables[i] == tables[j]
     rows, found = [], 0
     for top, bottom in zip(np.append(edges[:1] + 1, edges[:-1]), edges):
         band = (sims >= bottom) & (sims < top) & (truth >= 0)
         true = int(np.sum(truth[band] == 1))
         found += true
-        rows.append({"from": float(bottom), "pairs": int(band.sum()), "true": true, "recall": found / data.true_pairs})
+        rows.append(
+            {
+                "from": float(bottom),
+                "pairs": int(band.sum()),
+                "true": true,
+                "false within a table": int(np.sum(band & within & (truth == 0))) if data.tables else None,
+                "recall": found / data.true_pairs,
+            }
+        )
     return {"set": data.name, "part": data.part, "true_pairs": data.true_pairs, "low": low, "rows": rows}
 
 
 def print_buckets(result: dict, label: str) -> None:
     print(f"\n{result['set']} (part {result['part']}), {label}: {result['true_pairs']} true pairs")
-    print(f"  {'exact J':>9} {'pairs':>8} {'true':>6} {'prec':>6} {'recall at J>=':>13}")
+    two = result["rows"][0]["false within a table"] is not None
+    print(
+        f"  {'exact J':>9} {'pairs':>8} {'true':>6} {'prec':>6} {'recall at J>=':>13}"
+        + (f" {'false pairs within one table':>28}" if two else "")
+    )
     for row in result["rows"]:
         precision = row["true"] / row["pairs"] if row["pairs"] else float("nan")
-        print(f"  >= {row['from']:5.2f} {row['pairs']:8d} {row['true']:6d} {precision:6.3f} {row['recall']:13.3f}")
+        print(
+            f"  >= {row['from']:5.2f} {row['pairs']:8d} {row['true']:6d} {precision:6.3f} {row['recall']:13.3f}"
+            + (f" {row['false within a table']:28d}" if two else "")
+        )
     below = result["true_pairs"] - sum(row["true"] for row in result["rows"])
     print(f"  {'< ' + format(result['low'], '.2f'):>9} {'':8} {below:6d}")
 
