@@ -794,7 +794,7 @@ def similarity_buckets(data: LabelledSet, normaliser: TextNormaliser, low: float
                 "pairs": int(band.sum()),
                 "true": true,
                 "false within a table": int(np.sum(band & within & (truth == 0))) if data.tables else None,
-                "recall": found / data.true_pairs,
+                "recall": found / data.true_pairs if data.true_pairs else 1.0,
             }
         )
     return {"set": data.name, "part": data.part, "true_pairs": data.true_pairs, "low": low, "rows": rows}
