@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/neardup_quality.py /work/shared/data [--part test] [--sets cora,febrl1]
                                                    [--json out.json]
-    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --sweep [--part dev]
+    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --sweep [--part dev] [--settings "a;b"]
+    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --buckets --sets clough --settings "default;word1"
 
 Methods, each turning a list of texts into links, closed transitively (union-find) into clusters:
 
@@ -20,7 +21,9 @@ Scores: for sets labelled by clusters, pairwise precision/recall/F1 over all pai
 predicted positive when both land in one cluster); for sets labelled by pairs (Magellan, WDC), the same over
 the labelled pairs only (the other pairs are unknown). ``R@J>=t`` is the share of the pairs whose exact
 Jaccard on the method's own shingles reaches its threshold that the method linked directly (ground truth
-ignored): what banding and verification lose.
+ignored): what banding and verification lose. ``J<t`` is the share of a method's direct links whose exact
+Jaccard on its own shingles is below the threshold: about 0 for ours (every candidate is verified), while
+datasketch's ``MinHashLSH`` links every candidate its bands find.
 
 Parts: a set with its own train/valid/test split (Magellan, WDC) gives ``dev`` = train + valid and ``test``;
 any other set is split by cluster (every other cluster in xxh32 order of the keys), so that no cluster is in
@@ -57,7 +60,11 @@ Long texts:
   ``clough+heavy`` also puts the heavy rewrites into their task's cluster.
 
 ``--sweep`` prints F1 of ours over the shingle settings tried, on ``--part`` (default ``dev``), beside the
-baselines on the same part: this is how the defaults were chosen.
+baselines on the same part: this is how the defaults were chosen. ``--settings`` runs only the named ones.
+
+``--buckets`` prints, per set and part, every pair by exact Jaccard on the default shingles (or on the
+``--settings`` named, ``default`` among them) in bands of 0.1, with how many are true and the recall of linking
+every pair from that band up: what any method that honours a Jaccard threshold on those shingles can reach.
 """
 
 from __future__ import annotations
@@ -82,7 +89,7 @@ import xxhash
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dedup_pipeline.core.clustering import cluster_labels  # noqa: E402
-from dedup_pipeline.core.minhash import minhash_signatures_from_texts  # noqa: E402
+from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts  # noqa: E402
 from dedup_pipeline.core.near import (  # noqa: E402
     DEFAULT_THRESHOLD,
     NearDupParams,
@@ -205,12 +212,13 @@ def _join(*values: str) -> str:
 
 
 def _two_tables(left: list[tuple[str, str]], right: list[tuple[str, str]], matches: list[tuple[str, str]]):
-    """Texts of two tables (key, text) and cluster keys: the connected components of the matches."""
+    """Texts of two tables (key, text), cluster keys (the connected components of the matches) and each text's
+    table (0 or 1)."""
     position = {("L", k): p for p, (k, _) in enumerate(left)}
     position.update({("R", k): len(left) + p for p, (k, _) in enumerate(right)})
     links = [(position[("L", a)], position[("R", b)]) for a, b in matches]
     texts = [t for _, t in left] + [t for _, t in right]
-    return texts, [f"c{c}" for c in cluster_labels(len(texts), links).tolist()]
+    return texts, [f"c{c}" for c in cluster_labels(len(texts), links).tolist()], [0] * len(left) + [1] * len(right)
 
 
 def load_leipzig(root: Path, folder: str, left: str, right: str, mapping: str, fields: Callable[[dict], str]):
@@ -297,6 +305,7 @@ class LabelledSet:
     labels: list | None = None
     pairs: np.ndarray | None = None
     part: str = "all"
+    tables: list[int] | None = None  # for a set of two tables, each text's (0 or 1)
 
     @property
     def true_pairs(self) -> int:
@@ -305,23 +314,35 @@ class LabelledSet:
         return int(sum(comb(int(s), 2) for s in np.unique(np.asarray(self.labels, dtype=str), return_counts=True)[1]))
 
 
-def _cluster_part(name: str, kind: str, texts: list[str], labels: list, part: str) -> LabelledSet:
+def _cluster_part(
+    name: str, kind: str, texts: list[str], labels: list, part: str, tables: list[int] | None = None
+) -> LabelledSet:
     """The whole set, or every other cluster: clusters of two or more, then singletons, each in xxh32 order of
     their keys, alternate between dev and test (so a set with five clusters has two or three in each)."""
     if part == "all":
-        return LabelledSet(name, kind, texts, list(labels), part=part)
+        return LabelledSet(name, kind, texts, list(labels), part=part, tables=tables)
     keys, sizes = np.unique(np.asarray(labels, dtype=str), return_counts=True)
     order = sorted(range(keys.size), key=lambda k: (sizes[k] < 2, xxhash.xxh32_intdigest(keys[k].encode()), keys[k]))
     rank = {keys[k]: r for r, k in enumerate([k for k in order if sizes[k] >= 2])}
     rank.update({keys[k]: r for r, k in enumerate([k for k in order if sizes[k] < 2])})
     want = 0 if part == "dev" else 1
     keep = [p for p, label in enumerate(labels) if rank[str(label)] % 2 == want]
-    return LabelledSet(name, kind, [texts[p] for p in keep], [labels[p] for p in keep], part=part)
+    return LabelledSet(
+        name,
+        kind,
+        [texts[p] for p in keep],
+        [labels[p] for p in keep],
+        part=part,
+        tables=None if tables is None else [tables[p] for p in keep],
+    )
 
 
-def cluster_set(name: str, kind: str, load: Callable[[Path], tuple[list[str], list]]):
+def cluster_set(name: str, kind: str, load: Callable[[Path], tuple]):
+    """A loader of ``load(root)``'s texts and labels (and tables, for two tables), by part."""
+
     def loader(root: Path, part: str) -> LabelledSet:
-        return _cluster_part(name, kind, *load(root), part)
+        texts, labels, *tables = load(root)
+        return _cluster_part(name, kind, texts, labels, part, *tables)
 
     return loader
 
@@ -489,6 +510,23 @@ def datasketch_words(texts, threshold: float = DEFAULT_THRESHOLD):
     return [(i, j) for i in usable for j in lsh.query(sketches[i]) if j > i]
 
 
+#: The sets datasketch words signs: the whitespace tokens of each text (its documentation's example).
+datasketch_words.shingles = lambda texts: [{w.encode("utf-8") for w in text.split()} for text in texts]
+
+
+def below_threshold_share(shingles, links, threshold: float) -> float:
+    """Share of ``links`` whose exact Jaccard on ``shingles`` is below ``threshold`` (0.0 without links).
+
+    Ours verifies every candidate, so its share is 0 but for the few pairs whose estimate alone decided;
+    datasketch's ``MinHashLSH`` links every candidate its bands find, however dissimilar.
+    """
+    if not links:
+        return 0.0
+    sets = [set(items) for items in shingles]
+    below = sum(len(sets[a] & sets[b]) < threshold * len(sets[a] | sets[b]) for a, b, *_ in links)
+    return below / len(links)
+
+
 def simhash_package(texts, threshold: float = DEFAULT_THRESHOLD):
     from simhash import Simhash, SimhashIndex
 
@@ -508,6 +546,8 @@ def ours(params: NearDupParams):
         )
 
     run.params = params
+    if params.method == "minhash":
+        run.shingles = lambda texts: shingle_texts(texts, params.normaliser)
     return run
 
 
@@ -541,6 +581,8 @@ def evaluate(data: LabelledSet, methods=METHODS, recall: bool = True) -> dict:
         params = getattr(run, "params", None)
         if recall and params is not None and params.method == "minhash":
             row["R@J>=t"], row["pairs J>=t"] = recall_above_threshold(data.texts, links, params)
+        if hasattr(run, "shingles"):
+            row["links J<t"] = below_threshold_share(run.shingles(data.texts), links, DEFAULT_THRESHOLD)
         out["methods"][name] = row
     best = max(BASELINES, key=lambda m: out["methods"][m]["F1"])
     new = out["methods"]["ours new"]
@@ -558,10 +600,11 @@ def print_result(result: dict) -> None:
         f"\n{result['set']} ({result['kind']}, part {result['part']}): {result['docs']} docs, "
         f"{result['true_pairs']} true pairs, median {result['median_tokens']:.0f} tokens"
     )
-    print(f"  {'method':18} {'P':>6} {'R':>6} {'F1':>6} {'R@J>=t':>7} {'pairs':>7} {'sec':>6}")
+    print(f"  {'method':18} {'P':>6} {'R':>6} {'F1':>6} {'R@J>=t':>7} {'pairs':>7} {'J<t':>6} {'sec':>6}")
     for name, row in result["methods"].items():
         recall = f"{row['R@J>=t']:7.3f} {row['pairs J>=t']:7d}" if "R@J>=t" in row else f"{'':7} {'':7}"
-        print(f"  {name:18} {row['P']:6.3f} {row['R']:6.3f} {row['F1']:6.3f} {recall} {row['sec']:6.2f}")
+        below = f"{row['links J<t']:6.3f}" if "links J<t" in row else f"{'':6}"
+        print(f"  {name:18} {row['P']:6.3f} {row['R']:6.3f} {row['F1']:6.3f} {recall} {below} {row['sec']:6.2f}")
 
 
 def verdict_line(result: dict) -> str:
@@ -600,7 +643,39 @@ def report(root: Path, sets: dict, parts: list[str], json_path: Path | None) -> 
 
 
 # -------------------------------------------------------------------- sweep
-def sweep_settings() -> dict[str, TextNormaliser]:
+@dataclass(frozen=True)
+class ShortVariant:
+    """A short-record shingle rule that ``TextNormaliser`` does not offer, tried in the sweep only.
+
+    Texts of ``short_below`` tokens or more get the default word 3-grams; shorter ones their word unigrams and:
+    ``"in-words"``, the character 4-grams of each token (a token of up to 4 characters whole), none across a
+    space; ``"letters"``, the character 4-grams of the text without its tokens holding a digit (model numbers,
+    dates and postcodes count as whole words only); ``"bigrams"``, the text's character 4-grams and its word
+    2-grams. Python per shingle: the sweep signs its shingle lists.
+    """
+
+    kind: str
+    short_below: int = 75
+
+    def shingle_bytes(self, text: str) -> list[bytes]:
+        normaliser = TextNormaliser(shingle="word", ngram=3)
+        tokens = normaliser.normalise(text).split()
+        if len(tokens) >= self.short_below:
+            return normaliser.shingle_bytes(text)
+        grams = lambda s, n: [s] if len(s) <= n else [s[i : i + n] for i in range(len(s) - n + 1)]  # noqa: E731
+        out = list(tokens)
+        if self.kind == "in-words":
+            out += [g for token in tokens for g in grams(token, 4)]
+        elif self.kind == "letters":
+            letters = " ".join(t for t in tokens if not any(c.isdigit() for c in t))
+            out += grams(letters, 4) if letters else []
+        else:
+            out += grams(" ".join(tokens), 4) if tokens else []
+            out += [" ".join(pair) for pair in zip(tokens, tokens[1:])]
+        return [g.encode("utf-8") for g in out]
+
+
+def sweep_settings() -> dict[str, TextNormaliser | ShortVariant]:
     """The shingle settings tried; "auto/<short>/<below>": <short> for texts under <below> tokens, else word 3-grams."""
     settings = {"word3 (old)": OLD_NORMALISER}
     settings.update({f"word{n}": TextNormaliser(shingle="word", ngram=n) for n in (1, 2)})
@@ -612,14 +687,35 @@ def sweep_settings() -> dict[str, TextNormaliser]:
     for short, (words, chars) in shorts.items():
         for below in (20, 50, 100) if short in ("w1", "c4") else (20, 30, 50, 75, 100):
             settings[f"auto/{short}/{below}"] = TextNormaliser(short_below=below, short_words=words, short_chars=chars)
+    for below in (150, 300):  # answers and pages of 100-300 tokens get the short records' shingles
+        settings[f"auto/w1+c4/{below}"] = TextNormaliser(short_below=below)
+    for n in (1, 2, 4):  # the default short rule, long texts as word n-grams other than 3
+        settings[f"auto/w1+c4/75 long word{n}"] = TextNormaliser(ngram=n)
+    settings["auto/w2+c4/75"] = TextNormaliser(short_words=2)
+    for kind in ("in-words", "letters", "bigrams"):
+        settings[f"auto/w1+c4 {kind}/75"] = ShortVariant(kind)
     return settings
 
 
-def sweep(root: Path, sets: dict, part: str, json_path: Path | None, thresholds=(DEFAULT_THRESHOLD,)) -> None:
-    """F1 of ours over shingle settings (and thresholds) on one part of every set, beside the baselines."""
+def sweep(
+    root: Path,
+    sets: dict,
+    part: str,
+    json_path: Path | None,
+    thresholds=(DEFAULT_THRESHOLD,),
+    only: list[str] | None = None,
+) -> None:
+    """F1 of ours over shingle settings (and thresholds) on one part of every set, beside the baselines.
+
+    ``only`` restricts the settings to those labels (of :func:`sweep_settings`)."""
+    settings = sweep_settings()
+    unknown = sorted(set(only or ()) - set(settings))
+    if unknown:
+        raise SystemExit(f"unknown --settings {unknown}; known: {list(settings)}")
+    if only:
+        settings = {label: settings[label] for label in only}
     data = {name: loader(root, part) for name, loader in sets.items()}
     names = list(data)
-    settings = sweep_settings()
     baselines = {
         m: {n: scores(d, cluster_labels(len(d.texts), METHODS[m](d.texts)))["F1"] for n, d in data.items()}
         for m in BASELINES
@@ -631,8 +727,12 @@ def sweep(root: Path, sets: dict, part: str, json_path: Path | None, thresholds=
             params = NearDupParams(threshold=t, normaliser=normaliser)
             row = {}
             for n, d in data.items():
-                sigs = minhash_signatures_from_texts(d.texts, normaliser, params.num_perm, params.seed)
-                links = minhash_links(sigs, params, shingle_texts(d.texts, normaliser))
+                shingles = shingle_texts(d.texts, normaliser)
+                if isinstance(normaliser, TextNormaliser):
+                    sigs = minhash_signatures_from_texts(d.texts, normaliser, params.num_perm, params.seed)
+                else:
+                    sigs = minhash_signatures(shingles, params.num_perm, params.seed)
+                links = minhash_links(sigs, params, shingles)
                 row[n] = scores(d, cluster_labels(len(d.texts), [(a, b) for a, b, _ in links]))["F1"]
             table[f"{label} t={t}"] = row
             print(f"{label} t={t}: " + " ".join(f"{n}={row[n]:.3f}" for n in names), file=sys.stderr)
@@ -661,10 +761,89 @@ def sweep(root: Path, sets: dict, part: str, json_path: Path | None, thresholds=
         json_path.write_text(json.dumps({"part": part, "baselines": baselines, "settings": table}, indent=1))
 
 
+# ------------------------------------------------------------------ buckets
+def similarity_buckets(data: LabelledSet, normaliser: TextNormaliser, low: float = 0.2, width: float = 0.1) -> dict:
+    """Every pair of ``data`` with exact Jaccard >= ``low`` on ``normaliser``'s shingles, by bands of ``width``.
+
+    Per band: the pairs (for pair-labelled sets, the labelled ones only), how many are true, and the recall a
+    method would have that linked exactly the pairs at or above the band's lower bound (ground truth: every
+    true pair of the set). This is what any method that honours a Jaccard threshold on these shingles can reach.
+    """
+    shingles = shingle_texts(data.texts, normaliser)
+    i, j = high_jaccard_pairs(shingles, low)
+    sets = [set(items) for items in shingles]
+    sims = np.array([len(sets[a] & sets[b]) / len(sets[a] | sets[b]) for a, b in zip(i.tolist(), j.tolist())])
+    if data.pairs is not None:
+        n = max(len(data.texts), 1)
+        labelled = dict(zip((data.pairs[:, 0] * n + data.pairs[:, 1]).tolist(), data.pairs[:, 2].tolist()))
+        truth = np.array([labelled.get(key, -1) for key in (i * n + j).tolist()], dtype=np.int64)
+    else:
+        labels = np.asarray(data.labels, dtype=str)
+        truth = (labels[i] == labels[j]).astype(np.int64)
+    edges = np.round(np.arange(1.0, low - 1e-9, -width), 6)
+    tables = np.asarray(data.tables if data.tables is not None else np.zeros(len(data.texts)), dtype=np.int64)
+    within = tables[i] == tables[j]
+    rows, found = [], 0
+    for top, bottom in zip(np.append(edges[:1] + 1, edges[:-1]), edges):
+        band = (sims >= bottom) & (sims < top) & (truth >= 0)
+        true = int(np.sum(truth[band] == 1))
+        found += true
+        rows.append(
+            {
+                "from": float(bottom),
+                "pairs": int(band.sum()),
+                "true": true,
+                "false within a table": int(np.sum(band & within & (truth == 0))) if data.tables else None,
+                "recall": found / data.true_pairs if data.true_pairs else 1.0,
+            }
+        )
+    return {"set": data.name, "part": data.part, "true_pairs": data.true_pairs, "low": low, "rows": rows}
+
+
+def print_buckets(result: dict, label: str) -> None:
+    print(f"\n{result['set']} (part {result['part']}), {label}: {result['true_pairs']} true pairs")
+    two = result["rows"][0]["false within a table"] is not None
+    print(
+        f"  {'exact J':>9} {'pairs':>8} {'true':>6} {'prec':>6} {'recall at J>=':>13}"
+        + (f" {'false pairs within one table':>28}" if two else "")
+    )
+    for row in result["rows"]:
+        precision = row["true"] / row["pairs"] if row["pairs"] else float("nan")
+        print(
+            f"  >= {row['from']:5.2f} {row['pairs']:8d} {row['true']:6d} {precision:6.3f} {row['recall']:13.3f}"
+            + (f" {row['false within a table']:28d}" if two else "")
+        )
+    below = result["true_pairs"] - sum(row["true"] for row in result["rows"])
+    print(f"  {'< ' + format(result['low'], '.2f'):>9} {'':8} {below:6d}")
+
+
+def buckets(root: Path, sets: dict, parts: list[str], only: list[str] | None, json_path: Path | None) -> None:
+    """:func:`similarity_buckets` of the default shingles (or the ``only`` sweep settings) on every set and part."""
+    known = {"default": NearDupParams().normaliser, **sweep_settings()}
+    unknown = sorted(set(only or ()) - set(known))
+    if unknown:
+        raise SystemExit(f"unknown --settings {unknown}; known: {list(known)}")
+    out = []
+    for part in parts:
+        for loader in sets.values():
+            data = loader(root, part)
+            for label in only or ["default"]:
+                result = similarity_buckets(data, known[label])
+                print_buckets(result, label)
+                out.append({**result, "setting": label})
+    if json_path:
+        json_path.write_text(json.dumps(out, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--sweep", action="store_true", help="F1 over the shingle settings tried")
+    parser.add_argument(
+        "--buckets",
+        action="store_true",
+        help="pairs and true pairs by exact Jaccard (default shingles, or --settings); use with --sets",
+    )
     parser.add_argument(
         "--part",
         choices=("dev", "test", "all"),
@@ -674,14 +853,20 @@ def main() -> None:
     parser.add_argument("--sets", help="comma-separated set names (default: all)")
     parser.add_argument("--febrl", default=os.environ.get("FEBRL_DIR"), help="folder of the Febrl dataset*.csv files")
     parser.add_argument("--thresholds", default=str(DEFAULT_THRESHOLD), help="--sweep: comma-separated thresholds")
+    parser.add_argument(
+        "--settings", help="--sweep, --buckets: semicolon-separated setting labels (default: all tried / default)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     sets = datasets(_febrl_folder(args.febrl))
     if args.sets:
         sets = {name: sets[name] for name in args.sets.split(",")}
+    only = args.settings.split(";") if args.settings else None
     if args.sweep:
         thresholds = tuple(float(t) for t in args.thresholds.split(","))
-        sweep(args.data_dir, sets, (args.part or ["dev"])[0], args.json, thresholds)
+        sweep(args.data_dir, sets, (args.part or ["dev"])[0], args.json, thresholds, only)
+    elif args.buckets:
+        buckets(args.data_dir, sets, args.part or ["test"], only, args.json)
     else:
         report(args.data_dir, sets, args.part or ["test"], args.json)
 
