@@ -33,7 +33,7 @@ from dedup_pipeline import environment
 from dedup_pipeline.cli.lanes import DEFAULT_WORKERS, lane_workers, source_lanes
 from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.core.errors import ConfigurationError
-from dedup_pipeline.core.parallel import ordered_map
+from dedup_pipeline.core.parallel import available_cpus, ordered_map
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.landing import batch_source, scan_landing
@@ -161,13 +161,17 @@ def remote_job_origin(job_name: str, repository_name: str) -> RemoteJobOrigin:
     return RemoteJobOrigin(RemoteRepositoryOrigin(location, repository_name), job_name)
 
 
-def run_config_for(landing: Path) -> dict:
-    """The run config of a command-line run: a quiet console, and the landing folder it read.
+def run_config_for(landing: Path, canonical_workers: int | None = None) -> dict:
+    """The run config of a command-line run: a quiet console, the landing folder it read and, for a lane of
+    several, the canonical rung's share of the CPUs.
 
     The folder is in the run's config, not only in this process's environment, so that a re-execution from the
     UI (which copies its parent's run config, in a webserver that may know another folder) reads the same file.
     """
-    return {**_QUIET_RUN_CONFIG, "resources": {"landing": {"config": {"folder": str(landing)}}}}
+    resources = {"landing": {"config": {"folder": str(landing)}}}
+    if canonical_workers is not None:
+        resources["ladder"] = {"config": {"canonical_workers": canonical_workers}}
+    return {**_QUIET_RUN_CONFIG, "resources": resources}
 
 
 def execute_partition(
@@ -280,7 +284,9 @@ def run_landing_folder(
     progress.start(len(keys))
     if workers > 1:
         with forwarded(progress) as events:
-            for lane in ordered_map(partial(_run_lane, landing, instance.get_ref(), events), lanes, workers):
+            # The lanes share the CPUs: a lane's canonical rung takes its share, not one worker per CPU of its own.
+            share = max(1, available_cpus() // workers)
+            for lane in ordered_map(partial(_run_lane, landing, instance.get_ref(), events, share), lanes, workers):
                 summary.add(lane)
         summary.order.sort(key=keys.index)
         summary.batches.sort(key=lambda b: keys.index(b.batch))
@@ -331,21 +337,28 @@ def forwarded(progress: Progress) -> Iterator[object]:
         manager.shutdown()
 
 
-def _run_lane(landing: Path, ref: InstanceRef, events, keys: list[str]) -> LadderSummary:
-    """A worker process's lane: its batches in order, on the instance `ref` names."""
+def _run_lane(landing: Path, ref: InstanceRef, events, canonical_workers: int, keys: list[str]) -> LadderSummary:
+    """A worker process's lane: its batches in order, on the instance `ref` names, each canonical rung on
+    `canonical_workers` processes."""
     with dg.DagsterInstance.from_ref(ref) as instance:
         warehouse = Warehouse()
         try:
-            return run_batches(landing, keys, instance, warehouse, _ForwardedProgress(events))
+            return run_batches(landing, keys, instance, warehouse, _ForwardedProgress(events), canonical_workers)
         finally:
             warehouse.dispose()
 
 
 def run_batches(
-    landing: Path, keys: list[str], instance: dg.DagsterInstance, warehouse: Warehouse, progress: Progress
+    landing: Path,
+    keys: list[str],
+    instance: dg.DagsterInstance,
+    warehouse: Warehouse,
+    progress: Progress,
+    canonical_workers: int | None = None,
 ) -> LadderSummary:
     """One run of the ladder per batch, in the order given, in this process; after a batch fails, the later
-    batches of its source are held (not run), the others run all the same."""
+    batches of its source are held (not run), the others run all the same. `canonical_workers`, if given, is
+    the canonical rung's processes (in the runs' config); else the resource's own setting."""
     from dedup_pipeline.definitions import defs
 
     job = defs.resolve_job_def("dedup_ladder")
@@ -365,7 +378,12 @@ def run_batches(
         progress.batch_started(key)
         started = time.monotonic()
         result = execute_partition(
-            job, key, instance, origin, {PROCESS_TAG: process_token(instance)}, run_config_for(landing)
+            job,
+            key,
+            instance,
+            origin,
+            {PROCESS_TAG: process_token(instance)},
+            run_config_for(landing, canonical_workers),
         )
         if result.success:
             summary.batches.append(_summary_of(key, result, warehouse))

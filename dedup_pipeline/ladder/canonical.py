@@ -139,7 +139,7 @@ def canonicalise_batch(
             done.advance(len(chunk.rows) + len(chunk.quarantine))
             for line_no, reason, raw in chunk.quarantine:
                 bad.add(line_no, reason, raw)
-            erased = erased_positions(conn, _StagedRecords(chunk.rows))
+            erased = erased_positions(conn, _StagedRecords(chunk.rows), staged=False)
             rows = [_withheld(row, versions, url_version) if i in erased else row for i, row in enumerate(chunk.rows)]
             report.withheld += len(erased)
             copy_rows(conn, canonical_records, COLUMNS, rows, json_as_text=True)

@@ -219,13 +219,17 @@ def _maybe_tombstones(prefixes: np.ndarray, fingerprints: list[bytes]) -> list[b
     return [fp for fp, hit in zip(fingerprints, prefixes[at] == heads) if hit]
 
 
-def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_id: str | None = None) -> set[int]:
+def erased_positions(
+    conn: Connection, chunk: Sequence[CanonicalRecord], batch_id: str | None = None, staged: bool = True
+) -> set[int]:
     """Positions in `chunk` that an erasure tombstone suppresses (decision `erased`).
 
     Call it inside the chunk's transaction, before its writes (see `_tombstoned`
     for what it costs; the tombstone prefixes are loaded once per process and
     reloaded only after an erasure added tombstones). A line the canonical rung
-    staged withheld (it named an erased subject then) is suppressed too. With
+    staged withheld (it named an erased subject then) is suppressed too; lines
+    not read back from staging (`staged` False) are never withheld, and are not
+    decoded to look. With
     `batch_id`, the staged `canonical_records` rows of suppressed lines
     are deleted in the same transaction, so a re-crawl of an erased subject
     leaves no staged copy behind.
@@ -237,7 +241,8 @@ def erased_positions(conn: Connection, chunk: Sequence[CanonicalRecord], batch_i
             key, catalogue, record.natural_key, record.canonical_url, json_text.decoded(record.payload), record.hashes
         ),
     )
-    erased |= {position for position, record in enumerate(chunk) if core.WITHHELD in record.hash_errors}
+    if staged:
+        erased |= {position for position, record in enumerate(chunk) if core.WITHHELD in record.hash_errors}
     if erased and batch_id is not None:
         lines = sorted({chunk[p].line_no for p in erased})
         conn.execute(

@@ -11,6 +11,7 @@ from dedup_pipeline.cli import lanes
 from dedup_pipeline.cli.lanes import lane_workers, source_lanes
 from dedup_pipeline.cli.liveness import PROCESS_TAG
 from dedup_pipeline.cli.runner import run_landing_folder
+from dedup_pipeline.core.parallel import available_cpus
 from dedup_pipeline.store.schema import record_history, records
 from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.helpers import database_url, fresh_database, write_batch
@@ -66,7 +67,8 @@ def test_two_sources_side_by_side_give_the_warehouse_of_one_process_in_landing_o
     """Breaks: `run_landing_folder` with two workers over batches of two sources whose records are near
     duplicates of each other's (the lanes race on the near index and the clusters), against one process.
 
-    Must hold: both ran in two worker processes' runs of the instance, and the warehouse is the one-process
+    Must hold: both ran in two worker processes' runs of the instance (each lane's canonical rung on its share
+    of the CPUs), and the warehouse is the one-process
     run's: the same records and contents, history, links and clusters (by natural key); the summary lists the
     batches in landing order, as the one-process run does.
     """
@@ -87,6 +89,11 @@ def test_two_sources_side_by_side_give_the_warehouse_of_one_process_in_landing_o
             assert [b.batch for b in summary.batches] == keys
             assert len(runs) == len(keys) and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
             result[workers] = (_warehouse_by_key(url), len({r.tags.get(PROCESS_TAG) for r in runs}))
+            # Lanes share the CPUs: each lane's canonical rung runs on its share, one process runs the resource's.
+            shares = {
+                r.run_config["resources"].get("ladder", {}).get("config", {}).get("canonical_workers") for r in runs
+            }
+            assert shares == ({max(1, available_cpus() // 2)} if workers == 2 else {None})
     (serial, serial_processes), (side_by_side, lane_processes) = result[1], result[2]
     assert serial_processes == 1 and lane_processes == 2
     assert serial[2] and any(len(members) > 2 for members, _ in serial[3])
