@@ -46,6 +46,7 @@ def test_run_json_on_the_embedded_default(tmp_path):
         "near_duplicates": 0,
         "change_ignored": 0,
         "erased": 0,
+        "capped": 0,
     }
     assert (b["exact_duplicates"], b["changed"], b["new"]) == (1, 1, 3)
     # the embedded default: a SQLite warehouse and a local Dagster instance inside the working directory
