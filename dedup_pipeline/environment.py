@@ -92,10 +92,12 @@ def resource_variables() -> dict[str, str]:
     """Which of the variables the Dagster resources take as `dg.EnvVar` are set: resource field -> variable.
 
     Only a set variable becomes an `EnvVar` (Dagster refuses an unset one), so an unset one keeps the field's
-    default (the embedded warehouse, `.dedup/landing`, no Redis, 30 days), as before.
+    default (the embedded warehouse, `.dedup/landing`, no Redis, 30 days, the embedded warehouse's key file), as
+    before.
     """
     fields = {
         "warehouse.database_url": DATABASE_URL_ENV,
+        "warehouse.tombstone_key": TOMBSTONE_KEY_ENV,
         "landing.folder": LANDING_DIR_ENV,
         "seen_set.redis_url": REDIS_URL_ENV,
         "seen_set.ttl_seconds": SEEN_TTL_ENV,
@@ -160,7 +162,11 @@ def bloom_error_rate() -> float:
 
 
 def tombstone_key() -> str | None:
-    """$DEDUP_TOMBSTONE_KEY: the secret the erasure tombstones are keyed with (checked by `store.tombstones`)."""
+    """$DEDUP_TOMBSTONE_KEY: the secret the erasure tombstones are keyed with (checked by `store.tombstones`).
+
+    The Dagster resources take it as a `dg.EnvVar` (`resource_variables`) and give it to the warehouse; the store
+    reads it here only for a warehouse given none (the command line's).
+    """
     return _set(TOMBSTONE_KEY_ENV)
 
 

@@ -40,6 +40,7 @@ import warnings
 from collections.abc import Callable
 
 import dagster as dg
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from dedup_pipeline.defs.assets import (
     COLLAPSE_CHECK,
@@ -73,17 +74,58 @@ warnings.filterwarnings("ignore", message="Specifying a partitions_def on an Ass
 
 
 def batch_check(**spec) -> Callable[[Callable[..., dg.AssetCheckResult]], dg.AssetChecksDefinition]:
-    """`dg.asset_check` on a crawl batch partition, with the assets' transient-only retry."""
+    """`dg.asset_check` on a crawl batch partition, with the assets' transient-only retry; a pass carries the
+    severity of the check's standing failures on other batches (`passing_severity`)."""
 
     def decorate(check: Callable[..., dg.AssetCheckResult]) -> dg.AssetChecksDefinition:
         @functools.wraps(check)
-        def run(*args, **kwargs) -> dg.AssetCheckResult:
+        def run(context: dg.AssetCheckExecutionContext, *args, **kwargs) -> dg.AssetCheckResult:
             with retried_only_if_transient():
-                return check(*args, **kwargs)
+                result = check(context, *args, **kwargs)
+                if result.passed:
+                    result = result._replace(severity=passing_severity(context))
+                return result
 
         return dg.asset_check(partitions_def=crawl_batches_partitions, retry_policy=WAREHOUSE_RETRY, **spec)(run)
 
     return decorate
+
+
+def passing_severity(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckSeverity:
+    """The severity a pass carries: ERROR while another batch's latest result of the check is an error (a failure
+    of ERROR severity, or the check never ran in a run that ended), else WARN.
+
+    A pass's severity changes nothing Dagster does (only a failed ERROR blocks) nor the pass's own green. It is
+    what the UI colours the check's summary over partitions with (the asset graph, the Checks list): whenever
+    any batch's latest result is a failure, the summary takes the *newest* evaluation's severity. A pass of the
+    default ERROR made a blocking check whose only failure was a "not judged" warning red; a pass of WARN alone
+    would make a standing judged failure yellow. See docs/operating.md, "A check that could not judge".
+    """
+    storage, key = context.instance.event_log_storage, context.check_specs[0].key
+    failed: set[str] = set()
+    for info in storage.get_asset_check_partition_info([key]):
+        if info.partition_key == context.partition_key:
+            continue  # this batch's standing is the result being made
+        if info.latest_execution_status == AssetCheckExecutionRecordStatus.FAILED:
+            failed.add(info.partition_key)
+        elif info.latest_execution_status == AssetCheckExecutionRecordStatus.PLANNED:
+            planned_run = context.instance.get_run_by_id(info.latest_planned_run_id)
+            if planned_run is None or planned_run.is_finished:  # Dagster's "execution failed": red
+                return _ERROR
+    cursor = None
+    while failed:  # each failed batch's newest failure is its latest result; newest first
+        page = storage.get_asset_check_execution_history(
+            key, limit=200, cursor=cursor, status={AssetCheckExecutionRecordStatus.FAILED}
+        )
+        for record in page:
+            if record.partition in failed:
+                failed.discard(record.partition)
+                if record.evaluation is None or record.evaluation.severity == _ERROR:
+                    return _ERROR
+        if len(page) < 200:
+            break
+        cursor = page[-1].id
+    return _WARN
 
 
 def not_judged(reason: str, metadata: dict) -> dg.AssetCheckResult:

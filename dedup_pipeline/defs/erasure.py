@@ -8,6 +8,7 @@ from pydantic import Field
 
 from dedup_pipeline import environment
 from dedup_pipeline.core.erasure import Subject, SubjectError, SubjectKind
+from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.defs.resources import NearDupResource, SeenSetResource, WarehouseResource
 from dedup_pipeline.defs.sensors import automation_status
 from dedup_pipeline.environment import DEFAULT_ERASURE_RUN_HOURS, ERASURE_RUN_RETENTION_ENV, RETENTION_DAYS_ENV
@@ -59,9 +60,12 @@ def erase_data_subject(
         subject = Subject.parse(config.kind, config.value, field=config.field, version=version)
     except SubjectError as exc:  # a launchpad mistake: what to change, never the value, and no traceback
         raise dg.Failure(description=f"the subject cannot be erased as given: {exc}") from None
-    report = run_erasure(
-        wh, subject, config.request_id, seen_set.get(), near_dup.representative, url_seen_set_from_env()
-    )
+    try:
+        report = run_erasure(
+            wh, subject, config.request_id, seen_set.get(), near_dup.representative, url_seen_set_from_env()
+        )
+    except ConfigurationError as exc:  # a setting to fix (the tombstone key, say): what to do, no traceback
+        raise dg.Failure(description=f"{type(exc).__name__}: {exc}") from None
     context.log.info(f"erasure {report.erasure_id}: {report.removed.get('records', 0)} current record(s) removed")
     for error in report.seen_set_errors:
         context.log.warning(f"erasure {report.erasure_id}: {error}")

@@ -24,9 +24,9 @@ from dedup_pipeline.store.warehouse import Warehouse, default_database_url
 
 
 @lru_cache(maxsize=8)
-def _warehouse(url: str) -> Warehouse:
-    # One engine (connection pool) per process and URL; the schema is created once.
-    return Warehouse(url).create_schema()
+def _warehouse(url: str, tombstone_key: str | None) -> Warehouse:
+    # One engine (connection pool) per process, URL and key; the schema is created once.
+    return Warehouse(url, tombstone_key=tombstone_key).create_schema()
 
 
 class WarehouseResource(dg.ConfigurableResource):
@@ -37,9 +37,16 @@ class WarehouseResource(dg.ConfigurableResource):
         description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host:5432/db. "
         "Leave empty to use $DEDUP_DATABASE_URL or the embedded SQLite warehouse.",
     )
+    tombstone_key: Optional[str] = Field(
+        default=None,
+        repr=False,
+        description=f"The secret the erasure tombstones are keyed with. A secret: give it only as "
+        f"{{env: {environment.TOMBSTONE_KEY_ENV}}}, never as a value. Empty means ${environment.TOMBSTONE_KEY_ENV}, "
+        "else a key file beside the embedded SQLite warehouse (a PostgreSQL warehouse refuses to erase without one).",
+    )
 
     def get(self) -> Warehouse:
-        return _warehouse(self.database_url or default_database_url())
+        return _warehouse(self.database_url or default_database_url(), self.tombstone_key or None)
 
 
 class LandingResource(dg.ConfigurableResource):

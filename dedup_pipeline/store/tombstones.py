@@ -4,10 +4,13 @@ Tombstones are keyed fingerprints (see `dedup_pipeline.core.erasure`) that an
 erasure leaves (`dedup_pipeline.store.erasure`). `erased_positions` is asked
 once per chunk by the canonical and exact rungs, which records a tombstone
 suppresses; `erased_raw_lines`, by the raw and canonical rungs, which lines on
-their way to quarantine name an erased subject. The key comes from
-$DEDUP_TOMBSTONE_KEY (the embedded SQLite default keeps a random one in a file
-beside the database); a warehouse whose tombstones were made with another key
-refuses to ingest rather than let an erased subject back in.
+their way to quarantine name an erased subject. The key is the one the
+warehouse was given (`Warehouse(tombstone_key=...)`: the Dagster `warehouse`
+resource's `dg.EnvVar("DEDUP_TOMBSTONE_KEY")`), else $DEDUP_TOMBSTONE_KEY as
+the command line has it; with neither, the embedded SQLite default keeps a
+random one in a file beside the database. A warehouse whose tombstones were
+made with another key refuses to ingest rather than let an erased subject back
+in.
 
 Erasure and ingestion are serialised on PostgreSQL by an advisory lock:
 every chunk holds it shared while it checks tombstones and writes
@@ -55,15 +58,29 @@ class TombstoneKeyError(ConfigurationError):
 
 _memory_keys: dict[int, bytes] = {}
 _key_lock = threading.Lock()
+# The key each engine's warehouse was given (`use_key`); held in memory only, never logged or stored.
+_given_keys: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
+
+
+def use_key(engine: Engine, key: str | None) -> None:
+    """Key the tombstones of `engine`'s warehouse with `key` (None: $DEDUP_TOMBSTONE_KEY when they are asked)."""
+    with _key_lock:
+        if key:
+            _given_keys[engine] = key
+        else:
+            _given_keys.pop(engine, None)
 
 
 def tombstone_key(conn: Connection) -> bytes:
-    """The HMAC key: $DEDUP_TOMBSTONE_KEY, else (embedded SQLite only) a random key in a file beside the database.
+    """The HMAC key: the one given to the warehouse (`use_key`), else $DEDUP_TOMBSTONE_KEY, else (embedded SQLite
+    only) a random key in a file beside the database.
 
-    A PostgreSQL warehouse without the variable is an error: production keys
-    come from the environment (a secret store), never from a file or a default.
+    A PostgreSQL warehouse with neither is an error: production keys come
+    from the environment (a secret store), never from a file or a default.
     """
-    configured = environment.tombstone_key()
+    with _key_lock:
+        given = _given_keys.get(conn.engine)
+    configured = given or environment.tombstone_key()
     if configured:
         key = configured.strip()
         weakness = key_weakness(key)

@@ -20,6 +20,7 @@ from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
 from dedup_pipeline.core.url import URL_VERSION, URL_VERSIONS
 from dedup_pipeline.store import json_text
 from dedup_pipeline.store.schema import crawl_batches, metadata, records, settings
+from dedup_pipeline.store.tombstones import use_key
 
 log = logging.getLogger(__name__)
 ACTIVE_HASH_VERSION = "active_hash_version"
@@ -135,11 +136,17 @@ _SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"dedup:schema").digest()[:8], "big
 
 
 class Warehouse:
-    """The warehouse: an engine plus the schema and the settings that live in it."""
+    """The warehouse: an engine plus the schema and the settings that live in it.
 
-    def __init__(self, url: str | None = None, engine: Engine | None = None):
+    `tombstone_key` keys its erasure tombstones (`store.tombstones`); None leaves it to $DEDUP_TOMBSTONE_KEY
+    when they are asked, as the command line has it. It is kept in memory only.
+    """
+
+    def __init__(self, url: str | None = None, engine: Engine | None = None, tombstone_key: str | None = None):
         self.url = url or default_database_url()
         self.engine = engine or make_engine(self.url)
+        if tombstone_key:
+            use_key(self.engine, tombstone_key)
 
     @classmethod
     def existing(cls, url: str | None = None) -> Warehouse:

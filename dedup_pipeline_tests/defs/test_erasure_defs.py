@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -13,11 +14,15 @@ import pytest
 from sqlalchemy import create_engine, func, select, text
 
 from dedup_pipeline.cli import main
+from dedup_pipeline.core.erasure import key_id
+from dedup_pipeline.core.keys import MAKE_A_KEY
 from dedup_pipeline.definitions import defs
-from dedup_pipeline.defs.erasure import ERASE_JOB, delete_old_erasure_runs, prune_retention_daily
+from dedup_pipeline.defs.erasure import ERASE_JOB, delete_old_erasure_runs, erase_subject_job, prune_retention_daily
+from dedup_pipeline.defs.resources import default_resources
 from dedup_pipeline.defs.sensors import automation_status
 from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.store.schema import erasure_requests, erasure_tombstones
+from dedup_pipeline.store.tombstones import key_file_path
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
 
 SECRET = "QQV-secret-seller"
@@ -46,6 +51,17 @@ def erase_config(**config):
 
 def files_holding(folder: Path, value: str) -> list[str]:
     return sorted(str(path) for path in folder.rglob("*") if path.is_file() and value.encode() in path.read_bytes())
+
+
+def erase_in_process(instance: dg.DagsterInstance, **config) -> dg.ExecuteInProcessResult:
+    """An erasure run of a code location loaded now, as `dg dev` loads it: its resources as the environment is."""
+    job = dg.Definitions(jobs=[erase_subject_job], resources=default_resources()).resolve_job_def(ERASE_JOB)
+    return job.execute_in_process(instance=instance, raise_on_error=False, run_config=erase_config(**config))
+
+
+def tombstone_key_ids(url: str) -> set[str]:
+    with Warehouse(url).engine.connect() as conn:
+        return set(conn.execute(select(erasure_tombstones.c.key_id)).scalars())
 
 
 def test_jobs_and_schedule_are_in_the_code_location():
@@ -81,6 +97,44 @@ def test_erasure_job_reports_counts_and_refuses_a_bad_subject_without_echoing_it
     assert "needs a field path" in no_field.failure_data_for_node("erase_data_subject").user_failure_data.description
     with Warehouse(sqlite_env).engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(erasure_requests)).scalar_one() == 1
+
+
+@pytest.mark.parametrize("warehouse_url", ["sqlite", "postgresql"], indirect=True)
+def test_an_erasure_run_keys_its_tombstones_with_the_resources_env_var(warehouse_url, tmp_path, monkeypatch):
+    """Breaks: the store read $DEDUP_TOMBSTONE_KEY itself, so the resources never carried the key.
+
+    Must hold: the `warehouse` resource takes it as `dg.EnvVar`, the run resolves it and gives it to the store
+    (which is not asked to read the variable here), and the secret is in no run config, event or instance file.
+    """
+    instance_env(tmp_path, monkeypatch, warehouse_url)
+    key = os.environ[TOMBSTONE_KEY_ENV]
+    monkeypatch.setattr("dedup_pipeline.environment.tombstone_key", lambda: None)  # only Dagster's EnvVar reads it
+    with dg.DagsterInstance.get() as instance:
+        run = erase_in_process(instance, kind="natural_key", value="sku-1", request_id="R-3")
+        stored = dg.serialize_value([instance.get_run_by_id(run.run_id), list(instance.all_logs(run.run_id))])
+    assert run.success
+    assert tombstone_key_ids(warehouse_url) == {key_id(key.encode())}
+    assert key not in stored and files_holding(tmp_path / "dagster_home", key) == []
+
+
+@pytest.mark.parametrize("warehouse_url", ["sqlite", "postgresql"], indirect=True)
+def test_without_the_variable_sqlite_keeps_a_key_file_and_postgresql_refuses_saying_how_to_make_one(
+    warehouse_url, tmp_path, monkeypatch
+):
+    """Unset, the resource's field stays empty: the embedded SQLite warehouse keys its tombstones with the file
+    beside it; an erasure run on PostgreSQL fails naming the variable and how to make a key, erasing nothing."""
+    instance_env(tmp_path, monkeypatch, warehouse_url)
+    monkeypatch.delenv(TOMBSTONE_KEY_ENV)
+    with dg.DagsterInstance.get() as instance:
+        run = erase_in_process(instance, kind="natural_key", value="sku-1")
+    if warehouse_url.startswith("sqlite"):
+        assert run.success
+        assert tombstone_key_ids(warehouse_url) == {key_id(key_file_path(warehouse_url).read_bytes().strip())}
+        return
+    assert not run.success
+    message = run.failure_data_for_node("erase_data_subject").user_failure_data.description  # a Failure: no traceback
+    assert message.startswith(f"TombstoneKeyError: {TOMBSTONE_KEY_ENV} is not set") and MAKE_A_KEY in message
+    assert tombstone_key_ids(warehouse_url) == set()
 
 
 def test_retention_deletes_finished_erasure_runs_only(sqlite_env):

@@ -56,3 +56,34 @@ def test_a_runaway_cluster_fails_the_run_and_names_the_cluster(tmp_path):
     assert "kettle" not in str(meta)  # ids and counts only, never field values
     near = values(result.asset_materializations_for_node("near_duplicate_clusters")[0].metadata)
     assert near["largest_cluster"] == 60 and near["cluster_sizes"] == {"60": 1}
+
+
+def test_a_pass_carries_the_severity_of_the_failures_that_stand_so_not_judged_shows_yellow(tmp_path):
+    """Breaks: the UI colours a check's summary over batches by the newest evaluation's severity whenever any
+    batch's latest result failed, and a pass carried Dagster's default ERROR: the blocking runaway check, whose
+    only failures were "not judged" warnings, showed red in the asset graph.
+
+    Must hold: a pass carries WARN while the other batches' standing failures are warnings, and ERROR once one
+    is a judged error; the check still blocks the run it judged a runaway.
+    """
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    text = "Refurbished stainless steel kettle with a whistle, a wooden handle and a copper base, boils fast"
+    write_batch(folder, "small", [listing(n) for n in range(10)], landed=1e9)
+    write_batch(folder, "ok", [listing(100 + n) for n in range(60)], landed=1e9 + 1)
+    write_batch(folder, "copies", [listing(200 + n, description=f"{text} lot {n}") for n in range(60)], landed=1e9 + 2)
+    write_batch(folder, "later", [listing(300 + n) for n in range(60)], landed=1e9 + 3)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("crawl_batches", ["small", "ok", "copies", "later"])
+
+    def runaway(key: str):
+        result = run(instance, url, folder, key)
+        return result, evaluations(result)[("near_duplicate_clusters", RUNAWAY_CHECK)]
+
+    small = runaway("small")[1]
+    assert not small.passed and small.severity == dg.AssetCheckSeverity.WARN  # not judged
+    ok = runaway("ok")[1]
+    assert ok.passed and ok.severity == dg.AssetCheckSeverity.WARN  # the only standing failure is a warning
+    blocked, copies = runaway("copies")
+    assert not blocked.success and not copies.passed and copies.severity == dg.AssetCheckSeverity.ERROR
+    later = runaway("later")[1]
+    assert later.passed and later.severity == dg.AssetCheckSeverity.ERROR  # a judged runaway stands: red

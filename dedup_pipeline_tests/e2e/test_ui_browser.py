@@ -1,9 +1,11 @@
 """The Dagster UI in a real browser: `dagster dev` on a temporary instance, driven by headless Chromium.
 
-What a user sees after a crawl has run: the four assets in the asset graph,
-the collapse-rate check and its plot on the Checks tab of
-`deduplicated_records`, the ladder funnel picture, and the rehash job's
-Partitions page with its "Launch backfill…" button. Screenshots go to
+What a user sees after a crawl has run: the four assets in the asset graph
+and their check summaries (a check whose only failures are "not judged" is
+yellow, never red), the collapse-rate check and its plot on the Checks tab of
+`deduplicated_records`, a check that could not judge in its execution history,
+the landing sensor's skip reason in its tick list, the ladder funnel picture,
+and the rehash job's Partitions page with its "Launch backfill…" button. Screenshots go to
 `test-artifacts/ui/` (git-ignored); the README's pictures in docs/screenshots/
 are copies of them.
 
@@ -45,6 +47,7 @@ CHROMIUM_ARGS = [
 ARTIFACTS = REPO / "test-artifacts" / "ui"
 ASSETS = ["raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters"]
 RECRAWL = "2026-11-05-market"  # a new source: its first crawl is judged by the fixed band alone
+SET_ASIDE = "crawl 1.jsonl"  # not a batch key: the sensor leaves it alone and says why
 DEMO_BATCHES = ["2026-11-01-shop", "2026-11-02-shop", "2026-11-02-syndication", "2026-11-03-shop", "2026-11-04-shop"]
 
 
@@ -71,6 +74,26 @@ def launch_partition(server: Server, key: str) -> str:
     )["launchRun"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
     return launched["run"]["runId"]
+
+
+def start_landing_sensor(server: Server) -> None:
+    """Switch the landing sensor on, as its toggle under **Automation** does."""
+    started = server.graphql(
+        """mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) {
+             __typename ... on PythonError { message } } }""",
+        {"s": {**LOCATION, "sensorName": "landing_sensor"}},
+    )["startSensor"]
+    assert started["__typename"] == "Sensor", started
+
+
+def skipped_tick_reason(server: Server) -> str | None:
+    """The skip reason of the landing sensor's newest skipped tick, once there is one."""
+    sensor = server.graphql(
+        """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) {
+             ... on Sensor { sensorState { ticks(limit: 5) { status skipReason } } } } }""",
+        {"s": {**LOCATION, "sensorName": "landing_sensor"}},
+    )["sensorOrError"]
+    return next((t["skipReason"] for t in sensor["sensorState"]["ticks"] if t["status"] == "SKIPPED"), None)
 
 
 def run_status(server: Server, run_id: str) -> str | None:
@@ -126,6 +149,12 @@ def ui(tmp_path_factory):
         run_id = launch_partition(server, RECRAWL)
         status = wait_until(f"run {run_id}", lambda: run_status(server, run_id), timeout=600, every=2)
         assert status == "SUCCESS", f"run {run_id}: {status}; the server's log ends:\n{server.log_tail()}"
+        # A file that is no batch (a space in its name), then the landing sensor on: it has nothing new to run,
+        # and its tick says so, naming the file it set aside.
+        (landing / SET_ASIDE).write_text(json.dumps(listing(1)) + "\n")
+        start_landing_sensor(server)
+        reason = wait_until("a skipped tick of landing_sensor", lambda: skipped_tick_reason(server), 300, every=2)
+        assert reason.startswith("no new batch files; ignored: crawl 1.jsonl: its name"), reason
         yield server
     finally:
         server.stop()
@@ -133,7 +162,8 @@ def ui(tmp_path_factory):
 
 @contextmanager
 def browser_page(name: str):
-    """A headless Chromium page; on failure a screenshot `<name>-failure.png` shows what the browser saw."""
+    """A headless Chromium page; on failure a screenshot `<name>-failure.png` and the page's HTML show what the
+    browser saw."""
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as playwright:
@@ -145,6 +175,7 @@ def browser_page(name: str):
             yield page
         except Exception:
             page.screenshot(path=ARTIFACTS / f"{name}-failure.png")
+            (ARTIFACTS / f"{name}-failure.html").write_text(page.content())
             raise
         finally:
             browser.close()
@@ -164,6 +195,17 @@ def test_ui_shows_the_ladder_its_checks_plots_and_funnel(ui):
         # canonical rung's two checks pass everywhere.
         expect(page.get_by_text(re.compile(r"^\d+ / \d+ Passed$"))).to_have_count(3)
         expect(page.get_by_text("2 / 2 Passed", exact=True)).to_be_visible()
+        # Each summary's icon: the later rungs' only failures are "not judged" warnings, so they are yellow, the
+        # blocking runaway check too (a pass carries the severity of the failures that stand), never red.
+        icons = {
+            "canonical_records": "done",
+            "deduplicated_records": "warning_outline",
+            "near_duplicate_clusters": "warning_outline",
+        }
+        for name, icon in icons.items():
+            summary = page.locator(f"a[href='/assets/{name}?view=checks'] [role=img]")
+            expect(summary).to_have_attribute("aria-label", icon)
+            expect(summary).to_have_attribute("style", re.compile("accent-(green|yellow)"))
         page.screenshot(path=ARTIFACTS / "asset-graph.png")
 
         page.goto(server.url + "/assets/near_duplicate_clusters?view=checks")
@@ -203,3 +245,30 @@ def test_rehash_job_partitions_page_offers_a_backfill(ui):
         expect(page.get_by_text(re.compile(r"^\d+ partitions selected$"))).to_be_visible()
         expect(page.locator("button", has_text=re.compile(r"^Launch backfill…?$")).last).to_be_enabled()
         page.screenshot(path=ARTIFACTS / "rehash-backfill.png")
+
+
+def test_ui_shows_the_sensors_skip_reason_and_a_check_that_could_not_judge(ui):
+    """The landing sensor set a file aside (see the fixture): its tick says which and why where the tick list
+    shows it; and a check that could not judge reads as a warning that says so, never as Passed."""
+    from playwright.sync_api import expect
+
+    with browser_page("sensor") as page:
+        page.goto(ui.url + "/locations/dedup_pipeline/sensors/landing_sensor")
+        # A skipped tick's status tag reads "0 runs requested" (first the latest tick's, then the tick list's,
+        # newest first); hovering the tick list's shows the skip reason.
+        status = page.get_by_text("0 runs requested", exact=True).nth(1)
+        expect(status).to_be_visible()
+        status.hover()
+        expect(page.get_by_text(re.compile(r"^no new batch files; ignored: crawl 1\.jsonl: its name"))).to_be_visible()
+        page.screenshot(path=ARTIFACTS / "sensor-skip.png")
+
+        # A check that could not judge: the demo's syndication batch (8 records) in the collapse check's execution
+        # history, a warning ("Failed", yellow) whose first line says it was not judged, and why.
+        page.goto(ui.url + "/assets/deduplicated_records?view=checks&checkDetail=collapse_rate_in_band")
+        page.get_by_text("Execution history", exact=True).click()
+        row = page.locator("tr", has_text="2026-11-02-syndication")
+        expect(row).to_contain_text("not judged: batch too small to judge (8 < 100 records); collapse rate 0.000")
+        expect(row.get_by_text("Failed", exact=True)).to_be_visible()
+        expect(row.locator("[role=img][aria-label=warning_outline]")).to_be_visible()
+        expect(row.locator("[role=img][aria-label=cancel]")).to_have_count(0)
+        page.screenshot(path=ARTIFACTS / "not-judged.png")

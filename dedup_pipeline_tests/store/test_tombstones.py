@@ -7,17 +7,20 @@ import secrets
 import stat
 
 import pytest
+from sqlalchemy import select
 
-from dedup_pipeline.core.erasure import Subject
+from dedup_pipeline.core.erasure import Subject, key_id
 from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.store.schema import (
     canonical_records,
     dedup_decisions,
+    erasure_tombstones,
     metadata,
 )
 from dedup_pipeline.store.tombstones import TombstoneKeyError, key_file_path
+from dedup_pipeline.store.warehouse import Warehouse
 from dedup_pipeline_tests.erasure_helpers import DAY, P4, T0, count, crawl_two_days, record_id, run_ladder
 from dedup_pipeline_tests.helpers import listing, write_batch
 
@@ -92,6 +95,23 @@ def test_production_needs_the_key_from_the_environment(warehouse, tmp_path, monk
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(path.read_bytes().strip()) == 64
     write_batch(folder, "b", [listing(1, crawl_id="again")], landed=T0 + DAY)
     assert run_ladder(warehouse, folder, "b").decisions["erased"] == 1
+
+
+def test_a_key_given_to_the_warehouse_is_the_one_its_tombstones_use(warehouse, tmp_path):
+    """The Dagster resource gives the warehouse its key (`Warehouse(tombstone_key=)`); the variable, set here to
+    another key, is only the command line's. A warehouse of the variable's key then refuses to ingest."""
+    given = secrets.token_hex(32)
+    keyed = Warehouse(warehouse.url, tombstone_key=given)
+    erase_subject(keyed, Subject.parse("natural_key", "https://shop.example.com/p/1"), "T-13")
+    with keyed.engine.connect() as conn:
+        kept = set(conn.execute(select(erasure_tombstones.c.key_id)).scalars())
+    assert kept == {key_id(given.encode())}
+    folder = tmp_path / "landing"
+    write_batch(folder, "a", [listing(1), listing(2)], landed=T0)
+    assert run_ladder(keyed, folder, "a").decisions["erased"] == 1
+    with pytest.raises(TombstoneKeyError, match="another key"):
+        run_ladder(warehouse, folder, "a")
+    keyed.dispose()
 
 
 def test_the_in_memory_tombstone_screen_never_outlives_its_tombstones(warehouse, tmp_path):
