@@ -258,7 +258,8 @@ class _Run:
             self.store("content/1", rows, _digests(fields, len(rows)), payloads)
         if "content/2" in self.versions:
             canonical = {k: c.canonical for k, c in zip(keys, columns)}
-            self.store("content/2", rows, _content_v2(canonical, len(rows)), payloads)
+            known = {k: (c.v1_quoted, c.v1) for k, c in zip(keys, columns) if c.normalised}
+            self.store("content/2", rows, _content_v2(canonical, len(rows), known), payloads)
 
     def store(self, version: str, rows: list[int], digests: list[str | None] | None, payloads) -> None:
         """Digests per row; a row the columns left out (None) is hashed by the rule itself."""
@@ -326,10 +327,13 @@ class _Run:
 class _Column:
     """One field over a group: canonical values, and the `content/1` JSON of each (`v1_quoted`: text to quote)."""
 
-    __slots__ = ("canonical", "v1_quoted", "v1", "bad")
+    __slots__ = ("canonical", "v1_quoted", "v1", "bad", "normalised")
 
-    def __init__(self, canonical: list, v1_quoted: bool, v1: list[str], bad: set[int] | None = None):
+    def __init__(
+        self, canonical: list, v1_quoted: bool, v1: list[str], bad: set[int] | None = None, normalised: bool = False
+    ):
         self.canonical, self.v1_quoted, self.v1, self.bad = canonical, v1_quoted, v1, bad or set()
+        self.normalised = normalised  # text both hash rules' normalisation leaves as it is: v1 is their JSON
 
     def keep(self, positions: list[int]) -> None:
         self.canonical = [self.canonical[j] for j in positions]
@@ -355,6 +359,14 @@ def _normalised(values: list[str], upper: bool = False) -> tuple[list[str], str 
         if upper and not joined.isupper():  # isupper: no a-z at all, so upper() changes nothing
             values = list(map(str.upper, values))
         return values, joined
+    if (
+        "  " not in joined and joined[:1] != " " and joined[-1:] != " " and unicodedata.is_normalized("NFC", joined)
+    ):  # NFC already, no space runs or edge spaces: only whitespace other than " " (never printable) can change
+        if not joined.isprintable():
+            if _SEP in joined:
+                return None
+            values = [v if v.isprintable() else " ".join(v.split()) for v in values]
+        return (list(map(str.upper, values)) if upper else values), None
     joined = _SEP.join(values)
     if joined.count(_SEP) != len(values) - 1:
         return None
@@ -376,17 +388,19 @@ def _json_strings(values: list[str], clean: str | None) -> tuple[bool, list[str]
     `clean` is their joined text when known to be printable ASCII. None when a
     value holds a lone surrogate (not UTF-8: the rule reports it).
     """
-    if clean is not None:
-        return (False, list(map(_encode_str, values))) if '"' in clean or "\\" in clean else (True, values)
-    joined = _SEP.join(values)
-    if not joined.isascii():
-        try:
-            joined.encode("utf-8")
-        except UnicodeEncodeError:
-            return None
-    if _needs_escape(joined):
-        return False, list(map(_encode_str, values))
-    return True, values
+    if clean is None:
+        clean = _CHECK_JOINER.join(values)
+        # Control characters and lone surrogates are never printable: only such values need a closer look.
+        odd = () if clean.isprintable() else [v for v in values if not v.isprintable()]
+        for value in odd:
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return None
+        if any(map(_needs_escape, odd)):
+            return False, list(map(_encode_str, values))
+    return (False, list(map(_encode_str, values))) if '"' in clean or "\\" in clean else (True, values)
 
 
 def _text_column(values: list[str], normalise: bool, upper: bool) -> _Column | None:
@@ -398,7 +412,11 @@ def _text_column(values: list[str], normalise: bool, upper: bool) -> _Column | N
         canonical, clean = done
     else:
         canonical, clean = values, None
-    if clean is None:  # content/1 normalises the canonical text again (nothing to do on clean ASCII)
+    # content/1 (and content/2) normalise the canonical text again. Normalising is idempotent (NFC is, and a
+    # collapsed space composes with nothing), so that changes nothing on text normalised here, unless it was
+    # upper-cased since.
+    normalised = normalise and not upper
+    if clean is None and not normalised:
         done = _normalised(canonical)
         if done is None:
             return None
@@ -408,7 +426,7 @@ def _text_column(values: list[str], normalise: bool, upper: bool) -> _Column | N
     encoded = _json_strings(v1, clean)
     if encoded is None:
         return None
-    return _Column(canonical, encoded[0], encoded[1])
+    return _Column(canonical, encoded[0], encoded[1], normalised=normalised)
 
 
 # ------------------------------------------------------------------ numbers
@@ -528,14 +546,19 @@ def _v2_minor_units(canonical: dict[str, list]) -> list[int | None] | None:
     return minors
 
 
-def _content_v2(canonical: dict[str, list], n: int) -> list[str | None] | None:
-    """`content/2` digests of a group from its canonical columns; None (per row, or for all) to leave to the rule."""
+def _content_v2(
+    canonical: dict[str, list], n: int, known: dict[str, tuple[bool, list[str]]]
+) -> list[str | None] | None:
+    """`content/2` digests of a group from its canonical columns; None (per row, or for all) to leave to the rule.
+
+    `known` holds the JSON text of the columns whose canonical text the rule's normalisation leaves as it is.
+    """
     if not all(f in canonical for f in V2_REQUIRED) or set(map(type, canonical["currency"])) != {str}:
         return None  # a missing field's error, or a currency to_minor_units would not read: the rule decides
     texts = {}
     for name in (*V2_REQUIRED, "description"):
         if name in canonical:
-            encoded = _v2_text(canonical[name], upper=name == "currency")
+            encoded = known.get(name) or _v2_text(canonical[name], upper=name == "currency")
             if encoded is None:
                 return None
             texts[name] = encoded

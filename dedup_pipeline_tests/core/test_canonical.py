@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from decimal import Decimal
 
 import pytest
@@ -55,6 +56,8 @@ ALPHABET = st.sampled_from(
         "\x7f",
         "\ud800",
         "\U0001f600",
+        "\u200d",
+        "\u2019",
         "%",
     ]
 )
@@ -362,7 +365,9 @@ def test_errors_other_than_record_errors_propagate_as_on_the_per_record_path():
 @given(
     st.lists(
         st.text(
-            st.sampled_from(list("ab |") + WHITESPACE + ["\u0301", "\u1100", "\u1161", "\x00", "\x01", "\u00e9"]),
+            st.sampled_from(
+                list("ab |") + WHITESPACE + ["\u0301", "\u1100", "\u1161", "\x00", "\x01", "\u00e9", "\u200d", "\u2019"]
+            ),
             max_size=8,
         ),
         min_size=1,
@@ -376,6 +381,27 @@ def test_a_joined_column_normalises_like_each_value(values, upper):
         assert done is None  # the separator itself: left to the per-value path
     else:
         assert done[0] == [normalise_text(v).upper() if upper else normalise_text(v) for v in values]
+
+
+def test_no_whitespace_character_but_the_space_is_printable():
+    # The column code leaves printable NFC text without space runs as it is: that is only right while this holds.
+    everything = map(chr, range(sys.maxunicode + 1))
+    assert [c for c in everything if c.isspace() and c.isprintable()] == [" "]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.text(st.sampled_from(list('a "\\') + ["\x01", "\x1f", "\x7f", "\u00e9", "\u200d", "\ud800"])), max_size=6
+    )
+)
+def test_json_strings_of_a_column_are_what_json_writes(values):
+    done = canonical._json_strings(values, None)
+    if any("\ud800" in v for v in values):
+        assert done is None  # not UTF-8: the rule reports it
+    else:
+        quoted, texts = done
+        assert [f'"{t}"' if quoted else t for t in texts] == [json.dumps(v, ensure_ascii=False) for v in values]
 
 
 def test_every_whitespace_character_collapses_as_str_split_does():
