@@ -273,7 +273,7 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self._halt.is_set():
             client = {
-                name: _cpu_seconds(pid, True) + sum(_cpu_seconds(c) for c in _descendants(pid))
+                name: _cpu_seconds(pid, True) + sum(_cpu_seconds(c, True) for c in _descendants(pid))
                 for name, pid in self.clients.items()
             }
             waiting = {

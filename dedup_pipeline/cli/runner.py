@@ -33,7 +33,7 @@ from dedup_pipeline import environment
 from dedup_pipeline.cli.lanes import DEFAULT_WORKERS, lane_workers, source_lanes
 from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.core.errors import ConfigurationError
-from dedup_pipeline.core.parallel import available_cpus, ordered_map
+from dedup_pipeline.core.parallel import available_cpus, ordered_map, start_preloading
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.landing import batch_source, scan_landing
@@ -161,6 +161,10 @@ def remote_job_origin(job_name: str, repository_name: str) -> RemoteJobOrigin:
     return RemoteJobOrigin(RemoteRepositoryOrigin(location, repository_name), job_name)
 
 
+#: What the lanes' worker processes are forked with, imported once (`cli/lane_preload.py`).
+LANE_PRELOAD = ("dedup_pipeline.cli.lane_preload",)
+
+
 def run_config_for(landing: Path, canonical_workers: int | None = None) -> dict:
     """The run config of a command-line run: a quiet console, the landing folder it read and, for a lane of
     several, the canonical rung's share of the CPUs.
@@ -271,7 +275,12 @@ def run_landing_folder(
     instance = instance or _local_instance()
     scan = scan_landing(landing, settle_seconds)
     keys = [batch.key for batch in scan.batches]
-    warehouse = Warehouse().create_schema()  # unreachable: one clear error now, not a failed run per batch
+    warehouse = Warehouse()
+    lanes = source_lanes(keys)
+    workers = lane_workers(workers, len(lanes), warehouse.dialect, instance.is_persistent)
+    if workers > 1:
+        start_preloading(LANE_PRELOAD)  # the lanes' imports, once, while this process prepares the runs
+    warehouse.create_schema()  # unreachable: one clear error now, not a failed run per batch
     known = set(instance.get_dynamic_partitions(crawl_batches_partitions.name))
     missing = [key for key in keys if key not in known]
     if missing:
@@ -279,14 +288,13 @@ def run_landing_folder(
     summary = LadderSummary(notices=scan.notices(settle_seconds))
     for run_id in release_runs_of_dead_processes(instance):
         summary.notices.append(f"run {run_id} died with its process: marked failed, its warehouse pool slots freed")
-    lanes = source_lanes(keys)
-    workers = lane_workers(workers, len(lanes), warehouse.dialect, instance.is_persistent)
     progress.start(len(keys))
     if workers > 1:
         with forwarded(progress) as events:
             # The lanes share the CPUs: a lane's canonical rung takes its share, not one worker per CPU of its own.
             share = max(1, available_cpus() // workers)
-            for lane in ordered_map(partial(_run_lane, landing, instance.get_ref(), events, share), lanes, workers):
+            lane_runs = partial(_run_lane, landing, instance.get_ref(), events, share)
+            for lane in ordered_map(lane_runs, lanes, workers, preload=LANE_PRELOAD):
                 summary.add(lane)
         summary.order.sort(key=keys.index)
         summary.batches.sort(key=lambda b: keys.index(b.batch))

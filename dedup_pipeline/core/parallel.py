@@ -8,12 +8,15 @@ keeps at most two items per worker submitted and yields results in input order.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
+import select
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from functools import partial
 from typing import TypeVar
 
 Item = TypeVar("Item")
@@ -33,29 +36,86 @@ def can_start_processes() -> bool:
 
 
 def _exit_with_parent(parent: int) -> None:
-    """A worker's initializer: end the worker once its parent is gone.
+    """A worker's initializer: end the worker once `parent`, the process that started the pool, is gone.
 
     A parent killed outright (SIGKILL, out of memory) never tells its workers,
     and they would wait for work forever: each holds the task queue's pipe open
-    itself, so it never sees end-of-file.
+    itself, so it never sees end-of-file. A spawned worker sees its parent
+    change; a worker forked from a fork server has the server as its parent,
+    which its own workers keep running, so it watches the pool's process itself.
     """
+    if os.getppid() == parent:
+
+        def gone() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+
+    else:
+
+        def gone() -> None:
+            try:
+                with open(os.pidfd_open(parent), closefd=True) as handle:  # readable once the process has ended
+                    select.select([handle], [], [])
+            except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): ask the process table
+                while _exists(parent):
+                    time.sleep(0.5)
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
+        gone()
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _preloading(preload: Sequence[str]) -> multiprocessing.context.BaseContext | None:
+    """The "forkserver" context, importing `preload` once, where the platform has one and `preload` is given."""
+    if not preload or "forkserver" not in multiprocessing.get_all_start_methods():
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    return context
+
+
+def start_preloading(preload: Sequence[str]) -> None:
+    """Start the fork server of ``ordered_map(..., preload=preload)`` now: it imports `preload` in the background
+    while this process goes on, and workers started later find them imported."""
+    if _preloading(preload) is not None:
+        multiprocessing.forkserver.ensure_running()
+
+
+def _in_environment(environ: dict[str, str], cwd: str, function: Callable[[Item], Result], item: Item) -> Result:
+    """`function(item)` in the environment and folder of the process that submitted it, as a spawned worker has:
+    a worker forked from a fork server has the server's, as they were when it started."""
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    os.chdir(cwd)
+    return function(item)
+
+
+def ordered_map(
+    function: Callable[[Item], Result], items: Iterable[Item], workers: int, preload: Sequence[str] = ()
+) -> Iterator[Result]:
     """``map(function, items)`` on `workers` processes (inline when 1), in input order.
 
     At most two items per worker are submitted ahead of the one being yielded,
     so memory is bounded by a few items whatever the input's length. `function`
     must be importable by name (a module-level function or a `functools.partial`
     of one): workers are started with "spawn", never forked from a process that
-    may hold threads, open connections or locks. An exception in a worker is
+    may hold threads, open connections or locks. With `preload` (module names),
+    they are forked from a fork server that imported those modules once (a
+    clean process, see `start_preloading`), and run `function` in this
+    process's environment variables and folder. An exception in a worker is
     raised here when its result is reached; closing the generator early cancels
     what is still queued. Workers end by themselves if this process is killed.
     Where processes cannot be started (`can_start_processes`), it runs inline.
@@ -64,9 +124,12 @@ def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], worke
         yield from map(function, items)
         return
     pending: deque[Future] = deque()
-    pool = ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent, initargs=(os.getpid(),)
-    )
+    context = _preloading(preload)
+    if context is None:
+        context = multiprocessing.get_context("spawn")
+    else:
+        function = partial(_in_environment, dict(os.environ), os.getcwd(), function)
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_exit_with_parent, initargs=(os.getpid(),))
     try:
         # Every worker is started before the first item: a worker lost while the executor was still starting
         # others (it starts them one per submit) left its shutdown waiting forever in our tests (Python 3.11).
@@ -82,4 +145,4 @@ def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], worke
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-__all__ = ["available_cpus", "can_start_processes", "ordered_map"]
+__all__ = ["available_cpus", "can_start_processes", "ordered_map", "start_preloading"]

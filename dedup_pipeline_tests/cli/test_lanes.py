@@ -116,7 +116,7 @@ def test_a_side_by_side_run_whose_records_met_max_candidates_says_their_links_ma
     settings = NearDupResource.settings
     monkeypatch.setattr(NearDupResource, "settings", lambda self: dataclasses.replace(settings(self), max_candidates=2))
     # The lanes run inline, in this process, so that they see the patched setting; the summary is a lanes run's.
-    monkeypatch.setattr(runner, "ordered_map", lambda function, items, workers: map(function, items))
+    monkeypatch.setattr(runner, "ordered_map", lambda function, items, workers, preload: map(function, items))
     keys = _land(tmp_path / "landing", syndicated_crawl(seed=5, stories=8, batches=2))
     notices = {}
     with fresh_database("lanes_capped_one") as one, fresh_database("lanes_capped_two") as two:

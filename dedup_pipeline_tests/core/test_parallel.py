@@ -8,11 +8,12 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from dedup_pipeline.core.parallel import ordered_map
+from dedup_pipeline.core.parallel import ordered_map, start_preloading
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,7 +82,7 @@ def test_available_cpus_follows_the_affinity_mask_not_the_machine():
 
 
 _PARENT = """
-import multiprocessing, threading, time
+import multiprocessing, sys, threading, time
 from dedup_pipeline.core.parallel import ordered_map
 
 if __name__ == "__main__":
@@ -91,7 +92,7 @@ if __name__ == "__main__":
         print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
 
     threading.Thread(target=report, daemon=True).start()
-    next(ordered_map(time.sleep, [600] * 4, workers=2))
+    next(ordered_map(time.sleep, [600] * 4, workers=2, preload=sys.argv[1:]))
 """
 
 
@@ -104,11 +105,12 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from /proc")
-def test_workers_end_when_their_parent_is_killed(tmp_path):
-    """A step process killed outright (SIGKILL, out of memory) leaves no worker behind."""
+@pytest.mark.parametrize("preload", [[], ["json"]], ids=["spawned", "from-a-fork-server"])
+def test_workers_end_when_their_parent_is_killed(tmp_path, preload):
+    """A step process killed outright (SIGKILL, out of memory) leaves no worker behind, nor a fork server."""
     script = tmp_path / "parent.py"
     script.write_text(_PARENT)
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    parent = subprocess.Popen([sys.executable, str(script), *preload], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         workers = [int(pid) for pid in parent.stdout.readline().split()]
         assert len(workers) == 2 and all(map(_running, workers))
@@ -119,3 +121,24 @@ def test_workers_end_when_their_parent_is_killed(tmp_path):
     while any(map(_running, workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(_running, workers)), "a worker outlived its killed parent"
+
+
+def _state(name: str, _item: int) -> tuple[bool, str | None, str, int]:
+    return "dedup_pipeline.cli.lane_preload" in sys.modules, os.environ.get(name), os.getcwd(), os.getpid()
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="needs a fork server")
+def test_preloaded_workers_start_with_the_modules_imported_in_this_processs_environment(tmp_path, monkeypatch):
+    """Breaks: workers forked from a fork server that imported `preload` once; the server started before this
+    process changed its environment variables and folder.
+
+    Must hold: each worker finds the module imported without importing it itself, yet runs in the environment
+    and folder this process has when it submits the work, as a spawned worker would."""
+    preload = ("dedup_pipeline.cli.lane_preload",)
+    start_preloading(preload)
+    monkeypatch.setenv("DEDUP_TEST_PRELOAD", "set after the server started")
+    monkeypatch.chdir(tmp_path)
+    states = list(ordered_map(partial(_state, "DEDUP_TEST_PRELOAD"), range(4), workers=2, preload=preload))
+    assert {state[:3] for state in states} == {(True, "set after the server started", str(tmp_path))}
+    assert os.getpid() not in {state[3] for state in states}
+    assert not multiprocessing.active_children()
