@@ -54,11 +54,12 @@ def _exit_with_parent(parent: int) -> None:
 
         def gone() -> None:
             try:
-                with open(os.pidfd_open(parent), closefd=True) as handle:  # readable once the process has ended
-                    select.select([handle], [], [])
+                handle = os.pidfd_open(parent)  # readable once the process has ended (the worker ends with it)
             except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): ask the process table
                 while _exists(parent):
                     time.sleep(0.5)
+            else:
+                select.select([handle], [], [])
 
     def watch() -> None:
         gone()
