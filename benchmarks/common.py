@@ -130,12 +130,16 @@ def cpu_seconds(fn) -> float:
         gc.enable()
 
 
-def alternating_cpu(sides: dict, rounds: int) -> dict[str, list[float]]:
-    """CPU seconds of each side's call in every round, the sides taking turns within a round."""
+def alternating_cpu(sides: dict, rounds: int, limits: dict[str, int] | None = None) -> dict[str, list[float]]:
+    """CPU seconds of each side's call in every round, the sides taking turns within a round.
+
+    ``limits`` caps the rounds of slow sides: they run in the first rounds only, between the others.
+    """
     times: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(rounds):
+    for round_ in range(rounds):
         for name, fn in sides.items():
-            times[name].append(cpu_seconds(fn))
+            if round_ < (limits or {}).get(name, rounds):
+                times[name].append(cpu_seconds(fn))
     return times
 
 
