@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numba
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts
-from dedup_pipeline.core.text import TextNormaliser
+from dedup_pipeline.core.text import TextNormaliser, _bmp_folds
 from dedup_pipeline.core.xxh32 import xxh32_slices
 
 NORMALISERS = st.builds(
@@ -157,3 +159,14 @@ def test_minima_refuse_counts_that_do_not_match_the_hashes():
         _minima(np.arange(5, dtype=np.uint32), np.array([2, 2]), 4, 1, out)
     with pytest.raises(ValueError, match="do not match"):
         _minima(np.arange(4, dtype=np.uint32), np.array([2, 2]), 8, 1, out)
+
+
+@pytest.mark.parametrize("casefold", [True, False])
+@pytest.mark.parametrize("digits", ["keep", "mask"])
+def test_the_compiled_rules_table_is_the_rules_of_every_bmp_character(casefold, digits):
+    folds = _bmp_folds(casefold, digits)
+    for c in range(0x80, 0x10000):
+        text = chr(c).casefold() if casefold else chr(c)
+        text = re.sub(r"\d", "0", text) if digits == "mask" else text
+        want = [ord(char) if char.isalnum() else 0x20 for char in text]
+        assert folds[c].tolist() == want + [0] * (3 - len(want)), hex(c)
