@@ -56,10 +56,9 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 
 from benchmarks.bench_exact import seed_store_if_new  # noqa: E402
-from benchmarks.common import private_redis, scratch_database  # noqa: E402
+from benchmarks.common import DATA, article_paragraphs, private_redis, scratch_database  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data"
 CLI = str(Path(sys.executable).with_name("dedup-pipeline"))
 SOURCES = ("shop-a", "shop-b")
 RUNGS = ("raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters")
@@ -85,11 +84,9 @@ def _titles() -> list[str]:
 
 def _sentences() -> list[str]:
     """The sentences of the article benchmark's real texts (about 8,000), long enough to read as prose."""
-    articles = json.loads((DATA / "html_article_benchmark" / "ground-truth.json").read_text(encoding="utf-8"))
     found = set()
-    for article in articles.values():
-        for paragraph in article["articleBody"].split("\n"):
-            found.update(s.strip() for s in re.split(r"(?<=[.!?”])\s+", paragraph) if len(s.split()) >= 6)
+    for paragraph in article_paragraphs():
+        found.update(s.strip() for s in re.split(r"(?<=[.!?”])\s+", paragraph) if len(s.split()) >= 6)
     return sorted(found)
 
 

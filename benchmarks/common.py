@@ -1,7 +1,9 @@
-"""Shared helpers of the benchmarks: a private PostgreSQL database, timing, synthetic crawls, an in-memory LSH index."""
+"""Shared helpers of the benchmarks: a private PostgreSQL database, timing, synthetic crawls, real text, an in-memory
+LSH index."""
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import statistics
@@ -20,6 +22,8 @@ from dedup_pipeline.core.lsh import band_keys
 from dedup_pipeline.core.minhash import empty_mask
 from dedup_pipeline_tests.helpers import PG_ADMIN_URL  # the server of the scratch databases: the tests' setting
 
+#: The real third-party data beside the repository (../shared/data, described in its SOURCES.md).
+DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 #: The Redis the benchmarks use ($DEDUP_REDIS_URL, else the local one); their keys have prefixes of their own
 #: and are deleted afterwards.
 REDIS_URL = environment.redis_url() or "redis://127.0.0.1:6379/0"
@@ -112,6 +116,37 @@ def timed(function, *args, **kwargs) -> tuple[float, object]:
 
 def median(values) -> float:
     return statistics.median(values)
+
+
+def cpu_seconds(fn) -> float:
+    """CPU time of the process over one call of ``fn()``, the garbage collector paused as timeit does."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.process_time()
+        fn()
+        return time.process_time() - start
+    finally:
+        gc.enable()
+
+
+def alternating_cpu(sides: dict, rounds: int, limits: dict[str, int] | None = None) -> dict[str, list[float]]:
+    """CPU seconds of each side's call in every round, the sides taking turns within a round.
+
+    ``limits`` caps the rounds of slow sides: they run in the first rounds only, between the others.
+    """
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for round_ in range(rounds):
+        for name, fn in sides.items():
+            if round_ < (limits or {}).get(name, rounds):
+                times[name].append(cpu_seconds(fn))
+    return times
+
+
+def article_paragraphs() -> list[str]:
+    """The distinct non-empty paragraphs of the article benchmark's 181 real texts (about 4,000), sorted."""
+    articles = json.loads((DATA / "html_article_benchmark" / "ground-truth.json").read_text(encoding="utf-8"))
+    return sorted({p.strip() for article in articles.values() for p in article["articleBody"].split("\n") if p.strip()})
 
 
 class LshIndex:

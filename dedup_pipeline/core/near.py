@@ -33,7 +33,6 @@ from dedup_pipeline.core.minhash import (
     SIGNATURE_BITS,
     empty_mask,
     estimated_jaccard_pairs,
-    minhash_signatures,
     minhash_signatures_from_texts,
     to_lean_minhash,
 )
@@ -304,9 +303,9 @@ def _exact_jaccard(left: np.ndarray, right: np.ndarray, shingles) -> np.ndarray:
 def minhash_links(
     signatures: np.ndarray,
     params: NearDupParams,
-    shingles: Sequence[Sequence[bytes]] | None = None,
+    shingles: Sequence[Sequence[bytes]] | Callable[[np.ndarray], Mapping[int, Sequence[bytes]]] | None = None,
 ) -> list[Link]:
-    """Verified links among the rows of ``signatures`` (an in-batch self-join)."""
+    """Verified links among the rows of ``signatures`` (an in-batch self-join); ``shingles`` as :func:`verify_pairs`."""
     usable = np.flatnonzero(~empty_mask(signatures)) if len(signatures) else np.empty(0, dtype=np.int64)
     keys = band_keys(signatures[usable], params.bands, params.rows)
     pairs = usable[candidate_pairs(keys)]
@@ -325,11 +324,13 @@ def simhash_links(shingles: Sequence[Sequence[bytes]], params: NearDupParams) ->
 def near_duplicate_links(texts: Sequence[str], params: NearDupParams | None = None) -> list[Link]:
     """Verified near-duplicate links ``(i, j, similarity)``, ``i < j``, sorted."""
     params = params or NearDupParams()
-    shingles = shingle_texts(texts, params.normaliser)
     if params.method == "simhash":
-        return simhash_links(shingles, params)
-    signatures = minhash_signatures(shingles, params.num_perm, params.seed)
-    return minhash_links(signatures, params, shingles)
+        return simhash_links(shingle_texts(texts, params.normaliser), params)
+    signatures = minhash_signatures_from_texts(texts, params.normaliser, params.num_perm, params.seed)
+    # Shingle objects only for the texts of the pairs that need the exact Jaccard (none under verify="estimate").
+    return minhash_links(
+        signatures, params, lambda rows: {i: params.normaliser.shingle_bytes(texts[i]) for i in rows.tolist()}
+    )
 
 
 def to_lean_minhashes(texts: Sequence[str], params: NearDupParams | None = None) -> list[LeanMinHash]:

@@ -36,11 +36,12 @@ a sixth of the shingles of character n-grams.
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, lru_cache, partial
 from typing import ClassVar
 
 import numpy as np
@@ -143,6 +144,59 @@ def _strip_non_alnum(text: str) -> str:
 
 #: Marks where one text ends in a buffer of many: a byte that UTF-8 never uses.
 _TEXT_END = b"\xff"
+
+
+@cache
+def _bmp_folds(casefold: bool, digits: str) -> np.ndarray | None:
+    """Rules 2-4 for each BMP code point beyond ASCII: the code points it becomes, up to three (0 after the last).
+
+    Row ``c`` holds ``chr(c)`` casefolded (when ``casefold``), its decimal digits masked (when ``digits="mask"``),
+    and each resulting character that is neither letter nor digit a space: rules 2-4 act character by character,
+    so a text's rules 2-4 are its characters' rows in turn. None if some character would become more than three,
+    leave the BMP, or grow its UTF-8 more than three times (no Unicode version so far does).
+    """
+    folded = [chr(c).casefold() for c in range(0x10000)] if casefold else [chr(c) for c in range(0x10000)]
+    single = np.fromiter(map(len, folded), dtype=np.int64, count=0x10000) == 1
+    code = np.zeros(0x10000, dtype=np.int64)
+    code[single] = np.fromiter(map(ord, itertools.compress(folded, single)), dtype=np.int64)
+    folds = np.zeros((0x10000, 3), dtype=np.uint16)
+    keep = _bmp_alnum()[code].astype(bool)
+    folds[:, 0] = np.where(keep, code, 0x20)
+    if digits == "mask":
+        folds[_bmp_decimal()[code].astype(bool), 0] = ord("0")
+    for c in np.flatnonzero(~single).tolist():  # the few characters that casefold to several (ß, ŉ, ΐ...)
+        text = _DIGIT.sub("0", folded[c]) if digits == "mask" else folded[c]
+        out = [ord(char) if char.isalnum() else 0x20 for char in text]
+        width = sum(1 if o < 0x80 else 2 if o < 0x800 else 3 for o in out)
+        if len(out) > 3 or max(out) > 0xFFFF or width > 3 * (2 if c < 0x800 else 3):
+            return None
+        folds[c] = 0
+        folds[c, : len(out)] = out
+    folds[:0x80] = 0  # ASCII takes the byte table
+    return folds
+
+
+@lru_cache(maxsize=1)
+def _bmp_decimal() -> np.ndarray:
+    """One flag per BMP code point: is it a decimal digit (what re's ``\\d`` matches)?"""
+    return np.frombuffer(bytes(chr(c).isdecimal() for c in range(0x10000)), dtype=np.uint8)
+
+
+@lru_cache(maxsize=4096)
+def _wide_rules(char: bytes, casefold: bool, digits: str) -> bytes:
+    """Rules 2-4 of one character beyond the BMP, as UTF-8 (the per-character rule :func:`_bmp_folds` tabulates)."""
+    text = char.decode("utf-8")
+    text = text.casefold() if casefold else text
+    text = _DIGIT.sub("0", text) if digits == "mask" else text
+    return "".join(c if c.isalnum() else " " for c in text).encode("utf-8")
+
+
+@cache
+def _fold_ascii_table(casefold: bool, digits: str) -> np.ndarray:
+    """Rules 2-4 for ASCII bytes, and the text separator becomes :data:`_TEXT_END`."""
+    table = np.frombuffer(_ascii_byte_table(casefold, digits, True)[:128], dtype=np.uint8).copy()
+    table[ord(_SEPARATOR)] = _TEXT_END[0]
+    return table
 
 
 @dataclass(frozen=True)
@@ -268,6 +322,31 @@ class TextNormaliser:
             for i, data in enumerate(done)
         ]
 
+    def _joined_rules_1_to_4(self, texts: Sequence[str]) -> bytes | None:
+        """Rules 1-4 of texts of which some are not ASCII, joined by :data:`_TEXT_END`, whitespace as spaces.
+
+        Rule 1 runs per non-ASCII text (ASCII is the same in every normal form); rules 2-4 run compiled over all
+        of the chunk at once, a table row per character (:func:`_bmp_folds`), with no string per text. None
+        where that does not apply: all texts ASCII (the byte-table path is faster), punctuation kept (rule 5
+        must then see Unicode whitespace), or a text holding the separator. The few characters beyond the BMP
+        (emoji...) are left as they are by the compiled pass and take the rules one by one after it.
+        """
+        if not self.strip_punctuation or all(map(str.isascii, texts)):
+            return None
+        form = self.unicode_form
+        text = _SEPARATOR.join(t if form == "none" or t.isascii() else unicodedata.normalize(form, t) for t in texts)
+        folds = _bmp_folds(self.casefold, self.digits)
+        if text.count(_SEPARATOR) != len(texts) - 1 or folds is None:
+            return None
+        from dedup_pipeline.core.xxh32 import fold_and_strip
+
+        return fold_and_strip(
+            text.encode("utf-8", "surrogatepass"),
+            _fold_ascii_table(self.casefold, self.digits),
+            folds,
+            partial(_wide_rules, casefold=self.casefold, digits=self.digits),
+        )
+
     def normalise(self, text: str) -> str:
         """Apply rules 1-5 and return the normalised text."""
         return " ".join(self._apply_rules(text).split())
@@ -341,11 +420,13 @@ class TextNormaliser:
         """
         if not texts:
             return b"", np.zeros(0, dtype=np.int64)
-        table = _ascii_spacing_table(self.casefold, self.digits, self.strip_punctuation)
-        others = iter(self._non_ascii_bytes([text for text in texts if not text.isascii()]))
-        joined = _TEXT_END.join(
-            text.encode("ascii").translate(table) if text.isascii() else next(others) for text in texts
-        )
+        joined = self._joined_rules_1_to_4(texts)
+        if joined is None:
+            table = _ascii_spacing_table(self.casefold, self.digits, self.strip_punctuation)
+            others = iter(self._non_ascii_bytes([text for text in texts if not text.isascii()]))
+            joined = _TEXT_END.join(
+                text.encode("ascii").translate(table) if text.isascii() else next(others) for text in texts
+            )
         data = np.frombuffer(joined, dtype=np.uint8)
         not_space = data != 0x20
         first_of_run = not_space.copy()

@@ -195,3 +195,72 @@ def spaces_for_non_alnum(data: bytes, ascii_table: np.ndarray, alnum: np.ndarray
         raise ValueError("text outside the BMP")  # the kernel decodes at most three bytes a character
     out = np.empty(source.size, dtype=np.uint8)
     return out[: _spaces_for_non_alnum(source, ascii_table, alnum, out)].tobytes()
+
+
+@_compiled()
+def _fold_and_strip(data, ascii_table, folds, out, wide):
+    """Copy UTF-8 ``data`` to ``out``, each ASCII byte through ``ascii_table`` and each BMP character replaced by
+    its (up to three) code points in ``folds`` (0 ends them early), written as UTF-8. A character beyond the BMP
+    is copied as it is and where it landed in ``out`` is noted in ``wide``. Returns the lengths used of both."""
+    o = 0
+    w = 0
+    i = 0
+    n = data.size
+    while i < n:
+        b = data[i]
+        if b < 0x80:
+            out[o] = ascii_table[b]
+            o += 1
+            i += 1
+            continue
+        if b >= 0xF0:
+            wide[w] = o
+            w += 1
+            for k in range(4):
+                out[o + k] = data[i + k]
+            o += 4
+            i += 4
+            continue
+        if b < 0xE0:
+            code = ((np.int64(b) & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+            i += 2
+        else:
+            code = ((np.int64(b) & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+            i += 3
+        for k in range(3):
+            c = np.int64(folds[code, k])
+            if c == 0:
+                break
+            if c < 0x80:
+                out[o] = c
+                o += 1
+            elif c < 0x800:
+                out[o] = 0xC0 | (c >> 6)
+                out[o + 1] = 0x80 | (c & 0x3F)
+                o += 2
+            else:
+                out[o] = 0xE0 | (c >> 12)
+                out[o + 1] = 0x80 | ((c >> 6) & 0x3F)
+                out[o + 2] = 0x80 | (c & 0x3F)
+                o += 3
+    return o, w
+
+
+def fold_and_strip(data: bytes, ascii_table: np.ndarray, folds: np.ndarray, wide_rules) -> bytes:
+    """:func:`_fold_and_strip` of UTF-8 ``data``; each character beyond the BMP then becomes ``wide_rules(it)``.
+
+    ``folds`` must not grow a character's UTF-8 more than three times (see core.text, which builds it).
+    """
+    source = np.frombuffer(data, dtype=np.uint8)
+    out = np.empty(3 * source.size, dtype=np.uint8)
+    wide = np.empty(source.size // 4 + 1, dtype=np.int64)
+    length, count = _fold_and_strip(source, ascii_table, folds, out, wide)
+    result = out[:length].tobytes()
+    if not count:
+        return result
+    pieces, last = [], 0
+    for at in wide[:count].tolist():
+        pieces += [result[last:at], wide_rules(result[at : at + 4])]
+        last = at + 4
+    pieces.append(result[last:])
+    return b"".join(pieces)

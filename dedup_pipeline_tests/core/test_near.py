@@ -10,6 +10,7 @@ import xxhash
 from datasketch import LeanMinHash, MinHash, MinHashLSH, MinHashLSHForest
 
 from dedup_pipeline.core.lsh import candidate_probability
+from dedup_pipeline.core.minhash import minhash_signatures
 from dedup_pipeline.core.near import (
     DEFAULT_THRESHOLD,
     MIN_THRESHOLD_RECALL,
@@ -17,7 +18,9 @@ from dedup_pipeline.core.near import (
     cluster_near_duplicates,
     lowest_threshold,
     make_params,
+    minhash_links,
     near_duplicate_links,
+    shingle_texts,
     threshold_recall,
     threshold_warning,
     to_lean_minhashes,
@@ -121,6 +124,21 @@ def test_auto_verification_decides_a_pair_too_close_to_call_by_the_exact_jaccard
         near_duplicate_links(texts, NearDupParams(threshold=min(estimate, exact) - 0.2, verify="auto"))[0][2]
         == estimate
     )
+
+
+@pytest.mark.parametrize("verify", ["auto", "exact", "estimate"])
+@pytest.mark.parametrize("threshold", [0.3, 0.5, 0.8])
+def test_links_from_texts_are_those_of_the_shingle_lists(verify, threshold):
+    """The library signs texts by the compiled path and shingles only what verification needs: the links stay
+    those of signing and verifying the full shingle lists."""
+    curly = EDITED.replace("--", "—").replace("Staff Reporter", "“Staff Reporter”").replace("council", "council’s")
+    texts = [ARTICLE, EDITED, curly, RECIPE, SAME_TOPIC, "Straße café – Köln", "strasse cafe koln", "", "!!!"]
+    texts += [t.upper() for t in texts[:3]] + ["Новый бюджет городского совета", "новый бюджет городского совета!"]
+    params = NearDupParams(threshold=threshold, verify=verify)
+    shingles = shingle_texts(texts, params.normaliser)
+    expected = minhash_links(minhash_signatures(shingles, params.num_perm, params.seed), params, shingles)
+    assert len(expected) >= 4
+    assert near_duplicate_links(texts, params) == expected
 
 
 def test_results_are_deterministic():

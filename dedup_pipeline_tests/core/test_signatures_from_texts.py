@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numba
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts
-from dedup_pipeline.core.text import TextNormaliser
+from dedup_pipeline.core.text import TextNormaliser, _bmp_folds
 from dedup_pipeline.core.xxh32 import xxh32_slices
 
 NORMALISERS = st.builds(
@@ -26,10 +28,16 @@ NORMALISERS = st.builds(
     short_below=st.integers(0, 12),
 )
 # ASCII controls and separators, Unicode spaces, combining marks, ligatures, CJK, emoji, RTL: every rule has work.
-# Pure ASCII texts take their own fast path, so half the texts are drawn from ASCII alone, runs of spaces included.
+# Pure ASCII texts take their own fast path, so a third of the texts are drawn from ASCII alone, runs of spaces
+# included. Chunks free of the separator and of characters beyond the BMP take the compiled rules 2-4, so a third
+# are drawn from such characters: ones that casefold to several (ß, ΐ, ŉ), to another width (Ⱥ, K, ſ), other digits.
 TEXT = st.one_of(
     st.text(
-        st.sampled_from(list("ab Z9_.,\t\n\x1c\x1f\x0b") + list("éÿ\u0301ﬁ漢字🙂\u00a0\u2003\u200fשל")), max_size=60
+        st.sampled_from(list("ab Z9_.,\t\n\x1c\x1f\x0b") + list("éÿ\u0301ﬁ漢字🙂𐐀\u00a0\u2003\u200fשל")), max_size=60
+    ),
+    st.text(
+        st.sampled_from(list("aB Z9_.,\t\n\x1c") + list("ÉßẞİΐΰŉǰȺ\u212aſ’“”—…Жжё٣߁\u00a0\u2003\u0301漢ﬁ")),
+        max_size=60,
     ),
     st.text(
         st.sampled_from(list("ab Z9_.,!") + [" ", "\t", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1f", "\x00"]),
@@ -151,3 +159,14 @@ def test_minima_refuse_counts_that_do_not_match_the_hashes():
         _minima(np.arange(5, dtype=np.uint32), np.array([2, 2]), 4, 1, out)
     with pytest.raises(ValueError, match="do not match"):
         _minima(np.arange(4, dtype=np.uint32), np.array([2, 2]), 8, 1, out)
+
+
+@pytest.mark.parametrize("casefold", [True, False])
+@pytest.mark.parametrize("digits", ["keep", "mask"])
+def test_the_compiled_rules_table_is_the_rules_of_every_bmp_character(casefold, digits):
+    folds = _bmp_folds(casefold, digits)
+    for c in range(0x80, 0x10000):
+        text = chr(c).casefold() if casefold else chr(c)
+        text = re.sub(r"\d", "0", text) if digits == "mask" else text
+        want = [ord(char) if char.isalnum() else 0x20 for char in text]
+        assert folds[c].tolist() == want + [0] * (3 - len(want)), hex(c)
