@@ -211,6 +211,18 @@ def use_dagster_home(folder: Path) -> None:
     os.environ["DAGSTER_HOME"] = str(folder)
 
 
+def snapshot() -> dict[str, str]:
+    """Every variable of this process, for a worker that must run in them (`adopt`)."""
+    return dict(os.environ)
+
+
+def adopt(variables: dict[str, str]) -> None:
+    """Make `variables` (a `snapshot` of another process's) this process's, exactly."""
+    if os.environ != variables:
+        os.environ.clear()
+        os.environ.update(variables)
+
+
 def libpq_setting(name: str) -> str:
     """A libpq environment variable (`PGOPTIONS`, `PGCONNECT_TIMEOUT`), empty when unset."""
     return os.environ.get(name, "")

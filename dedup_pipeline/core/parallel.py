@@ -19,6 +19,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from functools import partial
 from typing import TypeVar
 
+from dedup_pipeline import environment
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -97,9 +99,7 @@ def start_preloading(preload: Sequence[str]) -> None:
 def _in_environment(environ: dict[str, str], cwd: str, function: Callable[[Item], Result], item: Item) -> Result:
     """`function(item)` in the environment and folder of the process that submitted it, as a spawned worker has:
     a worker forked from a fork server has the server's, as they were when it started."""
-    if os.environ != environ:
-        os.environ.clear()
-        os.environ.update(environ)
+    environment.adopt(environ)
     os.chdir(cwd)
     return function(item)
 
@@ -129,7 +129,7 @@ def ordered_map(
     if context is None:
         context = multiprocessing.get_context("spawn")
     else:
-        function = partial(_in_environment, dict(os.environ), os.getcwd(), function)
+        function = partial(_in_environment, environment.snapshot(), os.getcwd(), function)
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_exit_with_parent, initargs=(os.getpid(),))
     try:
         # Every worker is started before the first item: a worker lost while the executor was still starting
