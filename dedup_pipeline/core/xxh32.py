@@ -154,6 +154,15 @@ def xxh32_slices(buffer: bytes, starts: np.ndarray, lengths: np.ndarray, seed: i
     return out
 
 
+@_compiled(inline="always")
+def _bmp_character(data, i):
+    """The code point of the two- or three-byte UTF-8 character at byte ``i``, and its width."""
+    b = np.int64(data[i])
+    if b < 0xE0:
+        return ((b & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F), 2
+    return ((b & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F), 3
+
+
 @_compiled()
 def _spaces_for_non_alnum(data, ascii_table, alnum, out):
     """Copy UTF-8 ``data`` to ``out``, each character that is not alphanumeric replaced by a space; return the length.
@@ -171,12 +180,7 @@ def _spaces_for_non_alnum(data, ascii_table, alnum, out):
             o += 1
             i += 1
             continue
-        if b < 0xE0:
-            width = 2
-            code = ((np.int64(b) & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
-        else:
-            width = 3
-            code = ((np.int64(b) & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+        code, width = _bmp_character(data, i)
         if alnum[code]:
             for k in range(width):
                 out[o + k] = data[i + k]
@@ -221,12 +225,8 @@ def _fold_and_strip(data, ascii_table, folds, out, wide):
             o += 4
             i += 4
             continue
-        if b < 0xE0:
-            code = ((np.int64(b) & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
-            i += 2
-        else:
-            code = ((np.int64(b) & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
-            i += 3
+        code, width = _bmp_character(data, i)
+        i += width
         for k in range(3):
             c = np.int64(folds[code, k])
             if c == 0:
