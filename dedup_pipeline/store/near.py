@@ -354,11 +354,49 @@ def mark_linked(conn: Connection, ids: Sequence[int]) -> None:
     delete_in(conn, near_pending, [near_pending.c.record_id], ids)
 
 
+@lru_cache(maxsize=32)
+def _rows_sql(bands: int) -> str:
+    """PostgreSQL: the index rows of `:ids` in id order, each column packed into one byte string (big-endian
+    integers, the signatures end to end): a few values to decode, not a row object per record."""
+
+    def packed(value: str) -> str:
+        return f"string_agg({value}, ''::bytea ORDER BY record_id)"
+
+    columns = [
+        "int8send(record_id)",
+        "signature",
+        "int8send(first_landed_us) || int8send(first_seen_us) || int8send(key_order)",
+        " || ".join(f"int4send(coalesce(b{b}, 0))" for b in range(bands)),
+        "decode(CASE WHEN b0 IS NULL THEN '00' ELSE '01' END, 'hex')",  # indexable
+    ]
+    return f"SELECT {', '.join(map(packed, columns))} FROM near_index WHERE record_id = ANY(:ids)"
+
+
 def load_rows(conn: Connection, ids: Iterable[int], width: int, bands: int) -> IndexRows:
     """The index rows of `ids` that exist, in id order."""
     ids = sorted(set(ids))
     if not ids:
         return IndexRows.empty(width, bands)
+    if conn.dialect.name == "postgresql":
+        return _packed_rows(conn, ids, width, bands)
+    return _selected_rows(conn, ids, width, bands)
+
+
+def _packed_rows(conn: Connection, ids: list[int], width: int, bands: int) -> IndexRows:
+    found, signatures, order, keys, indexable = conn.execute(text(_rows_sql(bands)), {"ids": ids}).one()
+    if found is None:
+        return IndexRows.empty(width, bands)
+    found = np.frombuffer(found, dtype=">i8").astype(np.int64)
+    return IndexRows(
+        ids=found,
+        signatures=np.frombuffer(signatures, dtype=np.uint8).reshape(found.size, -1).copy(),
+        order=np.frombuffer(order, dtype=">i8").astype(np.int64).reshape(found.size, 3),
+        keys=np.frombuffer(keys, dtype=">i4").astype(np.int32).reshape(found.size, bands),
+        indexable=np.frombuffer(indexable, dtype=np.uint8).astype(bool),
+    )
+
+
+def _selected_rows(conn: Connection, ids: list[int], width: int, bands: int) -> IndexRows:
     n = near_index.c
     fetched = []
     for part in chunked(ids):
