@@ -299,7 +299,9 @@ def analyze_grown(conn: Connection, tables: Mapping[Any, Sequence[str]]) -> list
     PostgreSQL's live-row counter with the row count of the last statistics
     (which a column-limited ANALYZE refreshes too): growth by half again, and
     by `ANALYZE_FLOOR` rows, so a growing table is analysed a logarithmic number
-    of times and a steady one never. Returns the names of the tables analysed.
+    of times and a steady one never. A table another session is analysing
+    (another worker that saw the same growth) is left to it: ``SKIP_LOCKED``,
+    not a wait on its lock. Returns the names of the tables analysed or left so.
     """
     if conn.dialect.name != "postgresql":
         return []
@@ -309,7 +311,7 @@ def analyze_grown(conn: Connection, tables: Mapping[Any, Sequence[str]]) -> list
         name for name, (counted, live) in counts.items() if live - counted >= max(ANALYZE_FLOOR, counted / 2)
     )
     if grown:
-        conn.execute(text("ANALYZE " + ", ".join(_analyze_statement(*by_name[name]) for name in grown)))
+        conn.execute(text("ANALYZE (SKIP_LOCKED) " + ", ".join(_analyze_statement(*by_name[name]) for name in grown)))
     return grown
 
 

@@ -83,3 +83,25 @@ def test_nothing_to_do_on_sqlite(tmp_path):
     warehouse = Warehouse(f"sqlite:///{tmp_path / 'w.sqlite'}").create_schema()
     assert grown(warehouse, {dedup_decisions: ()}) == []
     warehouse.dispose()
+
+
+@on_postgresql
+def test_a_table_another_session_is_analysing_is_left_to_it_not_waited_for(warehouse):
+    """Breaks: two lanes see one table grow and both analyse it; the other's ANALYZE holds the table's lock.
+
+    Must hold: this session does not wait for that lock (it would hit its lock timeout), and the statistics are
+    refreshed once the other lets go."""
+    without_autovacuum(warehouse)
+    add_rows(warehouse, 0, ANALYZE_FLOOR + 2000)
+    wait_for_live_rows(warehouse, ANALYZE_FLOOR + 2000)
+    with warehouse.engine.connect() as other:
+        other.execute(text("LOCK TABLE dedup_decisions IN SHARE UPDATE EXCLUSIVE MODE"))  # what an ANALYZE takes
+        with warehouse.engine.begin() as conn:
+            conn.execute(text("SET LOCAL lock_timeout = '3s'"))
+            started = time.monotonic()
+            assert analyze_grown(conn, {dedup_decisions: ()}) == ["dedup_decisions"]
+            assert time.monotonic() - started < 2
+        assert counted_and_live(warehouse)[0] < ANALYZE_FLOOR  # skipped: the statistics are the old ones
+        other.rollback()
+    assert grown(warehouse, {dedup_decisions: ()}) == ["dedup_decisions"]
+    assert counted_and_live(warehouse)[0] == ANALYZE_FLOOR + 2000
