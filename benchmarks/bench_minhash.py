@@ -50,10 +50,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import gc  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numba  # noqa: E402
@@ -62,7 +60,7 @@ import xxhash  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import LshIndex  # noqa: E402
+from benchmarks.common import LshIndex, cpu_and_wall  # noqa: E402
 from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts, to_lean_minhash  # noqa: E402
 from dedup_pipeline.core.near import NearDupParams  # noqa: E402
 
@@ -128,17 +126,7 @@ def make_documents(count: int, size: int = 2000, seed: int = 7) -> list[str]:
 
 def median_time(fn, repeat: int) -> tuple[float, float]:
     """Median (CPU, wall) seconds of ``fn()``; the garbage collector is paused while timing, as timeit does."""
-    cpu, wall = [], []
-    for _ in range(repeat):
-        gc.collect()
-        gc.disable()
-        try:
-            start_cpu, start_wall = time.process_time(), time.perf_counter()
-            fn()
-            cpu.append(time.process_time() - start_cpu)
-            wall.append(time.perf_counter() - start_wall)
-        finally:
-            gc.enable()
+    cpu, wall = zip(*(cpu_and_wall(fn) for _ in range(repeat)))
     return statistics.median(cpu), statistics.median(wall)
 
 

@@ -118,16 +118,21 @@ def median(values) -> float:
     return statistics.median(values)
 
 
-def cpu_seconds(fn) -> float:
-    """CPU time of the process over one call of ``fn()``, the garbage collector paused as timeit does."""
+def cpu_and_wall(fn) -> tuple[float, float]:
+    """(CPU, wall) seconds of one call of ``fn()``, the garbage collector paused as timeit does."""
     gc.collect()
     gc.disable()
     try:
-        start = time.process_time()
+        start_cpu, start_wall = time.process_time(), time.perf_counter()
         fn()
-        return time.process_time() - start
+        return time.process_time() - start_cpu, time.perf_counter() - start_wall
     finally:
         gc.enable()
+
+
+def cpu_seconds(fn) -> float:
+    """CPU time of the process over one call of ``fn()`` (`cpu_and_wall`)."""
+    return cpu_and_wall(fn)[0]
 
 
 def alternating_cpu(sides: dict, rounds: int, limits: dict[str, int] | None = None) -> dict[str, list[float]]:
