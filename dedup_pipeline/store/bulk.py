@@ -3,16 +3,19 @@
 `copy_rows` appends rows to a table. `staging_table` gives a per-connection
 temporary table that a chunk is copied into before one set-based
 INSERT ... SELECT or UPDATE ... FROM moves it into place, so a chunk costs a
-handful of statements whatever its size.
+handful of statements whatever its size. `insert_rows` and `update_rows` run
+one INSERT or UPDATE over many rows sent as arrays, for the smaller writes
+that need no staging table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import JSON, Column, Connection, MetaData, Table
+from sqlalchemy import JSON, Column, Connection, Insert, MetaData, Table, Update, bindparam, func, literal, select
 from sqlalchemy.schema import CreateTable
+from sqlalchemy.types import TypeEngine
 
 from dedup_pipeline.store import json_text
 
@@ -60,6 +63,44 @@ def copy_rows(
     conn.connection.driver_connection.cursor().executemany(
         f'INSERT INTO "{table.name}" ({names}) VALUES ({placeholders})', rows
     )
+
+
+def _unnested(types: Mapping[str, TypeEngine], rows: Sequence[Sequence[Any]]):
+    """PostgreSQL: `rows` (tuples in `types` order) as a table to select from or join, each column one array
+    parameter: one statement however many rows, cheap to send and to plan."""
+    from sqlalchemy.dialects.postgresql import ARRAY
+
+    arrays = [literal(list(values), ARRAY(kind)) for kind, values in zip(types.values(), zip(*rows))]
+    return func.unnest(*arrays).table_valued(*types).render_derived()
+
+
+def insert_rows(conn: Connection, statement: Insert, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Run an INSERT (ON CONFLICT clauses included) for every row (dicts with the same keys, columns of the
+    statement's table): one INSERT ... SELECT over the rows' arrays on PostgreSQL, one execution a row elsewhere."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
+        conn.execute(statement, list(rows))
+        return
+    names = list(rows[0])
+    types = {name: statement.table.c[name].type for name in names}
+    source = _unnested(types, [[row[name] for name in names] for row in rows])
+    conn.execute(statement.from_select(names, select(*(source.c[name] for name in names))))
+
+
+def update_rows(
+    conn: Connection, build: Callable[[Mapping[str, Any]], Update], types: Mapping[str, TypeEngine], rows: Sequence
+) -> None:
+    """Run the UPDATE `build(v)` for every row (tuples in `types` order), where `v[name]` is the row's value:
+    one UPDATE ... FROM the rows' arrays on PostgreSQL, one execution a row elsewhere. Each target row must
+    match at most one of `rows` (PostgreSQL would apply only one of them)."""
+    if not rows:
+        return
+    if conn.dialect.name == "postgresql":
+        conn.execute(build(_unnested(types, rows).c))
+        return
+    values = {name: bindparam(name, type_=kind) for name, kind in types.items()}
+    conn.execute(build(values), [dict(zip(types, row)) for row in rows])
 
 
 def staging_table(

@@ -28,11 +28,11 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
-from sqlalchemy import Connection, Row, Select, and_, bindparam, delete, func, or_, select, text, true, tuple_, update
+from sqlalchemy import Connection, Row, Select, and_, delete, func, or_, select, text, true, tuple_, update
 
 from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.core.near import NearDupParams
-from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values, staging_table
+from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values, insert_rows, staging_table, update_rows
 from dedup_pipeline.store.schema import (
     MAX_BANDS,
     crawl_batches,
@@ -327,8 +327,8 @@ def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes], pend
     conn.execute(insert.on_conflict_do_update(index_elements=[near_index.c.record_id], set_=replaced))
     if conn.dialect.name != "postgresql":
         conn.execute(stage.delete())
-    if pending and ids:
-        conn.execute(upsert_ignore(conn, near_pending), [{"record_id": rid} for rid in ids])
+    if pending:
+        insert_rows(conn, upsert_ignore(conn, near_pending), [{"record_id": rid} for rid in ids])
 
 
 def _dialect_insert(conn: Connection):
@@ -341,13 +341,13 @@ def _dialect_insert(conn: Connection):
 
 def update_digests(conn: Connection, digests: dict[int, bytes]) -> None:
     """Re-label rows whose record holds new content with the same text (a price change): nothing else changes."""
-    if digests:
-        conn.execute(
-            update(near_index)
-            .where(near_index.c.record_id == bindparam("rid"))
-            .values(content_hash=bindparam("digest")),
-            [{"rid": rid, "digest": digest} for rid, digest in sorted(digests.items())],
-        )
+    n = near_index
+    update_rows(
+        conn,
+        lambda v: update(n).where(n.c.record_id == v["rid"]).values(content_hash=v["digest"]),
+        {"rid": n.c.record_id.type, "digest": n.c.content_hash.type},
+        sorted(digests.items()),
+    )
 
 
 def mark_linked(conn: Connection, ids: Sequence[int]) -> None:
@@ -504,14 +504,11 @@ def lock_rows(conn: Connection, ids: Sequence[int]) -> None:
 
 def add_links(conn: Connection, links: Sequence[tuple[int, int, float]], method: str, batch_id: str) -> None:
     """Insert links (earlier record, later record, similarity); a link stored already is kept."""
-    if links:
-        conn.execute(
-            upsert_ignore(conn, near_duplicate_links),
-            [
-                {"record_a": a, "record_b": b, "similarity": s, "method": method, "batch_id": batch_id}
-                for a, b, s in links
-            ],
-        )
+    insert_rows(
+        conn,
+        upsert_ignore(conn, near_duplicate_links),
+        [{"record_a": a, "record_b": b, "similarity": s, "method": method, "batch_id": batch_id} for a, b, s in links],
+    )
 
 
 def prune_links(conn: Connection, owners: Sequence[int], max_links: int) -> int:
@@ -614,34 +611,35 @@ def cluster_representatives(conn: Connection, cluster_ids: Iterable[int]) -> dic
 def relabel_clusters(conn: Connection, moves: dict[int, int]) -> None:
     """Merge clusters: every member of cluster `old` joins cluster `new` (moves: old -> new)."""
     c = near_duplicate_clusters
-    if moves:
-        conn.execute(
-            update(c)
-            .where(c.c.cluster_id == bindparam("old"))
-            .values(cluster_id=bindparam("new"), is_representative=False),
-            [{"old": old, "new": new} for old, new in sorted(moves.items())],
-        )
+    update_rows(
+        conn,
+        lambda v: update(c).where(c.c.cluster_id == v["old"]).values(cluster_id=v["new"], is_representative=False),
+        {"old": c.c.cluster_id.type, "new": c.c.cluster_id.type},
+        sorted(moves.items()),
+    )
 
 
 def add_members(conn: Connection, members: dict[int, int]) -> None:
     """New cluster rows: record -> cluster id (not representative; `set_representatives` says who is)."""
-    if members:
-        conn.execute(
-            near_duplicate_clusters.insert(),
-            [{"record_id": rid, "cluster_id": cid, "is_representative": False} for rid, cid in sorted(members.items())],
-        )
+    insert_rows(
+        conn,
+        near_duplicate_clusters.insert(),
+        [{"record_id": rid, "cluster_id": cid, "is_representative": False} for rid, cid in sorted(members.items())],
+    )
 
 
 def set_representatives(conn: Connection, chosen: dict[int, int]) -> None:
     """cluster id -> its representative record: that member's flag set, every other member's cleared."""
     c = near_duplicate_clusters
-    if not chosen:
-        return
-    conn.execute(
-        update(c)
-        .where(c.c.cluster_id == bindparam("cid"), c.c.is_representative | (c.c.record_id == bindparam("rep")))
-        .values(is_representative=(c.c.record_id == bindparam("rep"))),
-        [{"cid": cid, "rep": rep} for cid, rep in sorted(chosen.items())],
+    update_rows(
+        conn,
+        lambda v: (
+            update(c)
+            .where(c.c.cluster_id == v["cid"], c.c.is_representative | (c.c.record_id == v["rep"]))
+            .values(is_representative=(c.c.record_id == v["rep"]))
+        ),
+        {"cid": c.c.cluster_id.type, "rep": c.c.record_id.type},
+        sorted(chosen.items()),
     )
 
 
@@ -674,14 +672,14 @@ def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[
     if not members:
         return
     delete_in(conn, near_duplicate_clusters, [near_duplicate_clusters.c.record_id], members)
-    if assignment:
-        conn.execute(
-            near_duplicate_clusters.insert(),
-            [
-                {"record_id": rid, "cluster_id": cid, "is_representative": rep}
-                for rid, (cid, rep) in sorted(assignment.items())
-            ],
-        )
+    insert_rows(
+        conn,
+        near_duplicate_clusters.insert(),
+        [
+            {"record_id": rid, "cluster_id": cid, "is_representative": rep}
+            for rid, (cid, rep) in sorted(assignment.items())
+        ],
+    )
 
 
 def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
