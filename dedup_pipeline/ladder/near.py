@@ -156,7 +156,7 @@ def cluster_batch(
         sketches = sketch([texts[row.record_id] for row in rows], params)
         _index_chunk(warehouse, rows, sketches, texts, params, batch_id, report, max_links, max_candidates)
         with warehouse.engine.begin() as conn:
-            analyze_grown(conn, {table: () for table in index.INDEX_TABLES})
+            analyze_grown(conn, {table: () for table in index.INDEX_TABLES}, index.STATISTICS_TARGET)
         done.advance(len(rows))
     with warehouse.engine.begin() as conn:
         report.clusters = index.cluster_sizes(conn, report.clusters)  # a cluster merged into another since is gone

@@ -105,3 +105,29 @@ def test_a_table_another_session_is_analysing_is_left_to_it_not_waited_for(wareh
         other.rollback()
     assert grown(warehouse, {dedup_decisions: ()}) == ["dedup_decisions"]
     assert counted_and_live(warehouse)[0] == ANALYZE_FLOOR + 2000
+
+
+@on_postgresql
+def test_a_statistics_target_sets_the_sample_of_that_analyze_only(warehouse):
+    """Breaks: the near rung analyses its index on a small sample (`statistics_target`). Must hold: that ANALYZE
+    keeps a histogram of the target's size, and the next one without a target is back to the default's."""
+    without_autovacuum(warehouse)
+    add_rows(warehouse, 0, ANALYZE_FLOOR + 2000)
+    wait_for_live_rows(warehouse, ANALYZE_FLOOR + 2000)
+
+    def bounds() -> int:
+        with warehouse.engine.connect() as conn:
+            return conn.execute(
+                text(
+                    "SELECT array_length(histogram_bounds, 1) FROM pg_stats "
+                    "WHERE tablename = 'dedup_decisions' AND attname = 'line_no'"
+                )
+            ).scalar_one()
+
+    with warehouse.engine.begin() as conn:
+        assert analyze_grown(conn, {dedup_decisions: ("line_no",)}, statistics_target=10) == ["dedup_decisions"]
+    assert bounds() == 11
+    add_rows(warehouse, 10**6, ANALYZE_FLOOR)
+    wait_for_live_rows(warehouse, 2 * ANALYZE_FLOOR + 2000)
+    assert grown(warehouse, {dedup_decisions: ("line_no",)}) == ["dedup_decisions"]
+    assert bounds() == 101
