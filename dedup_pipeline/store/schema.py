@@ -161,11 +161,14 @@ dedup_decisions = Table(
 #: each under a B-tree index of its own. The indexes are partial (non-NULL keys only), so the unused columns' stay
 #: empty, and the schema's owner creates them all with the tables (the writer role cannot create indexes).
 MAX_BANDS = 64
+NEAR_INDEX_FILLFACTOR = 90
 
 # One row per sketched record (layout near-index/2): the digest of the content sketched, the order of first landing
 # (which of two records is "older", the same whatever order batches ran in), a compact signature (one byte per
-# MinHash permutation, or the 8-byte SimHash fingerprint) and the band keys as 32-bit integers. `linked` is false
-# between the commit that makes the row visible to other workers and the one that links and clusters it.
+# MinHash permutation, or the 8-byte SimHash fingerprint) and the band keys as 32-bit integers. A tenth of each
+# page is left free (PostgreSQL's fillfactor): a re-crawl with the same text and a new price re-labels its row's
+# digest, and with room on the page that update is HOT, leaving the row's 27 index entries as they are (else it
+# adds 27 more, about six times the time and most of the index's growth from updates).
 near_index = Table(
     "near_index",
     metadata,
@@ -176,6 +179,7 @@ near_index = Table(
     Column("key_order", BigInteger, nullable=False),
     Column("signature", LargeBinary, nullable=False),
     *[Column(f"b{band}", Integer) for band in range(MAX_BANDS)],
+    postgresql_with={"fillfactor": NEAR_INDEX_FILLFACTOR},
 )
 for _band in range(MAX_BANDS):
     _key = near_index.c[f"b{_band}"]

@@ -189,6 +189,7 @@ class Warehouse:
             if conn.dialect.name == "postgresql":  # two processes creating a new warehouse's tables would collide
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
             metadata.create_all(conn)
+            _declared_storage(conn)
             new = read_setting(conn, ACTIVE_HASH_VERSION) is None
             initial = {ACTIVE_HASH_VERSION: INITIAL_ACTIVE_VERSION, ACTIVE_URL_VERSION: URL_VERSION}
             if not new:  # a warehouse of older code keeps its keys: url/1 until `dedup-pipeline migrate-url`
@@ -204,6 +205,26 @@ class Warehouse:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _declared_storage(conn: Connection) -> None:
+    """Give the tables of a warehouse made by older code the storage parameters the schema declares now
+    (`postgresql_with`, such as a fillfactor), where this role owns them: they apply to pages written from then on."""
+    if conn.dialect.name != "postgresql":
+        return
+    for table in metadata.tables.values():
+        declared = {f"{name}={value}" for name, value in (table.dialect_options["postgresql"]["with"] or {}).items()}
+        if not declared:
+            continue
+        options, owned = conn.execute(
+            text(
+                "SELECT coalesce(reloptions, '{}'), pg_has_role(relowner, 'USAGE') FROM pg_class "
+                "WHERE oid = to_regclass(:name)"
+            ),
+            {"name": table.name},
+        ).one()
+        if owned and not declared <= set(options):
+            conn.execute(text(f"ALTER TABLE {table.name} SET ({', '.join(sorted(declared))})"))
 
 
 def read_setting(conn: Connection, name: str) -> str | None:

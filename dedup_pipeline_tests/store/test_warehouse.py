@@ -68,3 +68,58 @@ def test_a_url_s_own_options_keep_the_idle_in_transaction_timeout():
             assert conn.execute(text("SHOW statement_timeout")).scalar() == "5s"
             assert conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar() == "10min"
         warehouse.dispose()
+
+
+def test_price_changes_relabel_index_rows_in_place_also_in_a_warehouse_made_before_the_fillfactor():
+    """Breaks: a re-crawl with the same text and a new price re-labels its near-index row's digest; on a full
+    page that update writes the row anew with an entry in each of its 27 indexes. Must hold: `create_schema` gives
+    a warehouse made without the schema's fillfactor that fillfactor, and rows written after it are then updated
+    in place (HOT), one in twenty of them spread over every page as price changes are."""
+    from dedup_pipeline.store.bulk import copy_rows
+    from dedup_pipeline.store.near import update_digests
+    from dedup_pipeline.store.schema import NEAR_INDEX_FILLFACTOR, RECORD_COLUMNS, near_index, records
+
+    with empty_database() as url:
+        warehouse = Warehouse(url).create_schema()
+
+        def options() -> list[str]:
+            with warehouse.engine.connect() as conn:
+                return conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'near_index'")).scalar()
+
+        try:
+            assert options() == [f"fillfactor={NEAR_INDEX_FILLFACTOR}"]
+            with warehouse.engine.begin() as conn:
+                conn.execute(text("ALTER TABLE near_index RESET (fillfactor)"))  # as older code made it
+            assert options() is None
+            warehouse.create_schema()
+            assert options() == [f"fillfactor={NEAR_INDEX_FILLFACTOR}"]
+
+            n = 2000
+            with warehouse.engine.begin() as conn:
+                now = conn.execute(text("SELECT now()")).scalar()
+                copy_rows(
+                    conn,
+                    records,
+                    RECORD_COLUMNS,
+                    [
+                        (rid, f"k{rid}", f"https://e.com/{rid}", "url/1", "content/1", rid.to_bytes(32, "big"), {}, now)
+                        + (now, "b", "b", now, rid)
+                        for rid in range(1, n + 1)
+                    ],
+                )
+                copy_rows(
+                    conn,
+                    near_index,
+                    ("record_id", "content_hash", "first_landed_us", "first_seen_us", "key_order", "signature")
+                    + tuple(f"b{b}" for b in range(26)),
+                    [(rid, bytes(32), 0, 0, 0, bytes(128)) + tuple(range(rid, rid + 26)) for rid in range(1, n + 1)],
+                )
+            changed = range(1, n + 1, 20)
+            with warehouse.engine.begin() as conn:
+                update_digests(conn, {rid: b"\x01" * 32 for rid in changed})
+                updated, in_place = conn.execute(
+                    text("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'near_index'")
+                ).one()
+            assert (updated, in_place) == (len(changed), len(changed))
+        finally:
+            warehouse.dispose()
