@@ -59,10 +59,9 @@ _UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
 _DIGIT_POLICIES = ("keep", "mask")
 _SHINGLE_KINDS = ("word", "char", "auto")
 
-_NOT_ALNUM = re.compile(r"[\W_]+")
 _DIGIT = re.compile(r"\d")
-# The same rule for ASCII text as a translate table, about 20x faster than the
-# regex (re's \w is exactly str.isalnum() plus "_").
+# Rule 4 for ASCII text as a translate table, about 20x faster than the regex
+# ``[\W_]+`` (re's \w is exactly str.isalnum() plus "_").
 _ASCII_NOT_ALNUM = str.maketrans({c: " " for c in range(128) if not chr(c).isalnum()})
 
 
@@ -97,7 +96,6 @@ def _ascii_spacing_table(casefold: bool, digits: str, strip_punctuation: bool) -
 #: Joins texts that the rules then process as one string (see TextNormaliser._non_ascii_bytes).
 _SEPARATOR = "\x1f"
 _SEPARATOR_BYTE = _SEPARATOR.encode()
-_BEYOND_BMP = re.compile(rb"[\xf0-\xf7]")
 
 
 @lru_cache(maxsize=1)
@@ -124,22 +122,21 @@ def _ascii_strip_table() -> np.ndarray:
     return table
 
 
-def _in_bmp(data: bytes) -> bool:
-    """Is this UTF-8 free of four-byte characters (code points beyond U+FFFF)?"""
-    return not _BEYOND_BMP.search(data)
-
-
 def _strip_non_alnum(text: str) -> str:
     """Rule 4 for non-ASCII text: every run of characters that are neither letters nor digits becomes a space.
 
     The same as ``re.sub(r"[\\W_]+", " ", text)`` up to the length of the runs (rule 5 collapses them anyway).
     """
-    data = text.encode("utf-8", "surrogatepass")
-    if not _in_bmp(data):
-        return _NOT_ALNUM.sub(" ", text)
-    from dedup_pipeline.core.xxh32 import spaces_for_non_alnum
+    return _strip_only(text.encode("utf-8", "surrogatepass"), _ascii_strip_table()).decode("utf-8", "surrogatepass")
 
-    return spaces_for_non_alnum(data, _ascii_strip_table(), _bmp_alnum()).decode("utf-8", "surrogatepass")
+
+def _strip_only(data: bytes, ascii_table: np.ndarray) -> bytes:
+    """Rule 4 alone of UTF-8 ``data``, by the compiled pass of rules 2-4 with rules 2 and 3 off; ASCII bytes go
+    through ``ascii_table`` (:func:`_ascii_strip_table`, or :func:`_separator_table` to keep the separator)."""
+    from dedup_pipeline.core.xxh32 import fold_and_strip
+
+    # Without casefolding every row is one code point (the table is never None): itself when alphanumeric, else a space.
+    return fold_and_strip(data, ascii_table, _bmp_folds(False, "keep"), _strip_wide)
 
 
 #: Marks where one text ends in a buffer of many: a byte that UTF-8 never uses.
@@ -189,6 +186,9 @@ def _wide_rules(char: bytes, casefold: bool, digits: str) -> bytes:
     text = text.casefold() if casefold else text
     text = _DIGIT.sub("0", text) if digits == "mask" else text
     return "".join(c if c.isalnum() else " " for c in text).encode("utf-8")
+
+
+_strip_wide = partial(_wide_rules, casefold=False, digits="keep")
 
 
 @cache
@@ -299,27 +299,18 @@ class TextNormaliser:
 
         Rules 1-3 run per text (the normalisation's quick check makes most of
         them free); rule 4 runs compiled over all of them at once, joined by a
-        separator it leaves alone. A text holding the separator itself, or a
-        character beyond the BMP, takes rule 4 on its own.
+        separator it leaves alone. A text holding the separator itself takes
+        rule 4 on its own.
         """
-        from dedup_pipeline.core.xxh32 import spaces_for_non_alnum
-
         if not self.strip_punctuation:  # rule 5 must see Unicode whitespace, which only str.split knows
             return [self.normalise(t).encode("utf-8", "surrogatepass") for t in texts]
         done = [self._rules_1_to_3(t).encode("utf-8", "surrogatepass") for t in texts]
-        alone = {i for i, data in enumerate(done) if _SEPARATOR_BYTE in data or not _in_bmp(data)}
+        alone = {i for i, data in enumerate(done) if _SEPARATOR_BYTE in data}
         together = [data for i, data in enumerate(done) if i not in alone]
         if together:
-            stripped = iter(
-                spaces_for_non_alnum(_SEPARATOR_BYTE.join(together), _separator_table(), _bmp_alnum()).split(
-                    _SEPARATOR_BYTE
-                )
-            )
+            stripped = iter(_strip_only(_SEPARATOR_BYTE.join(together), _separator_table()).split(_SEPARATOR_BYTE))
         return [
-            _strip_non_alnum(data.decode("utf-8", "surrogatepass")).encode("utf-8", "surrogatepass")
-            if i in alone
-            else next(stripped)
-            for i, data in enumerate(done)
+            _strip_only(data, _ascii_strip_table()) if i in alone else next(stripped) for i, data in enumerate(done)
         ]
 
     def _joined_rules_1_to_4(self, texts: Sequence[str]) -> bytes | None:

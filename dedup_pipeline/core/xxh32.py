@@ -164,44 +164,6 @@ def _bmp_character(data, i):
 
 
 @_compiled()
-def _spaces_for_non_alnum(data, ascii_table, alnum, out):
-    """Copy UTF-8 ``data`` to ``out``, each character that is not alphanumeric replaced by a space; return the length.
-
-    ASCII bytes go through ``ascii_table``; a character of two or three bytes is kept when ``alnum`` (one flag
-    per BMP code point) says so. The caller sends only text of the BMP (no four-byte characters).
-    """
-    o = 0
-    i = 0
-    n = data.size
-    while i < n:
-        b = data[i]
-        if b < 0x80:
-            out[o] = ascii_table[b]
-            o += 1
-            i += 1
-            continue
-        code, width = _bmp_character(data, i)
-        if alnum[code]:
-            for k in range(width):
-                out[o + k] = data[i + k]
-            o += width
-        else:
-            out[o] = 0x20
-            o += 1
-        i += width
-    return o
-
-
-def spaces_for_non_alnum(data: bytes, ascii_table: np.ndarray, alnum: np.ndarray) -> bytes:
-    """:func:`_spaces_for_non_alnum` of the UTF-8 bytes of BMP text (see core.text for the tables)."""
-    source = np.frombuffer(data, dtype=np.uint8)
-    if source.size and source.max() >= 0xF0:
-        raise ValueError("text outside the BMP")  # the kernel decodes at most three bytes a character
-    out = np.empty(source.size, dtype=np.uint8)
-    return out[: _spaces_for_non_alnum(source, ascii_table, alnum, out)].tobytes()
-
-
-@_compiled()
 def _fold_and_strip(data, ascii_table, folds, out, wide):
     """Copy UTF-8 ``data`` to ``out``, each ASCII byte through ``ascii_table`` and each BMP character replaced by
     its (up to three) code points in ``folds`` (0 ends them early), written as UTF-8. A character beyond the BMP

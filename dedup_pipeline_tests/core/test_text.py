@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import unicodedata
 
 import pytest
 from hypothesis import given, settings
@@ -209,3 +211,81 @@ def test_ascii_fast_path_matches_the_regex_rule(text):
 def test_shingles_keep_document_order_and_duplicates():
     assert TextNormaliser(shingle="word", ngram=1).shingles("b a b") == ["b", "a", "b"]
     assert TextNormaliser(short_chars=0).shingles("b a b") == ["b", "a", "b"]
+
+
+#: Rule 4 alone (and rule 5, always on), so that it is exactly the regex below.
+RULE_4 = TextNormaliser(unicode_form="none", casefold=False)
+
+
+def regex_rule_4(text: str) -> str:
+    return " ".join(re.sub(r"[\W_]+", " ", text).split())
+
+
+def assert_rule_4_is_the_regex(texts: list[str]) -> None:
+    want = [regex_rule_4(text) for text in texts]
+    assert [RULE_4.normalise(text) for text in texts] == want  # one text at a time
+    # A text holding the separator sends the chunk to the per-text rules 1-3 and rule 4 over the rest at once
+    # (_non_ascii_bytes); the text holding it takes rule 4 alone.
+    chunk = [*texts, "\x1f é"]
+    assert RULE_4._joined_rules_1_to_4(chunk) is None
+    buffer, _ = RULE_4.normalised_buffer(chunk)
+    assert buffer == " ".join([*want, "é"]).encode()
+
+
+# Whole blocks beyond the BMP where some characters are letters or digits and others not (Deseret, mathematical
+# alphanumerics, emoji and their skin tones, CJK extension B, tags and variation selectors), and a sample of the rest.
+BEYOND_BMP = sorted(
+    {*range(0x10400, 0x10500), *range(0x1D400, 0x1D800), *range(0x1F300, 0x1F700), *range(0x20000, 0x20100)}
+    | {*range(0xE0000, 0xE0200), *range(0x10000, 0x110000, 97), 0x10FFFF}
+)
+
+
+def test_rule_4_of_every_bmp_character_and_of_characters_beyond_it_is_the_regex():
+    # Blocks of 256 consecutive code points: lone surrogates, the separator, combining marks, digits and "_" are among
+    # them. A character kept where the regex makes it a space (or the other way) changes where the words split.
+    bmp = ["".join(map(chr, range(start, start + 256))) for start in range(0, 0x10000, 256)]
+    beyond = ["".join(map(chr, BEYOND_BMP[i : i + 256])) for i in range(0, len(BEYOND_BMP), 256)]
+    assert_rule_4_is_the_regex(bmp + beyond)
+    # Each character between two letters, so that a wrong one is named.
+    for code in BEYOND_BMP:
+        assert RULE_4.normalise(f"a{chr(code)}b") == regex_rule_4(f"a{chr(code)}b"), hex(code)
+
+
+# ASCII, characters every rule has work on (ß, ΐ, combining marks, CJK, digits of other scripts, the separator, lone
+# surrogates), characters beyond the BMP, and any code point at all.
+MIXED = st.text(
+    st.one_of(
+        st.characters(max_codepoint=127),
+        st.sampled_from(list("ab Z9_.,\t\n\x1c\x1f\x0b") + list("éÿ\u0301ﬁ漢字ßΐŉȺ\u212aſ’—…Жё٣߁\u00a0\u2003\u200fש")),
+        st.sampled_from(
+            [
+                "\ud800",
+                "\udfff",
+                "🙂",
+                "👍",
+                "\U0001f3fd",
+                "𐐀",
+                "𐐨",
+                "𝐀",
+                "𝟗",
+                "𠀀",
+                "\U000e0041",
+                "\U000fe000",
+                "\U0010ffff",
+            ]
+        ),
+        st.characters(exclude_categories=()),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(MIXED, max_size=8))
+def test_rule_4_of_mixed_texts_is_the_regex(texts):
+    assert_rule_4_is_the_regex(texts)
+    # Under the default rules, rule 4 acts on what rules 1-3 made of the text.
+    normaliser = TextNormaliser()
+    assert [normaliser.normalise(text) for text in texts] == [
+        regex_rule_4(unicodedata.normalize("NFKC", text).casefold()) for text in texts
+    ]
