@@ -29,8 +29,8 @@ NORMALISERS = st.builds(
 )
 # ASCII controls and separators, Unicode spaces, combining marks, ligatures, CJK, emoji, RTL: every rule has work.
 # Pure ASCII texts take their own fast path, so a third of the texts are drawn from ASCII alone, runs of spaces
-# included. Chunks free of the separator and of characters beyond the BMP take the compiled rules 2-4, so a third
-# are drawn from such characters: ones that casefold to several (ß, ΐ, ŉ), to another width (Ⱥ, K, ſ), other digits.
+# included. Chunks free of the separator take the compiled rules 2-4 (characters beyond the BMP one by one after
+# it), so a third are drawn from characters that casefold to several (ß, ΐ, ŉ), to another width (Ⱥ, K, ſ), digits.
 TEXT = st.one_of(
     st.text(
         st.sampled_from(list("ab Z9_.,\t\n\x1c\x1f\x0b") + list("éÿ\u0301ﬁ漢字🙂𐐀\u00a0\u2003\u200fשל")), max_size=60
