@@ -55,7 +55,7 @@ from dedup_pipeline.core.fields import (
     record_url,
 )
 from dedup_pipeline.core.hashing import IDENTITY_FIELDS, V2_REQUIRED, compute_hashes, content_v1_field, hash_rule
-from dedup_pipeline.core.numbers import currency_exponent, plain_decimal
+from dedup_pipeline.core.numbers import currency_exponent, parse_decimal, plain_decimal
 
 _SEP = "\x00"  # separates values and records in joined text; JSON text never holds it raw
 _CHECK_JOINER = " | "  # joins a text column to be checked: "  " then reveals a value's leading or trailing space
@@ -288,8 +288,9 @@ class _Run:
                 column = _text_column(urls, normalise=False, upper=False)
             elif key not in NUMERIC_FIELDS:
                 column = _text_column(values, normalise=True, upper=key in UPPER_CASE_FIELDS)
-            else:
-                column = None  # numeric text ("9.90", "call for price"): value by value
+            else:  # numeric text ("9.90") as its numbers; if one is none ("call for price"): value by value
+                numbers = _numbers(values, key)
+                column = _decimal_column(key, numbers) if numbers is not None else None
             if column is not None:
                 return column
         elif kind is float:
@@ -435,6 +436,14 @@ def _text_column(values: list[str], normalise: bool, upper: bool) -> _Column | N
 def _formatted(fmt: str, values: list) -> list[str]:
     """``fmt % value`` for every value, in one format call."""
     return ((fmt + _SEP) * len(values) % tuple(values)).split(_SEP)[:-1]
+
+
+def _numbers(values: list[str], key: str) -> list[Decimal] | None:
+    """The exact numbers numeric texts read as, or None if one does not read as one."""
+    try:
+        return [parse_decimal(value, key) for value in values]
+    except RecordError:
+        return None
 
 
 def _decimal_column(key: str, values: list[Decimal]) -> _Column:
