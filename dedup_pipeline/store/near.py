@@ -291,19 +291,11 @@ def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes], pend
     """Insert or replace the index rows of `rows.ids` (their old rows, if any, go first), `pending` until linked."""
     ids = rows.ids.tolist()
     bands = rows.keys.shape[1]
-    keys = rows.keys.astype(np.int64).tolist()
+    unindexed = (None,) * bands
     values = [
-        {
-            "record_id": rid,
-            "content_hash": digest,
-            "first_landed_us": order[0],
-            "first_seen_us": order[1],
-            "key_order": order[2],
-            "signature": signature.tobytes(),
-            **({f"b{b}": keys[i][b] for b in range(bands)} if indexable else {}),
-        }
-        for i, (rid, digest, order, signature, indexable) in enumerate(
-            zip(ids, digests, rows.order.tolist(), rows.signatures, rows.indexable.tolist())
+        (rid, digest, *order, signature.tobytes(), *(keys if indexable else unindexed))
+        for rid, digest, order, signature, keys, indexable in zip(
+            ids, digests, rows.order.tolist(), rows.signatures, rows.keys.tolist(), rows.indexable.tolist()
         )
     ]
     columns = [
@@ -318,7 +310,7 @@ def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes], pend
     # Staged, then upserted: two workers indexing one record at once (the same partition run twice) end with one
     # row, the later one's, never a key violation.
     stage = staging_table(conn, near_index, "near_index_stage", columns)
-    copy_rows(conn, stage, columns, ([v.get(c) for c in columns] for v in values))
+    copy_rows(conn, stage, columns, values)
     insert = _dialect_insert(conn)(near_index).from_select(
         columns, select(*(stage.c[c] for c in columns)).where(true())
     )
