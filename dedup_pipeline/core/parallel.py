@@ -116,7 +116,9 @@ def ordered_map(
     may hold threads, open connections or locks. With `preload` (module names),
     they are forked from a fork server that imported those modules once (a
     clean process, see `start_preloading`), and run `function` in this
-    process's environment variables and folder. An exception in a worker is
+    process's environment variables and folder. The fork server is one per
+    process, with the modules of the first `preload` it was started with (a
+    later one's are imported by each worker as it needs them). An exception in a worker is
     raised here when its result is reached; closing the generator early cancels
     what is still queued. Workers end by themselves if this process is killed.
     Where processes cannot be started (`can_start_processes`), it runs inline.

@@ -16,6 +16,7 @@ from pydantic import Field
 from dedup_pipeline import environment
 from dedup_pipeline.core.exact import DuplicatePolicy
 from dedup_pipeline.core.near import NearDupParams, make_params
+from dedup_pipeline.ladder.canonical import PARALLEL_FLOOR
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
 from dedup_pipeline.quality.collapse import CollapseRules
@@ -89,7 +90,7 @@ class LadderResource(dg.ConfigurableResource):
     )
     canonical_workers: int = Field(
         default=LadderSettings.canonical_workers,
-        description="Processes that canonicalise a batch of 20,000 lines or more: "
+        description=f"Processes that canonicalise a batch of {PARALLEL_FLOOR:,} lines or more: "
         "0 is one per CPU, 1 keeps it in the step's process.",
     )
     max_line_bytes: int = Field(

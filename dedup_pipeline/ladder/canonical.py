@@ -33,8 +33,14 @@ from dedup_pipeline.store.warehouse import (
 )
 
 RUNG = "canonical"
-#: Lines a batch needs before its chunks go to worker processes: below it, starting them costs more than they save.
+#: Lines a batch needs before its chunks go to worker processes: below it, the pipeline of chunks through them
+#: (pickled both ways, filling and draining) costs about what they save (`benchmarks/bench_canonical_workers.py`).
 PARALLEL_FLOOR = 20_000
+#: What the workers are forked with (`core.parallel.ordered_map`'s `preload`), imported once per process by its fork
+#: server: the rung's pure part, and Dagster, because a worker runs the main script of its process again (as
+#: multiprocessing does) and in a step that script imports Dagster. Spawned, each worker imported it anew: about
+#: 0.8 s of CPU a worker, a batch; forked from the server, a batch's two start in 0.03 s of CPU.
+WORKER_PRELOAD = ("dagster", "dedup_pipeline.ladder.canonical_lines")
 
 
 @dataclass
@@ -134,7 +140,7 @@ def canonicalise_batch(
         )
         done = ChunkProgress("canonical", registered.lines, progress)
         chunks = _line_chunks(path, read, settings.chunk_size, settings.max_line_bytes)
-        for chunk in ordered_map(work, chunks, report.workers):
+        for chunk in ordered_map(work, chunks, report.workers, preload=WORKER_PRELOAD):
             report.add(chunk)
             done.advance(len(chunk.rows) + len(chunk.quarantine))
             for line_no, reason, raw in chunk.quarantine:

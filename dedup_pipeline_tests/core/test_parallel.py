@@ -8,12 +8,11 @@ import os
 import subprocess
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import pytest
 
-from dedup_pipeline.core.parallel import ordered_map, start_preloading
+from dedup_pipeline.core.parallel import ordered_map
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,22 +122,43 @@ def test_workers_end_when_their_parent_is_killed(tmp_path, preload):
     assert not any(map(_running, workers)), "a worker outlived its killed parent"
 
 
-def _state(name: str, _item: int) -> tuple[bool, str | None, str, int]:
+_PRELOADED = """
+import multiprocessing, os, sys
+from functools import partial
+from dedup_pipeline.core.parallel import ordered_map, start_preloading
+
+def state(name, _item):
     return "dedup_pipeline.cli.lane_preload" in sys.modules, os.environ.get(name), os.getcwd(), os.getpid()
+
+if __name__ == "__main__":
+    preload = tuple(sys.argv[2:])
+    start_preloading(preload)
+    os.environ["DEDUP_TEST_PRELOAD"] = "set after the server started"
+    os.chdir(sys.argv[1])
+    for state in sorted(set(ordered_map(partial(state, "DEDUP_TEST_PRELOAD"), range(4), workers=2, preload=preload))):
+        print(*state[:3], state[3] == os.getpid(), sep="|", flush=True)
+    print("children left:", len(multiprocessing.active_children()), flush=True)
+"""
 
 
 @pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="needs a fork server")
-def test_preloaded_workers_start_with_the_modules_imported_in_this_processs_environment(tmp_path, monkeypatch):
+@pytest.mark.parametrize("preload", [[], ["dedup_pipeline.cli.lane_preload"]], ids=["spawned", "from-a-fork-server"])
+def test_preloaded_workers_start_with_the_modules_imported_in_this_processs_environment(tmp_path, preload):
     """Breaks: workers forked from a fork server that imported `preload` once; the server started before this
     process changed its environment variables and folder.
 
-    Must hold: each worker finds the module imported without importing it itself, yet runs in the environment
-    and folder this process has when it submits the work, as a spawned worker would."""
-    preload = ("dedup_pipeline.cli.lane_preload",)
-    start_preloading(preload)
-    monkeypatch.setenv("DEDUP_TEST_PRELOAD", "set after the server started")
-    monkeypatch.chdir(tmp_path)
-    states = list(ordered_map(partial(_state, "DEDUP_TEST_PRELOAD"), range(4), workers=2, preload=preload))
-    assert {state[:3] for state in states} == {(True, "set after the server started", str(tmp_path))}
-    assert os.getpid() not in {state[3] for state in states}
-    assert not multiprocessing.active_children()
+    Must hold: each worker finds the module imported without importing it itself (a spawned worker does not
+    have it), yet runs in the environment and folder this process has when it submits the work, as a spawned
+    worker would. In a process of its own: the fork server is one per process, started by the first `preload`
+    given."""
+    script = tmp_path / "parent.py"
+    script.write_text(_PRELOADED)
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(script), str(folder), *preload], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    assert done.stdout.splitlines() == [
+        f"{bool(preload)}|set after the server started|{folder}|False",
+        "children left: 0",
+    ]

@@ -21,30 +21,35 @@ def test_integrity_passes_on_a_clean_warehouse_and_counts_each_violation(warehou
     # the batch's 120 listings: 80 it stored, 40 re-crawled unchanged from batch 1 (their rows are dated to it)
     assert clean.passed and clean.rows_checked == 120 and clean.active_version == "content/1"
 
+    # One violation of each kind in each table the batch wrote: rows, their hashes, its decision-log lines.
     with warehouse.engine.begin() as conn:
-        victim = conn.execute(select(records.c.record_id).where(records.c.last_batch_id == keys[1]).limit(1)).scalar()
+        victims = conn.execute(
+            select(records.c.record_id).where(records.c.last_batch_id == keys[1]).order_by(records.c.record_id)
+        ).scalars()
+        first, second, third = list(victims)[:3]
+        conn.execute(update(records).where(records.c.record_id == first).values(content_hash=b"\x03" * 31))
+        conn.execute(update(records).where(records.c.record_id == second).values(hash_version="content/8"))
+        hashes = record_hashes.c
         conn.execute(
             update(record_hashes)
-            .where(record_hashes.c.record_id == victim, record_hashes.c.hash_version == "content/2")
+            .where(hashes.record_id == third, hashes.hash_version == "content/2")
             .values(content_hash=b"\x01" * 31)
         )
         conn.execute(
-            insert(dedup_decisions).values(
-                batch_id=keys[1],
-                line_no=999,
-                run_id="rogue",
-                natural_key="k",
-                hash_version="content/9",
-                content_hash=b"\x02" * 32,
-                decision="new",
-                decided_at=utcnow(),
-            )
+            update(record_hashes)
+            .where(hashes.record_id == first, hashes.hash_version == "content/1")
+            .values(hash_version="content/7")
         )
+        for line_no, version, digest in ((998, "content/1", b"\x02" * 33), (999, "content/9", b"\x02" * 32)):
+            row = dict(batch_id=keys[1], line_no=line_no, run_id="rogue", natural_key="k", decision="new")
+            row.update(hash_version=version, content_hash=digest, decided_at=utcnow())
+            conn.execute(insert(dedup_decisions).values(row))
     with warehouse.engine.connect() as conn:
         broken = check_batch_integrity(conn, keys[1])
         other = check_batch_integrity(conn, keys[0])
-    assert (broken.malformed_hashes, broken.unknown_versions) == (1, 1) and not broken.passed
-    assert (broken.duplicate_content, broken.duplicate_keys) == (0, 0)
+    # malformed: a row's digest, a hash row's, a decision's; unknown: a row's version, a hash row's, a decision's
+    assert (broken.rows_checked, broken.malformed_hashes, broken.unknown_versions) == (120, 3, 3)
+    assert (broken.duplicate_content, broken.duplicate_keys) == (0, 0) and not broken.passed
     assert other.passed  # scoped to the batch's rows
 
 
