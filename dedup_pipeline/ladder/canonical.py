@@ -114,7 +114,7 @@ def canonicalise_batch(
     spread over worker processes (`settings.canonical_workers`) while this
     process reads the file and copies each chunk, in file order, in one
     statement. One transaction, so a partition is either fully replaced or
-    untouched. `progress`, if given, hears how far it got after each chunk.
+    untouched. `progress`, if given, hears how far it got as it goes (`ChunkProgress`).
     """
     registered = registered_file(warehouse, batch_id)
     path, sha = registered.path, registered.sha256
@@ -149,6 +149,7 @@ def canonicalise_batch(
             rows = [_withheld(row, versions, url_version) if i in erased else row for i, row in enumerate(chunk.rows)]
             report.withheld += len(erased)
             copy_rows(conn, canonical_records, COLUMNS, rows, json_as_text=True)
+        done.finish()
         if read.hexdigest() != sha:  # the file changed while it was read: roll everything back
             raise BatchFileError(f"batch file {path} changed while it was being read: re-materialise raw_crawl_batches")
         bad.flush()

@@ -156,8 +156,8 @@ def deduplicate_batch(
     retried after a dropped connection, a re-execution, `dedup-pipeline run`
     again) resumes after the last chunk that one committed, and reports the
     whole batch: each line is decided, and counted, once until a run finishes.
-    Runs of one batch's exact rung wait for each other. `progress`, if given, hears how far it got after each
-    chunk.
+    Runs of one batch's exact rung wait for each other. `progress`, if given, hears how far it got as it goes
+    (`ChunkProgress`).
     """
     with batch_rung_held(warehouse.engine, batch_id, "exact"):
         return _deduplicate_held_batch(warehouse, batch_id, run_id, settings, seen_set, progress)
@@ -245,6 +245,8 @@ def deduplicate_records(
             progress.advance(len(chunk))
         with warehouse.engine.begin() as conn:  # the next chunk's lookups, planned on the tables as they are now
             analyze_grown(conn, _LOOKED_UP)
+    if progress is not None:
+        progress.finish()
     with warehouse.engine.begin() as conn:  # the near rung pages through this batch's rows by these columns
         analyze_new_batch(conn, records, ("last_batch_id", "record_id"), report.records_in)
     try:

@@ -131,7 +131,7 @@ def cluster_batch(
     cap); the records capped are counted in the report. ``settings.max_links``
     bounds the links a record keeps. The run's figures are kept in
     `near_rung_runs` under ``run_id`` (the Dagster run; a fresh id when not
-    given). `progress`, if given, hears how far it got after each chunk (records and rate: how many records
+    given). `progress`, if given, hears how far it got as it goes (records and rate: how many records
     the batch brings to the index is only known once they are read).
     """
     params, max_candidates, max_links = settings.params, settings.max_candidates, settings.max_links
@@ -158,6 +158,7 @@ def cluster_batch(
         with warehouse.engine.begin() as conn:
             analyze_grown(conn, {table: () for table in index.INDEX_TABLES}, index.STATISTICS_TARGET)
         done.advance(len(rows))
+    done.finish()
     with warehouse.engine.begin() as conn:
         report.clusters = index.cluster_sizes(conn, report.clusters)  # a cluster merged into another since is gone
         record_rung_run(conn, near_rung_runs, batch_id, run_id or f"local-{uuid.uuid4().hex}", report.as_metadata())
