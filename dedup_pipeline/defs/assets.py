@@ -20,7 +20,7 @@ from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.landing import BatchFileError, find_batch
-from dedup_pipeline.quality.history import first_decision_counts, rate_of
+from dedup_pipeline.quality.history import rate_of
 
 GROUP = "dedup_ladder"
 #: The collapse-rate check on deduplicated_records (defined with the other checks in defs/checks.py).
@@ -155,8 +155,7 @@ def deduplicated_records(
         )
     for warning in report.seen_set_warnings:
         context.log.warning(warning)
-    with warehouse.get().engine.connect() as conn:
-        first_run = first_decision_counts(conn, [context.partition_key]).get(context.partition_key, {})
+    first_run = report.first_decisions
     first = rate_of(context.partition_key, first_run)
     # The batch's rate is its first decisions' (as the collapse check judges it); a replay's own is beside it.
     figures = {**report.as_metadata(), "collapse_rate": first.rate, "collapse_rate/this_run": report.collapse_rate}

@@ -141,7 +141,8 @@ def not_judged(reason: str, metadata: dict) -> dg.AssetCheckResult:
     name=COLLAPSE_CHECK,
     description="Collapse rate (exact duplicates / records in) against a fixed band and the trailing median of "
     "earlier batches: error when it collapses toward zero (a volatile field leaked into the hash), warning "
-    "when it jumps far above. History comes from the warehouse decision log (first decision per line).",
+    "when it jumps far above. History: each earlier batch's first decision per line, as its exact rung counted "
+    "them in the warehouse decision log.",
 )
 def collapse_rate_in_band(
     context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, checks: ChecksResource

@@ -19,6 +19,7 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.progress import ChunkProgress, ProgressLog
 from dedup_pipeline.ladder.settings import LadderSettings
 from dedup_pipeline.metrics import seed_figures
+from dedup_pipeline.quality.history import first_decision_counts, first_decision_figures
 from dedup_pipeline.store.exact import (
     ChunkConflict,
     apply_plan,
@@ -73,6 +74,9 @@ class ExactReport:
     seen_set_fallbacks: int = 0  # chunks the seen-set failed (down, hung) for, once each; plus a failed final save
     seen_set_fill: float | None = None  # a Bloom filter's digests over its capacity after the batch (None: no capacity)
     seen_set_bypassed: bool = False  # a rehash migration's overlap: every digest was looked up in the warehouse
+    # The batch's first decision on each line, its run done (the collapse rate the check judges; a replay's own
+    # `decisions` are all exact duplicates): set once the batch's rung has finished.
+    first_decisions: Counter = field(default_factory=Counter)
 
     @property
     def duplicates(self) -> int:
@@ -207,7 +211,12 @@ def _deduplicate_held_batch(
     report.records_in += sum(done.values())
     report.quarantined = quarantined
     with warehouse.engine.begin() as conn:
-        figures = {**report.as_metadata(), "decisions_through": decisions_through(conn, batch_id)}
+        report.first_decisions = first_decision_counts(conn, [batch_id]).get(batch_id, Counter())
+        figures = {
+            **report.as_metadata(),
+            **first_decision_figures(report.first_decisions),
+            "decisions_through": decisions_through(conn, batch_id),
+        }
         record_rung_run(conn, exact_rung_runs, batch_id, run_id, figures)
     return report
 

@@ -9,7 +9,10 @@ the latest materialisation's `collapse_rate` (1.0 on a replay) is not the
 batch's real rate; the earliest decision per (batch, line) is, even when the
 first run crashed half way and a retry finished the batch.
 
-Set-based: one query for the trailing batches, one aggregate over their decisions.
+The exact rung keeps each batch's first-decision counts in its run's figures (`exact_rung_runs`, kept for the
+warehouse's life) once it has finished the batch, when they are final: the history reads those, a row per
+batch, and counts the decision log only for a batch that has none (one staged by an older version). So a
+check reads what its window needs, not every line of the trailing batches again.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from sqlalchemy import Connection, and_, func, or_, select
 from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.landing import named_source
 from dedup_pipeline.quality.collapse import BatchRate
-from dedup_pipeline.store.schema import crawl_batches, dedup_decisions
+from dedup_pipeline.store.schema import crawl_batches, dedup_decisions, exact_rung_runs
+
+#: How a run's figures name the batch's first-decision counts: `first_decisions[exact_duplicate]`, ...
+_FIRST = "first_decisions["
 
 
 def first_decision_counts(conn: Connection, batch_ids: Sequence[str]) -> dict[str, Counter]:
@@ -47,6 +53,36 @@ def first_decision_counts(conn: Connection, batch_ids: Sequence[str]) -> dict[st
     return counts
 
 
+def first_decision_figures(counts: Counter) -> dict[str, int]:
+    """The first-decision counts as a run's figures (`record_rung_run` keeps numbers, not mappings)."""
+    return {f"{_FIRST}{decision}]": n for decision, n in sorted(counts.items())}
+
+
+def recorded_first_decisions(conn: Connection, batch_ids: Sequence[str]) -> dict[str, Counter]:
+    """Per batch, the first-decision counts its exact rung recorded when it finished it (the earliest run that
+    did); batches with none recorded are absent."""
+    if not batch_ids:
+        return {}
+    runs = exact_rung_runs.c
+    rows = conn.execute(
+        select(runs.batch_id, runs.stats).where(runs.batch_id.in_(list(batch_ids))).order_by(runs.finished_at)
+    )
+    counts: dict[str, Counter] = {}
+    for batch_id, stats in rows:
+        if batch_id not in counts and any(key.startswith(_FIRST) for key in stats):
+            counts[batch_id] = Counter(
+                {key[len(_FIRST) : -1]: n for key, n in stats.items() if key.startswith(_FIRST) and n}
+            )
+    return counts
+
+
+def _first_counts(conn: Connection, batch_ids: Sequence[str]) -> dict[str, Counter]:
+    """`recorded_first_decisions`, and the decision log's counts for the batches that have none recorded."""
+    counts = recorded_first_decisions(conn, batch_ids)
+    counts.update(first_decision_counts(conn, [batch for batch in batch_ids if batch not in counts]))
+    return counts
+
+
 def rate_of(batch_id: str, counts: Counter | None) -> BatchRate:
     counts = counts or Counter()
     return BatchRate(batch_id, sum(counts.values()), counts[Decision.EXACT_DUPLICATE.value])
@@ -55,7 +91,7 @@ def rate_of(batch_id: str, counts: Counter | None) -> BatchRate:
 def first_run_rate(conn: Connection, batch_id: str) -> BatchRate:
     """The batch's collapse rate as its first decisions made it: what the collapse check judges, whatever the
     replays since."""
-    return rate_of(batch_id, first_decision_counts(conn, [batch_id]).get(batch_id))
+    return rate_of(batch_id, _first_counts(conn, [batch_id]).get(batch_id))
 
 
 def earlier_batches_of_its_source(conn: Connection, batch_id: str) -> list[str]:
@@ -86,7 +122,7 @@ def batch_rates(
     history: list[BatchRate] = []
     for start in range(0, len(candidates), 4 * window):
         part = candidates[start : start + 4 * window]
-        counts = first_decision_counts(conn, part)
+        counts = _first_counts(conn, part)
         history += [
             rate for rate in (rate_of(b, counts[b]) for b in part if b in counts) if rate.records_in >= min_records
         ]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import delete, update
 
 from dedup_pipeline.quality.collapse import CollapseRules, judge_collapse
-from dedup_pipeline.quality.history import batch_rates
+from dedup_pipeline.quality.history import batch_rates, first_decision_counts
+from dedup_pipeline.store.schema import dedup_decisions, exact_rung_runs
 from dedup_pipeline_tests.helpers import listing, write_batch
 from dedup_pipeline_tests.quality.common import DAY, run_rungs, sliding_batches
 
@@ -56,3 +58,30 @@ def test_history_is_the_batch_s_own_source_and_counts_only_judged_batches(wareho
     verdict = judge_collapse(first_crawl, none_before, CollapseRules(min_records=100))
     assert not verdict.passed and not verdict.error and "no history of this source" in verdict.note
     assert [h.batch_id for h in judged] == [keys[3], keys[2], keys[1]]  # not shop-b, not the 30-line batch
+
+
+def test_history_reads_the_counts_each_batch_s_rung_recorded_and_the_log_for_batches_without(warehouse, tmp_path):
+    """Breaks: every check counted the decision log of up to 80 trailing batches again, line by line (a cost that
+    grew with the batches' size), and lost a batch from the history once retention pruned its decisions.
+
+    Must hold: a batch's first-decision counts, recorded by its exact rung once it finished the batch, are its
+    rate whatever became of its decision rows since; a batch with none recorded (staged by an older version) is
+    counted from the log, to the same rates; a replay records nothing that changes them."""
+    folder = tmp_path / "landing"
+    keys = sliding_batches(folder, 4)
+    for key in keys:
+        run_rungs(warehouse, folder, key, near=False)
+    run_rungs(warehouse, folder, keys[1], run_id="replay", near=False)
+    with warehouse.engine.connect() as conn:
+        logged = first_decision_counts(conn, keys)
+        expected = batch_rates(conn, keys[3], window=10)
+    assert [(h.records_in, h.duplicates) for h in expected[1]] == [(120, 40), (120, 40), (120, 0)]
+    assert sum(logged[keys[1]].values()) == 120  # the replay's 120 later decisions are not first ones
+    with warehouse.engine.begin() as conn:  # retention prunes the decision log of the first two batches
+        conn.execute(delete(dedup_decisions).where(dedup_decisions.c.batch_id.in_(keys[:2])))
+    with warehouse.engine.connect() as conn:
+        assert batch_rates(conn, keys[3], window=10) == expected
+    with warehouse.engine.begin() as conn:  # batches 3 and 4 as an older version left them: no counts recorded
+        conn.execute(update(exact_rung_runs).where(exact_rung_runs.c.batch_id.in_(keys[2:])).values(stats={}))
+    with warehouse.engine.connect() as conn:
+        assert batch_rates(conn, keys[3], window=10) == expected
