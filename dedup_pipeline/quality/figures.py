@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from sqlalchemy import Connection, case, func, select
 
 from dedup_pipeline.core.exact import Decision
-from dedup_pipeline.quality.history import first_decision_counts
+from dedup_pipeline.quality.history import first_counts
 from dedup_pipeline.store.schema import (
     canonical_records,
     crawl_batches,
@@ -42,7 +42,7 @@ def batch_funnel(conn: Connection, batch_id: str) -> dict[str, int]:
     canonical = conn.execute(
         select(func.count()).select_from(canonical_records).where(canonical_records.c.batch_id == batch_id)
     ).scalar_one()
-    decisions = first_decision_counts(conn, [batch_id]).get(batch_id, {})
+    decisions = first_counts(conn, [batch_id]).get(batch_id, {})
     survivors = sum(decisions.get(d, 0) for d in SURVIVING)
     d = dedup_decisions.c
     # A line is new or changed at most once (a replay finds its content stored), so no first-decision filter here.

@@ -76,7 +76,7 @@ def recorded_first_decisions(conn: Connection, batch_ids: Sequence[str]) -> dict
     return counts
 
 
-def _first_counts(conn: Connection, batch_ids: Sequence[str]) -> dict[str, Counter]:
+def first_counts(conn: Connection, batch_ids: Sequence[str]) -> dict[str, Counter]:
     """`recorded_first_decisions`, and the decision log's counts for the batches that have none recorded."""
     counts = recorded_first_decisions(conn, batch_ids)
     counts.update(first_decision_counts(conn, [batch for batch in batch_ids if batch not in counts]))
@@ -91,7 +91,7 @@ def rate_of(batch_id: str, counts: Counter | None) -> BatchRate:
 def first_run_rate(conn: Connection, batch_id: str) -> BatchRate:
     """The batch's collapse rate as its first decisions made it: what the collapse check judges, whatever the
     replays since."""
-    return rate_of(batch_id, _first_counts(conn, [batch_id]).get(batch_id))
+    return rate_of(batch_id, first_counts(conn, [batch_id]).get(batch_id))
 
 
 def earlier_batches_of_its_source(conn: Connection, batch_id: str) -> list[str]:
@@ -122,7 +122,7 @@ def batch_rates(
     history: list[BatchRate] = []
     for start in range(0, len(candidates), 4 * window):
         part = candidates[start : start + 4 * window]
-        counts = _first_counts(conn, part)
+        counts = first_counts(conn, part)
         history += [
             rate for rate in (rate_of(b, counts[b]) for b in part if b in counts) if rate.records_in >= min_records
         ]
