@@ -324,13 +324,14 @@ def test_dagster_step_retries_after_the_connection_drops(warehouse, warehouse_ur
 
 
 class LockingChecksResource(ChecksResource):
-    """The checks resource, except that the collapse check's first start locks the decision log it reads, and its
-    backend is terminated once it waits on that lock (the lock then goes, so a retry gets through)."""
+    """The checks resource, except that the collapse check's first start locks the table it reads the batches'
+    first-decision counts from (`exact_rung_runs`), and its backend is terminated once it waits on that lock (the
+    lock then goes, so a retry gets through)."""
 
     def collapse_rules(self):
         if _CHECK_LOCK["url"] and _CHECK_LOCK["lock"] is None:
             _CHECK_LOCK["lock"] = TerminateWhenBlocked(
-                _CHECK_LOCK["url"], "LOCK TABLE dedup_decisions IN ACCESS EXCLUSIVE MODE", release_at_once=True
+                _CHECK_LOCK["url"], "LOCK TABLE exact_rung_runs IN ACCESS EXCLUSIVE MODE", release_at_once=True
             )
         return super().collapse_rules()
 
@@ -377,7 +378,7 @@ def test_an_asset_check_retries_after_its_connection_drops(warehouse, warehouse_
     finally:
         lock, _CHECK_LOCK["url"] = _CHECK_LOCK["lock"], None
         victim = lock.release() if lock else None
-    assert victim is not None and "dedup_decisions" in victim[1]
+    assert victim is not None and "exact_rung_runs" in victim[1]
     assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert _retried_steps(result) == [f"deduplicated_records_{COLLAPSE_CHECK}"]
     [evaluation] = [e for e in result.get_asset_check_evaluations() if e.check_name == COLLAPSE_CHECK]
