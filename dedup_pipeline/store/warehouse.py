@@ -301,13 +301,24 @@ def analyze(conn: Connection, table, columns: Sequence[str] = ()) -> None:
 ANALYZE_FLOOR = 10_000
 
 
+#: The sample of a batch's ANALYZE (`analyze_new_batch`): 3,000 rows, not the default's 30,000. It has only to
+#: show the planner that the batch's id holds many rows, and the default's sample cost a random read of up to
+#: 30,000 pages of a wide table per batch (0.2 s for `records`, 1.1 s for `canonical_records` at 224,000 stored
+#: records; 0.02 and 0.06 s at 10), a cost that grows with the warehouse.
+BATCH_STATISTICS_TARGET = 10
+
+
 def analyze_new_batch(conn: Connection, table, columns: Sequence[str], rows: int) -> None:
-    """`analyze` the `columns` a batch's rows are paged by, once the batch wrote `ANALYZE_FLOOR` rows or more.
+    """`analyze` the `columns` a batch's rows are paged by, once the batch wrote `ANALYZE_FLOOR` rows or more,
+    on a sample of `BATCH_STATISTICS_TARGET`.
 
     Statistics that have never seen a batch id estimate its rows at a few dozen, and each page of a
-    keyset read then sorts every remaining row of the batch instead of walking the index.
+    keyset read then sorts every remaining row of the batch instead of walking the index. The caller's
+    transaction does nothing else after it (the sample's setting lasts until its end).
     """
     if rows >= ANALYZE_FLOOR:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text(f"SET LOCAL default_statistics_target = {BATCH_STATISTICS_TARGET}"))
         analyze(conn, table, columns)
 
 
