@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import text  # noqa: E402
 
-from benchmarks.common import crawl_with_duplicates, scratch_database, write_jsonl  # noqa: E402
+from benchmarks.common import crawl_with_duplicates, process_cpu, scratch_database, write_jsonl  # noqa: E402
 from dedup_pipeline.core.parallel import available_cpus  # noqa: E402
 from dedup_pipeline.ladder import canonical  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
@@ -52,19 +52,11 @@ _CONTENT = text(
 
 
 def children_cpu() -> float:
-    """CPU seconds of this process's children: those it reaped, and what its live children (the fork server)
-    used and reaped of their own (the workers forked from it)."""
+    """CPU seconds of this process's children: those it reaped, and what its live ones (the fork server) used
+    and reaped of their own (the workers forked from it)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = usage.ru_utime + usage.ru_stime
-    tick = os.sysconf("SC_CLK_TCK")
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended while we looked
-        if int(fields[1]) == os.getpid():  # fields after the name: state, ppid, ..., utime stime cutime cstime
-            total += sum(int(value) for value in fields[11:15]) / tick
-    return total
+    live = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+    return usage.ru_utime + usage.ru_stime + sum(process_cpu(int(pid), reaped_children=True) for pid in live)
 
 
 def timed_run(warehouse: Warehouse, settings: LadderSettings) -> tuple[float, float, float, int, tuple]:

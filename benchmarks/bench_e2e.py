@@ -56,14 +56,13 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 
 from benchmarks.bench_exact import seed_store_if_new  # noqa: E402
-from benchmarks.common import DATA, article_paragraphs, private_redis, scratch_database  # noqa: E402
+from benchmarks.common import DATA, article_paragraphs, descendants, private_redis, process_cpu, scratch_database  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = str(Path(sys.executable).with_name("dedup-pipeline"))
 SOURCES = ("shop-a", "shop-b")
 RUNGS = ("raw_crawl_batches", "canonical_records", "deduplicated_records", "near_duplicate_clusters")
 SAMPLE_SECONDS = 0.05
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # ------------------------------------------------------------------ the crawl
@@ -212,30 +211,6 @@ def write_crawl(folder: Path, records: int, batches: int, density: str, seed: in
 # ------------------------------------------------------------------ sampling CPU and waits
 
 
-def _cpu_seconds(pid: int, reaped_children: bool = False) -> float:
-    """utime + stime of `pid`, and with `reaped_children` those of its children that have exited and been waited for."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped_children else 0)
-        return ticks / CLOCK_TICKS
-    except (OSError, IndexError):
-        return 0.0
-
-
-def _descendants(pid: int) -> list[int]:
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        try:
-            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except OSError:
-            children = []
-        found += [int(c) for c in children]
-        frontier += [int(c) for c in children]
-    return found
-
-
 def _postgres_pids() -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
@@ -262,7 +237,7 @@ class Sampler(threading.Thread):
 
     def _server_cpu(self) -> float:
         pids = _postgres_pids()
-        now = {pid: _cpu_seconds(pid) for pid in pids}
+        now = {pid: process_cpu(pid) for pid in pids}
         for pid, seconds in now.items():
             self._server_done[pid] = max(self._server_done.get(pid, 0.0), seconds)
         return sum(self._server_done.values())
@@ -270,7 +245,7 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self._halt.is_set():
             client = {
-                name: _cpu_seconds(pid, True) + sum(_cpu_seconds(c, True) for c in _descendants(pid))
+                name: process_cpu(pid, True) + sum(process_cpu(c, True) for c in descendants(pid))
                 for name, pid in self.clients.items()
             }
             waiting = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -106,6 +107,35 @@ def write_jsonl(records: list[dict], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return path
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int, reaped_children: bool = False) -> float:
+    """utime + stime of `pid` from /proc, and with `reaped_children` those of its children that have exited and
+    been waited for (by it: a fork server's workers count in the server's); 0 for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped_children else 0)
+        return ticks / _CLOCK_TICKS
+    except (OSError, IndexError):
+        return 0.0
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below `pid` (children, their children, ...), from /proc."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            children = []
+        found += [int(c) for c in children]
+        frontier += [int(c) for c in children]
+    return found
 
 
 def timed(function, *args, **kwargs) -> tuple[float, object]:
