@@ -318,8 +318,13 @@ def analyze_new_batch(conn: Connection, table, columns: Sequence[str], rows: int
     """
     if rows >= ANALYZE_FLOOR:
         if conn.dialect.name == "postgresql":
-            conn.execute(text(f"SET LOCAL default_statistics_target = {BATCH_STATISTICS_TARGET}"))
+            _sample_at(conn, BATCH_STATISTICS_TARGET)
         analyze(conn, table, columns)
+
+
+def _sample_at(conn: Connection, statistics_target: int) -> None:
+    """The sample of this transaction's ANALYZEs: `default_statistics_target`, 300 rows per unit."""
+    conn.execute(text(f"SET LOCAL default_statistics_target = {int(statistics_target)}"))
 
 
 def analyze_grown(
@@ -348,7 +353,7 @@ def analyze_grown(
     )
     if grown:
         if statistics_target is not None:
-            conn.execute(text(f"SET LOCAL default_statistics_target = {int(statistics_target)}"))
+            _sample_at(conn, statistics_target)
         conn.execute(text("ANALYZE (SKIP_LOCKED) " + ", ".join(_analyze_statement(*by_name[name]) for name in grown)))
     return grown
 
