@@ -37,10 +37,10 @@ RUNG = "canonical"
 #: (pickled both ways, filling and draining) costs about what they save (`benchmarks/bench_canonical_workers.py`).
 PARALLEL_FLOOR = 20_000
 #: What the workers are forked with (`core.parallel.ordered_map`'s `preload`), imported once per process by its fork
-#: server: the rung's pure part, and Dagster, because a worker runs the main script of its process again (as
-#: multiprocessing does) and in a step that script imports Dagster. Spawned, each worker imported it anew: about
-#: 0.8 s of CPU a worker, a batch; forked from the server, a batch's two start in 0.03 s of CPU.
-WORKER_PRELOAD = ("dagster", "dedup_pipeline.ladder.canonical_lines")
+#: server: the rung's pure part. The server also imports what the process's main script imports (the command line,
+#: or Dagster's in a run worker), which each worker runs again as multiprocessing does: spawned, each worker imported
+#: it anew, about 0.3 to 0.8 s of CPU a worker, a batch.
+WORKER_PRELOAD = ("dedup_pipeline.ladder.canonical_lines",)
 
 
 @dataclass

@@ -210,10 +210,11 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
         # an erasure removed, is left to them, never indexed by content it no longer holds.
         current = index.current_contents(conn, [row.record_id for row in rows])
         fresh = [p for p, row in enumerate(rows) if current.get(row.record_id) == bytes(row.content_hash)]
+        orders = {p: _order(rows[p]) for p in fresh}
         same_text, to_link, changed_text = {}, [], []
         for p in fresh:
             row = rows[p]
-            if row.indexed_hash is not None and _redated(row):
+            if row.indexed_hash is not None and _redated(row, orders[p]):
                 changed_text.append(row.record_id)  # landed earlier than indexed: linked again, by its true age
             elif row.indexed_hash is not None and _same_sketch(row, sketches, p, bands):
                 same_text[row.record_id] = bytes(row.content_hash)
@@ -226,15 +227,14 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
         mine = index.IndexRows(
             ids=np.array([rows[p].record_id for p in to_link], dtype=np.int64),
             signatures=sketches.signatures[to_link],
-            order=np.array([_order(rows[p]) for p in to_link], dtype=np.int64).reshape(-1, 3),
+            order=np.array([orders[p] for p in to_link], dtype=np.int64).reshape(-1, 3),
             keys=sketches.keys[to_link],
             indexable=sketches.indexable[to_link],
         )
-        fresh_rows = [p for p in to_link if rows[p].record_id not in same_text]
-        index.write_rows(
-            conn, mine.subset([to_link.index(p) for p in fresh_rows]), [bytes(rows[p].content_hash) for p in fresh_rows]
-        )
-    report.kept_sketches += len([rid for rid in same_text if rid not in set(mine.ids.tolist())])
+        unwritten = [i for i, p in enumerate(to_link) if rows[p].record_id not in same_text]
+        index.write_rows(conn, mine.subset(unwritten), [bytes(rows[to_link[i]].content_hash) for i in unwritten])
+    relinked = set(mine.ids.tolist())
+    report.kept_sketches += len([rid for rid in same_text if rid not in relinked])
     report.sketched += len(to_link)
     if not to_link:
         return
@@ -270,9 +270,9 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
     report.clusters.update(outcome.clusters)
 
 
-def _redated(row) -> bool:
-    """Is the record's index row dated otherwise than it landed (a batch that ran late brought it first)?"""
-    return (row.indexed_landed_us, row.indexed_seen_us, row.indexed_key_order) != _order(row)
+def _redated(row, order: tuple[int, int, int]) -> bool:
+    """Is the record's index row dated otherwise than it landed (`order`: a batch that ran late brought it first)?"""
+    return (row.indexed_landed_us, row.indexed_seen_us, row.indexed_key_order) != order
 
 
 def _same_sketch(row, sketches: Sketches, p: int, bands: int) -> bool:

@@ -160,7 +160,8 @@ def _best(rule: str, candidates: list[int], ages: Mapping[int, tuple], lengths: 
 def _ages_and_lengths(
     conn: Connection, ids: set[int], rows: index.IndexRows, rule: str, texts: Texts, bands: int
 ) -> tuple[dict[int, tuple], dict[int, int] | None]:
-    ages = {int(rid): tuple(order) for rid, order in zip(rows.ids.tolist(), rows.order.tolist()) if rid in ids}
+    held = np.isin(rows.ids, np.fromiter(ids, np.int64, len(ids)))
+    ages = {rid: tuple(order) for rid, order in zip(rows.ids[held].tolist(), rows.order[held].tolist())}
     missing = ids - set(ages)
     if missing:
         extra = index.load_rows(conn, missing, rows.signatures.shape[1], bands)

@@ -162,3 +162,41 @@ def test_preloaded_workers_start_with_the_modules_imported_in_this_processs_envi
         f"{bool(preload)}|set after the server started|{folder}|False",
         "children left: 0",
     ]
+
+
+_MARKER = """
+import os, sys
+with open(os.environ["DEDUP_TEST_MARKER_LOG"], "a") as log:
+    print(os.getpid(), file=log)
+"""
+
+_MAIN_IMPORTS = """
+import operator, os, sys
+import marker_of_the_main_script
+from dedup_pipeline.core.parallel import ordered_map
+
+if __name__ == "__main__":
+    for _ in range(2):
+        assert list(ordered_map(operator.neg, range(6), workers=2, preload=sys.argv[1:])) == [-i for i in range(6)]
+    print(os.getpid(), flush=True)
+"""
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="needs a fork server")
+@pytest.mark.parametrize(("preload", "importers"), [([], 5), (["json"], 2)], ids=["spawned", "from-a-fork-server"])
+def test_workers_forked_from_the_server_find_the_main_scripts_imports_done(tmp_path, preload, importers):
+    """Breaks: each worker runs the main script again (multiprocessing's preparation), importing what it imports.
+
+    Must hold: forked from a fork server, no worker imports a module the main script imports: the server did, once
+    (the process and the server import it, not the four workers of two pools); spawned, each worker imports it."""
+    (tmp_path / "marker_of_the_main_script.py").write_text(_MARKER)
+    script = tmp_path / "parent.py"
+    script.write_text(_MAIN_IMPORTS)
+    log = tmp_path / "imported-by.txt"
+    env = {**os.environ, "DEDUP_TEST_MARKER_LOG": str(log), "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    done = subprocess.run(
+        [sys.executable, str(script), *preload], capture_output=True, text=True, cwd=REPO, env=env, check=True
+    )
+    importers_seen = log.read_text().split()
+    assert len(importers_seen) == len(set(importers_seen)) == importers
+    assert done.stdout.split() == importers_seen[:1]  # the process itself imported it first
