@@ -117,3 +117,34 @@ def test_insert_rows_and_update_rows_write_every_row_and_on_postgresql_in_one_st
         assert sorted(map(tuple, conn.execute(select(clusters)))) == [(1, 1, True), (2, 2, True), (3, 2, False)]
         digests = dict(conn.execute(select(near_index.c.record_id, near_index.c.content_hash)).all())
     assert {rid: bytes(d) for rid, d in digests.items()} == {1: b"\x01" * 32, 2: bytes(32), 3: b"\x03" * 32}
+
+
+def test_in_values_finds_the_rows_asked_for_by_integers_beyond_32_bits_and_by_text(warehouse):
+    """Integer values go to PostgreSQL as one array in its text form (`int_array`), others as an adapted list: both
+    find exactly the rows asked for (values past 2**31 included), and no values find none; the text form takes numpy
+    integers too."""
+    import numpy as np
+
+    from dedup_pipeline.store.bulk import in_values, int_array
+    from dedup_pipeline.store.schema import crawl_batches
+    from dedup_pipeline.store.warehouse import utcnow
+
+    sizes = [5, 2**40 + 1, 2**62, 7]
+    row = {"file_path": "p", "file_sha256": "0" * 64, "lines": 1, "parsed": 1, "quarantined": 0}
+    with warehouse.engine.begin() as conn:
+        for size in sizes:
+            conn.execute(
+                crawl_batches.insert().values(
+                    batch_id=f"b{size}", file_bytes=size, landed_at=utcnow(), registered_at=utcnow(), **row
+                )
+            )
+    assert int_array([5, np.int64(2**40 + 1), None]) == "{5,1099511627777,NULL}"
+    c = crawl_batches.c
+    with warehouse.engine.connect() as conn:
+
+        def found(column, values) -> list:
+            return sorted(conn.execute(select(c.batch_id).where(in_values(conn, column, values))).scalars())
+
+        assert found(c.file_bytes, [5, 2**40 + 1, 2**62, 8]) == sorted(["b5", f"b{2**40 + 1}", f"b{2**62}"])
+        assert found(c.batch_id, ["b7", "b8"]) == ["b7"]
+        assert found(c.file_bytes, []) == []
