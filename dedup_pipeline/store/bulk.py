@@ -13,22 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    Column,
-    Connection,
-    Insert,
-    Integer,
-    MetaData,
-    Table,
-    Text,
-    Update,
-    bindparam,
-    cast,
-    func,
-    literal,
-    select,
-)
+from sqlalchemy import JSON, Column, Connection, Insert, MetaData, Table, Update, bindparam, func, literal, select
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.types import TypeEngine
 
@@ -83,7 +68,9 @@ def copy_rows(
 def _unnested(types: Mapping[str, TypeEngine], rows: Sequence[Sequence[Any]]):
     """PostgreSQL: `rows` (tuples in `types` order) as a table to select from or join, each column one array
     parameter: one statement however many rows, cheap to send and to plan."""
-    arrays = [array_parameter(values, kind) for kind, values in zip(types.values(), zip(*rows))]
+    from sqlalchemy.dialects.postgresql import ARRAY
+
+    arrays = [literal(list(values), ARRAY(kind)) for kind, values in zip(types.values(), zip(*rows))]
     return func.unnest(*arrays).table_valued(*types).render_derived()
 
 
@@ -161,25 +148,11 @@ def delete_in(conn: Connection, table: Table, columns: Sequence, values: Iterabl
     )
 
 
-def int_array(values: Iterable[int | None]) -> str:
-    """The text form of a PostgreSQL array of integers (``{1,NULL,3}``), bound as one parameter and cast to the array
-    type: psycopg adapts a list of Python ints element by element, at about five times the client CPU."""
-    return "{" + ",".join("NULL" if value is None else str(int(value)) for value in values) + "}"
-
-
-def array_parameter(values: Iterable[Any], kind: TypeEngine):
-    """PostgreSQL: `values` as one array parameter of `kind` elements (integers in their text form, `int_array`)."""
-    from sqlalchemy.dialects.postgresql import ARRAY
-
-    if isinstance(kind, Integer):
-        return cast(literal(int_array(values), Text), ARRAY(kind))
-    return literal(list(values), ARRAY(kind))
-
-
 def in_values(conn: Connection, column, values: Sequence[Any]):
     """`column IN values` as one array parameter on PostgreSQL (cheap to send and plan), a plain IN elsewhere."""
     if conn.dialect.name == "postgresql":
-        from sqlalchemy import any_
+        from sqlalchemy import any_, literal
+        from sqlalchemy.dialects.postgresql import ARRAY
 
-        return column == any_(array_parameter(values, column.type))
+        return column == any_(literal(list(values), ARRAY(column.type)))
     return column.in_(list(values))

@@ -32,16 +32,7 @@ from sqlalchemy import Connection, Row, Select, and_, delete, func, or_, select,
 
 from dedup_pipeline.core.exact import Decision
 from dedup_pipeline.core.near import NearDupParams
-from dedup_pipeline.store.bulk import (
-    chunked,
-    copy_rows,
-    delete_in,
-    in_values,
-    insert_rows,
-    int_array,
-    staging_table,
-    update_rows,
-)
+from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values, insert_rows, staging_table, update_rows
 from dedup_pipeline.store.schema import (
     MAX_BANDS,
     crawl_batches,
@@ -370,7 +361,7 @@ def _rows_sql(bands: int) -> str:
         " || ".join(f"int4send(coalesce(b{b}, 0))" for b in range(bands)),
         "decode(CASE WHEN b0 IS NULL THEN '00' ELSE '01' END, 'hex')",  # indexable
     ]
-    return f"SELECT {', '.join(map(packed, columns))} FROM near_index WHERE record_id = ANY(CAST(:ids AS bigint[]))"
+    return f"SELECT {', '.join(map(packed, columns))} FROM near_index WHERE record_id = ANY(:ids)"
 
 
 def load_rows(conn: Connection, ids: Iterable[int], width: int, bands: int) -> IndexRows:
@@ -384,7 +375,7 @@ def load_rows(conn: Connection, ids: Iterable[int], width: int, bands: int) -> I
 
 
 def _packed_rows(conn: Connection, ids: list[int], width: int, bands: int) -> IndexRows:
-    found, signatures, order, keys, indexable = conn.execute(text(_rows_sql(bands)), {"ids": int_array(ids)}).one()
+    found, signatures, order, keys, indexable = conn.execute(text(_rows_sql(bands)), {"ids": ids}).one()
     if found is None:
         return IndexRows.empty(width, bands)
     found = np.frombuffer(found, dtype=">i8").astype(np.int64)
@@ -432,7 +423,7 @@ def _candidate_sql(bands: int, limited: bool) -> str:
     shares = " OR ".join(f"i.b{b} = q.b{b}" for b in range(bands))
     return (
         f"WITH q AS MATERIALIZED (SELECT record_id, {', '.join(f'b{b}' for b in range(bands))} FROM near_index "
-        "WHERE record_id = ANY(CAST(:ids AS bigint[])) AND b0 IS NOT NULL)\n"
+        "WHERE record_id = ANY(:ids) AND b0 IS NOT NULL)\n"
         "SELECT array_agg(q.record_id), array_agg(t.record_id) FROM q CROSS JOIN LATERAL "
         f"(SELECT i.record_id FROM near_index i WHERE ({shares}) AND i.record_id <> q.record_id"
         f"{' LIMIT :limit' if limited else ''}) t"
@@ -455,9 +446,7 @@ def candidate_pairs(
     # One more than the cap is asked for: a record that gets it had more, and is reported capped.
     limit = max_candidates + 1 if max_candidates is not None else None
     if conn.dialect.name == "postgresql":
-        mine, other = conn.execute(
-            text(_candidate_sql(bands, limit is not None)), {"ids": int_array(ids), "limit": limit}
-        ).one()
+        mine, other = conn.execute(text(_candidate_sql(bands, limit is not None)), {"ids": ids, "limit": limit}).one()
         pairs = np.column_stack((np.array(mine or [], dtype=np.int64), np.array(other or [], dtype=np.int64)))
     else:
         pairs = np.array([tuple(row) for row in _sqlite_candidates(conn, ids, bands, limit)], dtype=np.int64).reshape(
@@ -560,7 +549,7 @@ def lock_clusters(conn: Connection, roots: Iterable[int]) -> None:
                 "SELECT count(pg_advisory_xact_lock(:a, k)) "
                 "FROM (SELECT k FROM unnest(CAST(:keys AS int[])) k ORDER BY k) o"
             ),
-            {"a": _CLUSTER_LOCK_CLASS, "keys": int_array(keys)},
+            {"a": _CLUSTER_LOCK_CLASS, "keys": keys},
         )
 
 
