@@ -136,8 +136,9 @@ def ordered_map(
     of one): workers are started with "spawn", never forked from a process that
     may hold threads, open connections or locks. With `preload` (module names),
     they are forked from a fork server that imported those modules once (a
-    clean process, see `start_preloading`), and run `function` in this
-    process's environment variables and folder. The fork server is one per
+    clean process, see `start_preloading`), and the modules the main script
+    imports (`main_script_imports`), and run `function` in this process's
+    environment variables and folder. The fork server is one per
     process, with the modules of the first `preload` it was started with (a
     later one's are imported by each worker as it needs them). An exception in a worker is
     raised here when its result is reached; closing the generator early cancels
