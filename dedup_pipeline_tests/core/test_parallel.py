@@ -135,8 +135,9 @@ if __name__ == "__main__":
     start_preloading(preload)
     os.environ["DEDUP_TEST_PRELOAD"] = "set after the server started"
     os.chdir(sys.argv[1])
-    for state in sorted(set(ordered_map(partial(state, "DEDUP_TEST_PRELOAD"), range(4), workers=2, preload=preload))):
-        print(*state[:3], state[3] == os.getpid(), sep="|", flush=True)
+    states = ordered_map(partial(state, "DEDUP_TEST_PRELOAD"), range(4), workers=2, preload=preload)
+    for state in sorted({(*state[:3], state[3] == os.getpid()) for state in states}):  # one line whichever worker
+        print(*state, sep="|", flush=True)
     print("children left:", len(multiprocessing.active_children()), flush=True)
 """
 
