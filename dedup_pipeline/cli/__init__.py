@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
-from dedup_pipeline.cli.lanes import DEFAULT_WORKERS, start_lane_imports
+from dedup_pipeline.cli.lanes import DEFAULT_WORKERS
 from dedup_pipeline.cli.near import add_commands as add_near_commands
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, BatchFileError
@@ -78,7 +78,6 @@ def format_summary(summary: LadderSummary) -> str:
 
 
 def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = DEFAULT_WORKERS) -> int:
-    start_lane_imports(landing, settle_seconds, workers)  # before this process imports Dagster
     from dedup_pipeline.cli.progress import progress_for
     from dedup_pipeline.cli.runner import ensure_dagster_home, run_landing_folder
 

@@ -30,7 +30,7 @@ from dagster._core.workspace.load import location_origin_from_module_name
 from sqlalchemy import func, select
 
 from dedup_pipeline import environment
-from dedup_pipeline.cli.lanes import DEFAULT_WORKERS, LANE_PRELOAD, lane_workers, source_lanes
+from dedup_pipeline.cli.lanes import DEFAULT_WORKERS, lane_workers, source_lanes
 from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.parallel import available_cpus, ordered_map, start_preloading
@@ -159,6 +159,10 @@ def remote_job_origin(job_name: str, repository_name: str) -> RemoteJobOrigin:
     """
     location = location_origin_from_module_name(DEFINITIONS_MODULE, None, None, CODE_LOCATION)
     return RemoteJobOrigin(RemoteRepositoryOrigin(location, repository_name), job_name)
+
+
+#: What the lanes' worker processes are forked with, imported once (`cli/lane_preload.py`).
+LANE_PRELOAD = ("dedup_pipeline.cli.lane_preload",)
 
 
 def run_config_for(landing: Path, canonical_workers: int | None = None) -> dict:
