@@ -45,12 +45,11 @@ from sqlalchemy import create_engine, func, select, text  # noqa: E402
 
 from benchmarks.common import PG_ADMIN_URL, REDIS_URL, median, scratch_database, write_jsonl  # noqa: E402
 from dedup_pipeline.core.hashing import INITIAL_ACTIVE_VERSION  # noqa: E402
-from dedup_pipeline.core.near import near_text  # noqa: E402
 from dedup_pipeline.core.records import canonicalise_records  # noqa: E402
 from dedup_pipeline.defs.resources import LadderResource, NearDupResource  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
 from dedup_pipeline.ladder.exact import deduplicate_batch  # noqa: E402
-from dedup_pipeline.ladder.near import cluster_batch, sketch  # noqa: E402
+from dedup_pipeline.ladder.near import cluster_batch, near_text, sketch  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
 from dedup_pipeline.landing import find_batch  # noqa: E402
 from dedup_pipeline.store import near as near_index  # noqa: E402

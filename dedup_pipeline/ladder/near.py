@@ -24,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 
 from dedup_pipeline.core.lsh import band_keys, fold_to_int32
 from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, pack_bbit
-from dedup_pipeline.core.near import NearDupParams
+from dedup_pipeline.core.near import NearDupParams, near_text
 from dedup_pipeline.core.simhash import block_bounds, simhash_fingerprints
 from dedup_pipeline.ladder.progress import ChunkProgress, ProgressLog
 from dedup_pipeline.ladder.settings import NearSettings
@@ -152,7 +152,7 @@ def cluster_batch(
         if not rows:
             break
         after = rows[-1].record_id
-        texts = {row.record_id: index.text_of(row) for row in rows}
+        texts = {row.record_id: near_text(row.payload) for row in rows}
         sketches = sketch([texts[row.record_id] for row in rows], params)
         _index_chunk(warehouse, rows, sketches, texts, params, batch_id, report, max_links, max_candidates)
         with warehouse.engine.begin() as conn:
@@ -198,7 +198,7 @@ def lean_minhashes(warehouse: Warehouse, batch_id: str | None = None, chunk_size
         if not rows:
             return
         after = rows[-1][0]
-        sketches = to_lean_minhashes([text for _, _, text in rows], params)
+        sketches = to_lean_minhashes([near_text(payload) for _, _, payload in rows], params)
         yield from ((rid, key, sketch) for (rid, key, _), sketch in zip(rows, sketches))
 
 
@@ -244,7 +244,7 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
         missing = [rid for rid in ids if rid not in known]
         if missing:
             with warehouse.engine.connect() as other:
-                known.update(index.load_texts(other, missing))
+                known.update({rid: near_text(p) for rid, p in index.load_payloads(other, missing).items()})
         return known
 
     for attempt in range(CHUNK_ATTEMPTS):

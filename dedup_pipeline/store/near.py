@@ -31,8 +31,7 @@ import numpy as np
 from sqlalchemy import Connection, Row, Select, and_, delete, func, or_, select, text, true, tuple_, update
 
 from dedup_pipeline.core.exact import Decision
-from dedup_pipeline.core.near import NearDupParams, near_text
-from dedup_pipeline.core.records import TEXT_FIELDS
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values, insert_rows, staging_table, update_rows
 from dedup_pipeline.store.schema import (
     MAX_BANDS,
@@ -210,29 +209,15 @@ def order_of(first_landed, first_seen, natural_key: str) -> tuple[int, int, int]
     return (int(first_landed.timestamp() * _US), int(first_seen.timestamp() * _US), key_order(natural_key))
 
 
-def text_columns(conn: Connection) -> tuple:
-    """What `text_of` reads a record's near text from. On PostgreSQL, the payload's fields `near_text` reads,
-    each its own JSON value by name: the rest of a payload (most of its bytes) is neither sent nor decoded. On
-    SQLite, the payload (its JSON functions give `true` as 1; `->` came in 3.38)."""
-    if conn.dialect.name == "postgresql":
-        return tuple(records.c.payload[name].label(name) for name in TEXT_FIELDS)
-    return (records.c.payload,)
-
-
-def text_of(row: Row) -> str:
-    """The near text (`near_text`) of a row holding `text_columns`."""
-    return near_text(row.payload if "payload" in row._fields else row._mapping)
-
-
 def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int, bands: int) -> list:
     """Records dated to this batch (stored or re-crawled by it) not yet indexed as they are: no index row, a row of
     other content, or a row not linked yet (its chunk stopped between its two transactions); and the records this
     batch brought first though a later batch stored them (it ran late: their index rows may be dated later than
     they landed, which the caller tells from `indexed_order`).
 
-    Each row: record id, digest, text (`text_columns`), natural key, first seen, first landed (its first batch's
-    landing), and the index row's digest, signature, band keys (`ib0`...), order (first landed, first seen, key
-    order) and linked flag (None when it has none).
+    Each row: record id, digest, payload, natural key, first seen, first landed (its first batch's landing), and the
+    index row's digest, signature, band keys (`ib0`...), order (first landed, first seen, key order) and linked flag
+    (None when it has none).
     """
     n = near_index
     first_landed = func.coalesce(crawl_batches.c.landed_at, records.c.first_seen_at)
@@ -240,7 +225,7 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
         select(
             records.c.record_id,
             records.c.content_hash,
-            *text_columns(conn),
+            records.c.payload,
             records.c.natural_key,
             records.c.first_seen_at,
             first_landed.label("first_landed_at"),
@@ -287,14 +272,11 @@ def mark_redated(conn: Connection, ids: Sequence[int]) -> None:
 
 
 def records_after(conn: Connection, after_id: int, limit: int, batch_id: str | None = None) -> list:
-    """(record id, natural key, near text) of the next `limit` records after `after_id` (of `batch_id`'s, if
-    given)."""
-    r = records.c
-    query = select(r.record_id, r.natural_key, *text_columns(conn)).where(r.record_id > after_id)
+    """(record id, natural key, payload) of the next `limit` records after `after_id` (of `batch_id`'s, if given)."""
+    query = select(records.c.record_id, records.c.natural_key, records.c.payload).where(records.c.record_id > after_id)
     if batch_id is not None:
         query = query.where(records.c.last_batch_id == batch_id)
-    rows = conn.execute(query.order_by(records.c.record_id).limit(limit))
-    return [(row.record_id, row.natural_key, text_of(row)) for row in rows]
+    return [tuple(row) for row in conn.execute(query.order_by(records.c.record_id).limit(limit))]
 
 
 def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
@@ -692,13 +674,12 @@ def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[
     )
 
 
-def load_texts(conn: Connection, ids: Iterable[int]) -> dict[int, str]:
-    """record id -> the near text of its stored payload (`near_text`), in one SELECT a part."""
+def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
+    """record id -> stored payload, in one SELECT a part."""
     r = records.c
-    rows = _by_parts(
-        conn, ids, lambda part: select(r.record_id, *text_columns(conn)).where(in_values(conn, r.record_id, part))
+    return dict(
+        _by_parts(conn, ids, lambda part: select(r.record_id, r.payload).where(in_values(conn, r.record_id, part)))
     )
-    return {row.record_id: text_of(row) for row in rows}
 
 
 def remove_rows(conn: Connection, ids: Sequence[int]) -> dict[str, int]:

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from dedup_pipeline.core.near import NearDupParams, cluster_near_duplicates, near_text
+from dedup_pipeline.core.near import NearDupParams, cluster_near_duplicates
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
-from dedup_pipeline.ladder.near import cluster_batch, runaway_clusters
+from dedup_pipeline.ladder.near import cluster_batch, near_text, runaway_clusters
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.store.near import _selected_rows, load_rows, load_texts, records_after, records_to_index, text_of
+from dedup_pipeline.store.near import _selected_rows, load_rows
 from dedup_pipeline.store.near_graph import band_count, signature_width
 from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, near_index, records
 from dedup_pipeline_tests.helpers import description, listing, new_run_id, write_batch
@@ -160,30 +160,6 @@ def test_index_rows_read_back_are_the_rows_a_plain_select_gives(warehouse, tmp_p
         np.testing.assert_array_equal(getattr(got, name), getattr(selected, name))
     np.testing.assert_array_equal(got.keys[got.indexable], selected.keys[selected.indexable])
     assert got.indexable.sum() == len(ids) - 1
-
-
-_TEXT_FIELD_VALUES = ["Kettle “blue” 1.7 l", "", None, 42, 4.5, True, ["a", "b"], {"k": "v"}, "MISSING"]
-
-
-def test_the_near_text_read_from_the_warehouse_is_that_of_the_whole_payload(warehouse, tmp_path):
-    """Breaks: the rung reads a record's text fields (title, description) from the database alone, each its own
-    JSON value, not the payload; the fields hold text, nothing, JSON null, numbers, a boolean, a list, an object,
-    or are absent.
-
-    Must hold: for every stored record, the texts the rung reads (a batch's records to index, the records after
-    an id, those asked for by id) are `near_text` of the whole stored payload."""
-    rows = []
-    for i, (title, text) in enumerate((t, d) for t in _TEXT_FIELD_VALUES for d in _TEXT_FIELD_VALUES[::3]):
-        row = listing(i, title=title, description=text)
-        rows.append({k: v for k, v in row.items() if v != "MISSING"})
-    land(warehouse, tmp_path / "landing", "b1", rows)
-    with warehouse.engine.connect() as conn:
-        whole = {rid: near_text(p) for rid, p in conn.execute(select(records.c.record_id, records.c.payload))}
-        after = {rid: text for rid, _, text in records_after(conn, 0, len(rows), "b1")}
-        by_id = load_texts(conn, [*whole, max(whole) + 1])
-        to_index = {row.record_id: text_of(row) for row in records_to_index(conn, "b1", 0, len(rows), 26)}
-    assert len(whole) == len(rows) and len(set(whole.values())) > len(_TEXT_FIELD_VALUES)
-    assert after == by_id == to_index == whole
 
 
 def test_a_batch_of_near_copies_of_one_text_is_a_runaway_cluster(warehouse, tmp_path):
