@@ -16,6 +16,7 @@ from __future__ import annotations
 import dagster as dg
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
+from dedup_pipeline.defs.pools import ensure_pool_limits
 from dedup_pipeline.defs.rehash import MIGRATION_TAG, migration_lane
 from dedup_pipeline.landing import SOURCE_TAG, batch_source
 
@@ -42,11 +43,13 @@ class LaneTaggingRunCoordinator(dg.QueuedRunCoordinator):
 
     The tag is added in the run storage. A tag the run already carries is kept (the sensor's `dedup/source`, or
     an operator's for batches whose keys name no landing date, such as `shop-a-day1`), and a run of neither kind
-    is queued untouched. Configured like its parent (`module`/`class` under `run_coordinator`); the limits stay
-    under `concurrency: runs:`.
+    is queued untouched. It also sets the `warehouse` pool's limit to the instance's default where the run's
+    steps would, and fail to on PostgreSQL (`defs.pools`). Configured like its parent (`module`/`class` under
+    `run_coordinator`); the limits stay under `concurrency:`.
     """
 
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
+        ensure_pool_limits(self._instance)  # before the run's steps would (`defs.pools`)
         run = context.dagster_run
         tags = lane_tags(run)
         if tags:

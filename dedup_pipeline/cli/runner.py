@@ -36,6 +36,7 @@ from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.parallel import available_cpus, ordered_map, start_preloading
 from dedup_pipeline.defs.alerts import error_summary
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
+from dedup_pipeline.defs.pools import ensure_pool_limits
 from dedup_pipeline.landing import batch_source, scan_landing
 from dedup_pipeline.store.schema import dedup_decisions, records
 from dedup_pipeline.store.warehouse import Warehouse
@@ -281,6 +282,7 @@ def run_landing_folder(
     if workers > 1:
         start_preloading(LANE_PRELOAD)  # the lanes' imports, once, while this process prepares the runs
     warehouse.create_schema()  # unreachable: one clear error now, not a failed run per batch
+    ensure_pool_limits(instance)  # here, once: the lanes' first steps setting it at once would fail on PostgreSQL
     known = set(instance.get_dynamic_partitions(crawl_batches_partitions.name))
     missing = [key for key in keys if key not in known]
     if missing:

@@ -8,6 +8,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.plots import exact_metadata, ladder_figures
+from dedup_pipeline.defs.pools import WAREHOUSE_POOL
 from dedup_pipeline.defs.resources import (
     LadderResource,
     LandingResource,
@@ -42,11 +43,6 @@ def retried_only_if_transient() -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - re-raised as a failure that bypasses the retry policy
         raise dg.Failure(description=f"{type(exc).__name__}: {exc}", allow_retries=False) from exc
-
-
-#: The writing rungs claim a slot of this pool, so the instance bounds concurrent warehouse writers across
-#: runs and workers (`concurrency: pools:` in dagster.yaml and deploy/dagster.yaml).
-WAREHOUSE_POOL = "warehouse"
 
 
 @dg.asset(

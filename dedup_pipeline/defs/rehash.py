@@ -20,6 +20,7 @@ from pydantic import Field
 
 from dedup_pipeline.core.hashing import hash_rule
 from dedup_pipeline.core.url import URL_VERSION
+from dedup_pipeline.defs.pools import WAREHOUSE_POOL
 from dedup_pipeline.defs.resources import NearDupResource, WarehouseResource
 from dedup_pipeline.ladder.rehash import DEFAULT_CHUNK_SIZE, Comparison, ShardReport, backfill_shard, compare_versions
 from dedup_pipeline.ladder.rehash_switch import MigrationRefused, retire_hash_version, switch_hash_version
@@ -140,7 +141,7 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         partitions_def=shard_partitions,
         group_name=GROUP,
         kinds={"python", "sql"},
-        pool="warehouse",
+        pool=WAREHOUSE_POOL,
         # Several shards per run: a run's start costs seconds, a small shard's rows far less. Each shard still
         # commits page by page, so a run killed in its third shard resumes there, the first two done.
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=SHARDS_PER_RUN),
