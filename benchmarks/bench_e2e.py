@@ -560,7 +560,9 @@ def report(density: str, ours: list[OursRound], lanes: list[OursRound], seeds: l
         f"({docs:,.0f} documents; target <= 0.35)"
     )
     print(
-        f"  start-up before the first run {_median([r.startup for r in ours]):.1f} s; per batch: run wall "
+        f"  start-up before the first run {_median([r.startup for r in ours]):.1f} s (side by side "
+        f"{_median([r.startup for r in lanes]):.1f} s: the lanes start once their fork server's imports are done); "
+        f"per batch: run wall "
         f"{', '.join(f'{w:.1f}' for w in ours[len(ours) // 2].batch_walls)} s, fixed cost (run minus steps) "
         f"median {_median([f for r in ours for f in r.batch_fixed]):.2f} s"
     )
