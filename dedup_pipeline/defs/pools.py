@@ -23,6 +23,11 @@ WAREHOUSE_POOL = "warehouse"
 _ATTEMPTS = 3
 
 
+def pool_limit(instance: dg.DagsterInstance, pool: str):
+    """The limit the instance holds for `pool` (Dagster's `PoolLimit`: limit, from_default), or None."""
+    return next((limit for limit in instance.event_log_storage.get_pool_limits() if limit.name == pool), None)
+
+
 def _needs_default(limit, default: int | None) -> bool:
     """Whether a step would set the pool's limit to `default` (Dagster's own test, in its step's slot claim)."""
     if limit is None:
@@ -42,8 +47,8 @@ def ensure_pool_limits(instance: dg.DagsterInstance, pools: Iterable[str] = (WAR
         return
     default = storage.get_pool_config().default_pool_limit
     for pool in pools:
-        for _ in range(_ATTEMPTS):
-            limit = next((limit for limit in storage.get_pool_limits() if limit.name == pool), None)
+        for attempt in range(_ATTEMPTS):
+            limit = pool_limit(instance, pool)
             if not _needs_default(limit, default):
                 break
             try:
@@ -51,4 +56,5 @@ def ensure_pool_limits(instance: dg.DagsterInstance, pools: Iterable[str] = (WAR
                     storage.delete_concurrency_limit(pool)
                 storage.initialize_concurrency_limit_to_default(pool)
             except SQLAlchemyError:  # another process set it meanwhile: look again
-                continue
+                if attempt == _ATTEMPTS - 1:
+                    raise  # not a race: the error itself, not a run failing on it later

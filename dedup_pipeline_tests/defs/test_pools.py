@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import dagster as dg
 import pytest
 
-from dedup_pipeline.defs.pools import WAREHOUSE_POOL, ensure_pool_limits
+from dedup_pipeline.defs.pools import WAREHOUSE_POOL, ensure_pool_limits, pool_limit
 from dedup_pipeline_tests.helpers import database_url, fresh_database
 
 pytestmark = pytest.mark.postgres
@@ -45,7 +45,9 @@ def writes_the_warehouse() -> int:
 
 
 def limit_of(instance: dg.DagsterInstance):
-    return next(limit for limit in instance.event_log_storage.get_pool_limits() if limit.name == WAREHOUSE_POOL)
+    limit = pool_limit(instance, WAREHOUSE_POOL)
+    assert limit is not None, "the pool has no limit"
+    return limit
 
 
 def test_dagster_cannot_set_a_changed_default_limit_on_postgresql(tmp_path):
