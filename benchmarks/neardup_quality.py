@@ -8,12 +8,14 @@
 Methods, each turning a list of texts into links, closed transitively (union-find) into clusters:
 
 * ``ours new``: ``near_duplicate_links(texts)`` at today's defaults (``NearDupParams()``).
-* ``ours old``: the same with the earlier default shingles, ``TextNormaliser(shingle="word", ngram=3)``.
+* ``ours old``: the earlier defaults: word 3-grams, ``TextNormaliser(shingle="word", ngram=3)``, and no
+  shared-code rule (``require_shared_code=False``).
 * ``datasketch words``: datasketch's ``MinHashLSH(threshold=0.5)`` (the same threshold as ours, 128
   permutations, its default weights) over ``MinHash`` (its defaults: sha1, affine32) of the set of
   whitespace tokens of the text, as in datasketch's documentation; every document is queried and its
   query results are linked (no verification).
-* ``ours simhash``: ``near_duplicate_links(texts, NearDupParams(method="simhash"))``.
+* ``ours simhash``: ``near_duplicate_links(texts, NearDupParams(method="simhash", require_shared_code=False))``:
+  plain SimHash.
 * ``simhash-pkg``: the ``simhash`` package at its defaults: ``Simhash(text)`` (its own char 4-gram
   features, md5) and ``SimhashIndex(k=2)``, linking query results.
 
@@ -93,6 +95,7 @@ from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_f
 from dedup_pipeline.core.near import (  # noqa: E402
     DEFAULT_THRESHOLD,
     NearDupParams,
+    keep_shared_codes,
     minhash_links,
     near_duplicate_links,
     shingle_texts,
@@ -101,6 +104,7 @@ from dedup_pipeline.core.text import TextNormaliser  # noqa: E402
 
 #: The default shingles before ``shingle="auto"``.
 OLD_NORMALISER = TextNormaliser(shingle="word", ngram=3)
+OLD_PARAMS = NearDupParams(normaliser=OLD_NORMALISER, require_shared_code=False)
 
 
 # ---------------------------------------------------------------- data sets
@@ -488,8 +492,14 @@ def high_jaccard_pairs(shingles, threshold: float) -> tuple[np.ndarray, np.ndarr
 
 
 def recall_above_threshold(texts, links, params: NearDupParams) -> tuple[float, int]:
-    """Share of the pairs with exact Jaccard >= threshold (on the params' shingles) that ``links`` holds."""
+    """Share of the pairs with exact Jaccard >= threshold (on the params' shingles) that ``links`` holds, of
+    those the shared-code rule lets be linked (``params.require_shared_code``): what banding and verification
+    lose."""
     i, j = high_jaccard_pairs(shingle_texts(texts, params.normaliser), params.threshold)
+    allowed = keep_shared_codes(
+        [(a, b, 1.0) for a, b in zip(i.tolist(), j.tolist())], params, lambda ends: {e: texts[e] for e in ends}
+    )
+    i, j = np.array([a for a, _, _ in allowed], dtype=np.int64), np.array([b for _, b, _ in allowed], dtype=np.int64)
     if not i.size:
         return 1.0, 0
     n = max(len(texts), 1)
@@ -553,9 +563,9 @@ def ours(params: NearDupParams):
 
 METHODS = {
     "ours new": ours(NearDupParams()),
-    "ours old": ours(NearDupParams(normaliser=OLD_NORMALISER)),
+    "ours old": ours(OLD_PARAMS),
     "datasketch words": datasketch_words,
-    "ours simhash": ours(NearDupParams(method="simhash")),
+    "ours simhash": ours(NearDupParams(method="simhash", require_shared_code=False)),
     "simhash-pkg": simhash_package,
 }
 BASELINES = ("datasketch words", "ours simhash", "simhash-pkg")
@@ -620,8 +630,11 @@ def verdict_line(result: dict) -> str:
 
 def report(root: Path, sets: dict, parts: list[str], json_path: Path | None) -> None:
     params = NearDupParams()
-    print(f"ours new: {params.identity()}  threshold={params.threshold} verify={params.verify}")
-    print(f"ours old: {NearDupParams(normaliser=OLD_NORMALISER).identity()}")
+    print(
+        f"ours new: {params.identity()}  threshold={params.threshold} verify={params.verify} "
+        f"require_shared_code={params.require_shared_code}"
+    )
+    print(f"ours old: {OLD_PARAMS.identity()} (require_shared_code=False)")
     print(f"ours simhash: {NearDupParams(method='simhash').identity()}")
     results = []
     for part in parts:
@@ -675,8 +688,13 @@ class ShortVariant:
         return [g.encode("utf-8") for g in out]
 
 
+#: Sweep settings linked without the shared-code rule (every other one links with it, as the defaults do).
+CODES_IGNORED = ("auto/w1+c4/75 codes ignored",)
+
+
 def sweep_settings() -> dict[str, TextNormaliser | ShortVariant]:
-    """The shingle settings tried; "auto/<short>/<below>": <short> for texts under <below> tokens, else word 3-grams."""
+    """The shingle settings tried; "auto/<short>/<below>": <short> for texts under <below> tokens, else word 3-grams;
+    each linked with the shared-code rule, but those of :data:`CODES_IGNORED`."""
     settings = {"word3 (old)": OLD_NORMALISER}
     settings.update({f"word{n}": TextNormaliser(shingle="word", ngram=n) for n in (1, 2)})
     settings.update({f"char{n}": TextNormaliser(shingle="char", ngram=n) for n in (3, 4, 5)})
@@ -694,6 +712,8 @@ def sweep_settings() -> dict[str, TextNormaliser | ShortVariant]:
     settings["auto/w2+c4/75"] = TextNormaliser(short_words=2)
     for kind in ("in-words", "letters", "bigrams"):
         settings[f"auto/w1+c4 {kind}/75"] = ShortVariant(kind)
+    for label in CODES_IGNORED:  # the rule off: the earlier defaults' linking
+        settings[label] = TextNormaliser()
     return settings
 
 
@@ -724,7 +744,7 @@ def sweep(
     table: dict[str, dict[str, float]] = {}
     for t in thresholds:
         for label, normaliser in settings.items():
-            params = NearDupParams(threshold=t, normaliser=normaliser)
+            params = NearDupParams(threshold=t, normaliser=normaliser, require_shared_code=label not in CODES_IGNORED)
             row = {}
             for n, d in data.items():
                 shingles = shingle_texts(d.texts, normaliser)
@@ -732,7 +752,9 @@ def sweep(
                     sigs = minhash_signatures_from_texts(d.texts, normaliser, params.num_perm, params.seed)
                 else:
                     sigs = minhash_signatures(shingles, params.num_perm, params.seed)
-                links = minhash_links(sigs, params, shingles)
+                links = keep_shared_codes(
+                    minhash_links(sigs, params, shingles), params, lambda e, d=d: {i: d.texts[i] for i in e}
+                )
                 row[n] = scores(d, cluster_labels(len(d.texts), [(a, b) for a, b, _ in links]))["F1"]
             table[f"{label} t={t}"] = row
             print(f"{label} t={t}: " + " ".join(f"{n}={row[n]:.3f}" for n in names), file=sys.stderr)

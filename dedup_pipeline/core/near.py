@@ -6,7 +6,8 @@ Pipeline for ``method="minhash"`` (the default)::
           -> band_keys (empty documents dropped) -> candidate pairs
           -> verify: similarity >= threshold (estimated Jaccard; the exact Jaccard of the
              shingles where the estimate is too close to call, or everywhere)
-          -> links (i, j, similarity) -> union-find clusters
+          -> links (i, j, similarity), less those whose texts name different codes
+          -> union-find clusters
 
 ``method="simhash"`` replaces the signature, banding and verification by
 SimHash fingerprints, pigeonhole block search and Hamming distance <=
@@ -19,6 +20,8 @@ keys, then verifies them with the same code.
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
@@ -78,6 +81,13 @@ UNSURE_STANDARD_ERRORS = 2.0
 
 Link = tuple[int, int, float]
 
+#: A code is a token of at least this many characters that mixes letters and digits.
+CODE_MIN_CHARS = 3
+#: Hyphens, slashes and dots between two letters or digits join them into one code ("KDL-40V5100", "KDL40V5100").
+_CODE_JOINERS = re.compile(r"(?<=[^\W_])[-/.](?=[^\W_])")
+_TOKENS = re.compile(r"[^\W_]+")
+_DIGIT = re.compile(r"\d")
+
 
 @dataclass(frozen=True)
 class NearDupParams:
@@ -93,6 +103,9 @@ class NearDupParams:
     :data:`DEFAULT_NORMALISERS`. ``threshold`` is a Jaccard threshold and applies to
     ``method="minhash"``; ``method="simhash"`` links documents whose
     fingerprints differ in at most ``simhash_max_distance`` bits.
+    ``require_shared_code`` keeps apart two texts that both name codes (:func:`codes`: model and part numbers)
+    but none in common, whatever their similarity: "... Sleeve Pink iCC2010PNK" and "... Sleeve Black
+    ICC2010BLK" are two products.
     """
 
     method: str = "minhash"
@@ -106,6 +119,7 @@ class NearDupParams:
     simhash_max_distance: int = 3
     verify: str = "auto"
     representative: str = "oldest"
+    require_shared_code: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -234,6 +248,36 @@ def near_text(payload: Mapping) -> str:
     return " ".join(str(payload[f]) for f in TEXT_FIELDS if payload.get(f))
 
 
+def codes(text: str) -> frozenset[str]:
+    """The codes a text names: its tokens of at least :data:`CODE_MIN_CHARS` characters that mix letters and
+    digits (model, part and catalogue numbers, SKUs), case-folded, with the hyphens, slashes and dots inside
+    them dropped. Words and plain numbers (years, prices, ids) are not codes."""
+    if not _DIGIT.search(text):
+        return frozenset()
+    folded = _CODE_JOINERS.sub("", unicodedata.normalize("NFKC", text).casefold())
+    return frozenset(
+        token
+        for token in _TOKENS.findall(folded)
+        if len(token) >= CODE_MIN_CHARS and not token.isdigit() and any(c.isdigit() for c in token)
+    )
+
+
+def keep_shared_codes(
+    links: list[Link], params: NearDupParams, texts: Callable[[list[int]], Mapping[int, str]]
+) -> list[Link]:
+    """``links`` less the pairs whose two texts both name codes but none in common, under
+    ``params.require_shared_code``; ``texts`` gives the texts of the ends asked for."""
+    if not params.require_shared_code or not links:
+        return links
+    by_end = {i: codes(text) for i, text in texts(sorted({i for i, _, _ in links} | {j for _, j, _ in links})).items()}
+    empty: frozenset[str] = frozenset()
+    return [
+        link
+        for link in links
+        if not (a := by_end.get(link[0], empty)) or not (b := by_end.get(link[1], empty)) or not a.isdisjoint(b)
+    ]
+
+
 def shingle_texts(texts: Sequence[str], normaliser: TextNormaliser) -> list[list[bytes]]:
     """UTF-8 shingles of each text under ``normaliser``."""
     return [normaliser.shingle_bytes(text) for text in texts]
@@ -325,12 +369,14 @@ def near_duplicate_links(texts: Sequence[str], params: NearDupParams | None = No
     """Verified near-duplicate links ``(i, j, similarity)``, ``i < j``, sorted."""
     params = params or NearDupParams()
     if params.method == "simhash":
-        return simhash_links(shingle_texts(texts, params.normaliser), params)
-    signatures = minhash_signatures_from_texts(texts, params.normaliser, params.num_perm, params.seed)
-    # Shingle objects only for the texts of the pairs that need the exact Jaccard (none under verify="estimate").
-    return minhash_links(
-        signatures, params, lambda rows: {i: params.normaliser.shingle_bytes(texts[i]) for i in rows.tolist()}
-    )
+        links = simhash_links(shingle_texts(texts, params.normaliser), params)
+    else:
+        signatures = minhash_signatures_from_texts(texts, params.normaliser, params.num_perm, params.seed)
+        # Shingle objects only for the texts of the pairs that need the exact Jaccard (none under verify="estimate").
+        links = minhash_links(
+            signatures, params, lambda rows: {i: params.normaliser.shingle_bytes(texts[i]) for i in rows.tolist()}
+        )
+    return keep_shared_codes(links, params, lambda ends: {i: texts[i] for i in ends})
 
 
 def to_lean_minhashes(texts: Sequence[str], params: NearDupParams | None = None) -> list[LeanMinHash]:

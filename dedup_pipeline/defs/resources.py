@@ -142,6 +142,11 @@ class NearDupResource(dg.ConfigurableResource):
     representative: str = Field(
         default=NearDupParams.representative, description="Cluster representative: 'oldest' or 'longest'."
     )
+    require_shared_code: bool = Field(
+        default=NearDupParams.require_shared_code,
+        description="Keep apart two records whose texts both name codes (tokens mixing letters and digits, such as "
+        "model and part numbers) but none in common, however similar the rest.",
+    )
     chunk_size: int = Field(default=NearSettings.chunk_size, description="Records sketched and linked per transaction.")
     max_candidates: Optional[int] = Field(
         default=NearSettings.max_candidates,
@@ -173,6 +178,7 @@ class NearDupResource(dg.ConfigurableResource):
             simhash_max_distance=self.simhash_max_distance,
             verify=self.verify,
             representative=self.representative,
+            require_shared_code=self.require_shared_code,
             **given,
         )
 

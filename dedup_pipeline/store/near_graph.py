@@ -18,7 +18,7 @@ change, then the clusters merged (`store.near.locked_roots`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +27,7 @@ from sqlalchemy import Connection
 from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.core.lsh import candidate_pairs as pairs_in_memory
 from dedup_pipeline.core.minhash import bbit_jaccard_pairs
-from dedup_pipeline.core.near import NearDupParams, near_text, verify_pairs
+from dedup_pipeline.core.near import NearDupParams, keep_shared_codes, near_text, verify_pairs
 from dedup_pipeline.core.simhash import BITS, hamming_distance
 from dedup_pipeline.store import near as index
 
@@ -72,16 +72,25 @@ def verified(
     """The pairs of positions in `rows` that are near duplicates, with their similarity."""
     if not left.size:
         return []
+    read: dict[int, str] = {}
+
+    def texts_at(positions: Sequence[int]) -> dict[int, str]:  # each text read once, and only where needed
+        missing = [p for p in positions if p not in read]
+        if missing:
+            by_id = texts([int(rows.ids[p]) for p in missing])
+            read.update({p: by_id.get(int(rows.ids[p]), "") for p in missing})
+        return {p: read[p] for p in positions}
+
+    def shingles(positions: np.ndarray) -> dict[int, list[bytes]]:  # only the pairs whose estimate is too close
+        return {p: params.normaliser.shingle_bytes(text) for p, text in texts_at(positions.tolist()).items()}
+
     estimates = _similarities(params, rows, left, right)
     if params.method == "simhash":
         keep = estimates >= 1.0 - params.simhash_max_distance / BITS
-        return list(zip(left[keep].tolist(), right[keep].tolist(), estimates[keep].tolist()))
-
-    def shingles(positions: np.ndarray) -> dict[int, list[bytes]]:  # only the pairs whose estimate is too close
-        by_id = texts([int(rows.ids[p]) for p in positions.tolist()])
-        return {p: params.normaliser.shingle_bytes(by_id.get(int(rows.ids[p]), "")) for p in positions.tolist()}
-
-    return verify_pairs(rows.signatures, left, right, params, shingles, estimates=estimates)
+        found = list(zip(left[keep].tolist(), right[keep].tolist(), estimates[keep].tolist()))
+    else:
+        found = verify_pairs(rows.signatures, left, right, params, shingles, estimates=estimates)
+    return keep_shared_codes(found, params, texts_at)
 
 
 def _positions(ids: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ from dedup_pipeline.core.near import (
     MIN_THRESHOLD_RECALL,
     NearDupParams,
     cluster_near_duplicates,
+    codes,
     lowest_threshold,
     make_params,
     minhash_links,
@@ -296,3 +297,40 @@ def test_lean_minhashes_are_datasketchs_own_sketches_of_the_shingles(normaliser)
     assert {5, 6} <= set(lsh.query(leans[5])) and 0 not in lsh.query(leans[5])
     with pytest.raises(ValueError):
         to_lean_minhashes(texts, NearDupParams(method="simhash"))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            'Sony Bravia KDL-40V5100 40" LCD TV (2009)',
+            {"kdl40v5100"},
+        ),  # joined across its hyphen; 40 and 2009 are numbers
+        ("Adobe Photoshop CS3 upgrade, part no. 29/AB-7", {"cs3", "29ab7"}),
+        ("ＫＤＬ４０Ｖ５１００ and kdl40v5100", {"kdl40v5100"}),  # NFKC and case-folded: one code
+        ("a1 b2 x 12 and 4.5 kg", set()),  # too short, or no letter
+        ("Plain words, no digits at all", set()),
+    ],
+)
+def test_codes_are_the_tokens_that_mix_letters_and_digits(text, expected):
+    assert codes(text) == expected
+
+
+@pytest.mark.parametrize("method", ["minhash", "simhash"])
+def test_two_texts_naming_different_codes_are_not_linked_unless_the_rule_is_off(method):
+    """Breaks: one long text three times, once with another model number, once with the same one spelt
+    another way. Must hold: the other model number is kept apart (a text naming no code is not)."""
+    base = ARTICLE + " Model {}."
+    texts = [base.format("XR-2000"), base.format("XR-3000"), base.format("xr2000"), ARTICLE]
+    on = {(a, b) for a, b, _ in near_duplicate_links(texts, make_params(method=method))}
+    off = {(a, b) for a, b, _ in near_duplicate_links(texts, make_params(method=method, require_shared_code=False))}
+    assert off == {(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)}
+    assert on == {(0, 2), (0, 3), (1, 3), (2, 3)}
+
+
+def test_the_shared_code_rule_is_a_link_setting_outside_the_index_identity():
+    rule_off = NearDupParams(require_shared_code=False)
+    assert NearDupParams().require_shared_code and rule_off.identity() == NearDupParams().identity()
+    assert NearDupParams.from_dict(rule_off.as_dict()) == rule_off
+    stored_before = {k: v for k, v in NearDupParams().as_dict().items() if k != "require_shared_code"}
+    assert NearDupParams.from_dict(stored_before).require_shared_code  # link settings stored by earlier versions
