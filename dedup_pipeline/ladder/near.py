@@ -75,6 +75,8 @@ class NearReport:
     kept_sketches: int = 0  # records with new content and the same text: their sketch, links and cluster stay
     candidate_pairs: int = 0
     pairs: int = 0
+    apart_by_codes: int = 0  # pairs similar enough, kept apart by `require_shared_code`
+    require_shared_code: bool = True
     capped: set = field(default_factory=set)  # records of the batch that met `max_candidates` others (boilerplate?)
     near_duplicates: set = field(default_factory=set)
     clusters: dict = field(default_factory=dict)  # cluster id -> size, for clusters this batch touched
@@ -94,6 +96,8 @@ class NearReport:
             "kept_sketches": self.kept_sketches,
             "candidate_pairs": self.candidate_pairs,
             "pairs": self.pairs,
+            "require_shared_code": self.require_shared_code,
+            "pairs_apart_by_codes": self.apart_by_codes,
             "near_duplicates": len(self.near_duplicates),
             "clusters_touched": len(self.clusters),
             "largest_cluster": max(self.clusters.values(), default=0),
@@ -143,6 +147,7 @@ def cluster_batch(
         index.save_link_settings(conn, params, max_links, max_candidates)
     report = NearReport(batch_id, params.method, params.verify, max_candidates)
     report.threshold, report.bands_rows = params.threshold, (params.bands, params.rows)
+    report.require_shared_code = params.require_shared_code
     report.threshold_warning = params.threshold_warning()
     bands = graph.band_count(params)
     after = 0
@@ -265,6 +270,7 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
             report.chunk_retries += 1
     report.candidate_pairs += outcome.candidate_pairs
     report.pairs += outcome.pairs
+    report.apart_by_codes += outcome.apart_by_codes
     report.capped.update(outcome.capped)
     report.near_duplicates |= outcome.linked
     report.clusters.update(outcome.clusters)

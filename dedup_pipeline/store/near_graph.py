@@ -41,6 +41,7 @@ class LinkOutcome:
 
     candidate_pairs: int = 0
     pairs: int = 0
+    apart_by_codes: int = 0  # pairs similar enough that name different codes (`require_shared_code`)
     capped: set = field(default_factory=set)
     linked: set = field(default_factory=set)
     clusters: dict = field(default_factory=dict)  # cluster id -> size, for clusters holding one of the records
@@ -68,10 +69,11 @@ def _similarities(params: NearDupParams, rows: index.IndexRows, left: np.ndarray
 
 def verified(
     params: NearDupParams, rows: index.IndexRows, left: np.ndarray, right: np.ndarray, texts: Texts
-) -> list[tuple[int, int, float]]:
-    """The pairs of positions in `rows` that are near duplicates, with their similarity."""
+) -> tuple[list[tuple[int, int, float]], int]:
+    """The pairs of positions in `rows` that are near duplicates, with their similarity, and how many pairs
+    similar enough the shared-code rule kept apart."""
     if not left.size:
-        return []
+        return [], 0
     read: dict[int, str] = {}
 
     def texts_at(positions: Sequence[int]) -> dict[int, str]:  # each text read once, and only where needed
@@ -90,7 +92,8 @@ def verified(
         found = list(zip(left[keep].tolist(), right[keep].tolist(), estimates[keep].tolist()))
     else:
         found = verify_pairs(rows.signatures, left, right, params, shingles, estimates=estimates)
-    return keep_shared_codes(found, params, texts_at)
+    kept = keep_shared_codes(found, params, texts_at)
+    return kept, len(found) - len(kept)
 
 
 def _positions(ids: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -134,7 +137,7 @@ def link_records(
     rows = mine.concat(index.load_rows(conn, others, width, bands))
     left, right = _positions(rows.ids, pairs)
     out.candidate_pairs = left.size
-    found = verified(params, rows, left, right, texts)
+    found, out.apart_by_codes = verified(params, rows, left, right, texts)
     out.pairs = len(found)
     if not found:
         return out
@@ -277,7 +280,7 @@ def recluster(conn: Connection, members: set[int], params: NearDupParams, texts:
     rows = index.load_rows(conn, members, width, bands)
     usable = np.flatnonzero(rows.indexable)
     pairs = usable[pairs_in_memory(rows.keys[usable])] if usable.size > 1 else np.zeros((0, 2), np.int64)
-    found = verified(params, rows, pairs[:, 0], pairs[:, 1], texts) if len(pairs) else []
+    found, _ = verified(params, rows, pairs[:, 0], pairs[:, 1], texts)
     links = [(int(rows.ids[i]), int(rows.ids[j])) for i, j, _ in found]
     ids = sorted(members)
     ages = {rid: tuple(order) for rid, order in zip(rows.ids.tolist(), rows.order.tolist())}

@@ -184,7 +184,9 @@ def test_records_naming_different_codes_are_not_linked_however_alike(warehouse, 
         with warehouse.engine.begin() as conn:  # the index rebuilt under each setting
             for table in (near_duplicate_links, near_duplicate_clusters, near_index):
                 conn.execute(table.delete())
-        cluster_batch(warehouse, "b1", NearSettings(params=NearDupParams(require_shared_code=rule)))
+        report = cluster_batch(warehouse, "b1", NearSettings(params=NearDupParams(require_shared_code=rule)))
+        meta = report.as_metadata()
+        assert (meta["require_shared_code"], meta["pairs_apart_by_codes"]) == (rule, 2 if rule else 0)
         texts, _, clusters = stored(warehouse)
         position = {rid: titles.index(text) for rid, text in texts.items()}
         assert [sorted(position[r] for r in c) for c in clusters] == expected
