@@ -83,9 +83,10 @@ Link = tuple[int, int, float]
 
 #: A code is a token of at least this many characters that mixes letters and digits.
 CODE_MIN_CHARS = 3
-#: Hyphens, slashes and dots between two letters or digits join them into one code ("KDL-40V5100", "KDL40V5100").
-_CODE_JOINERS = re.compile(r"(?<=[^\W_])[-/.](?=[^\W_])")
-_TOKENS = re.compile(r"[^\W_]+")
+#: Tokens (runs of letters and digits), with the hyphens, slashes and dots between two of their letters or digits
+#: that join them into one code ("KDL-40V5100", "KDL40V5100").
+_JOINED_TOKENS = re.compile(r"[^\W_]+(?:[-/.][^\W_]+)*")
+_DROP_JOINERS = str.maketrans("", "", "-/.")
 _DIGIT = re.compile(r"\d")
 
 
@@ -254,12 +255,14 @@ def codes(text: str) -> frozenset[str]:
     them dropped. Words and plain numbers (years, prices, ids) are not codes."""
     if not _DIGIT.search(text):
         return frozenset()
-    folded = _CODE_JOINERS.sub("", unicodedata.normalize("NFKC", text).casefold())
-    return frozenset(
-        token
-        for token in _TOKENS.findall(folded)
-        if len(token) >= CODE_MIN_CHARS and not token.isdigit() and any(c.isdigit() for c in token)
-    )
+    found = set()
+    for joined in _JOINED_TOKENS.findall(unicodedata.normalize("NFKC", text).casefold()):
+        if joined.isalpha():  # a word: most tokens, passed over at C speed
+            continue
+        token = joined.translate(_DROP_JOINERS)
+        if len(token) >= CODE_MIN_CHARS and not token.isdigit() and any(c.isdigit() for c in token):
+            found.add(token)
+    return frozenset(found)
 
 
 def keep_shared_codes(

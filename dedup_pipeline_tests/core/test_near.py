@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import unicodedata
 
 import numpy as np
 import pytest
 import xxhash
 from datasketch import LeanMinHash, MinHash, MinHashLSH, MinHashLSHForest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dedup_pipeline.core.lsh import candidate_probability
 from dedup_pipeline.core.minhash import minhash_signatures
@@ -313,6 +317,24 @@ def test_lean_minhashes_are_datasketchs_own_sketches_of_the_shingles(normaliser)
     ],
 )
 def test_codes_are_the_tokens_that_mix_letters_and_digits(text, expected):
+    assert codes(text) == expected
+
+
+def _codes_token_by_token(text: str) -> frozenset[str]:
+    """The rule as the docstring states it, one token at a time: fold, drop the joiners between two letters or
+    digits, split into runs of letters and digits, keep those of 3 or more characters that mix letters and digits."""
+    folded = re.sub(r"(?<=[^\W_])[-/.](?=[^\W_])", "", unicodedata.normalize("NFKC", text).casefold())
+    return frozenset(
+        t for t in re.findall(r"[^\W_]+", folded) if len(t) >= 3 and not t.isdigit() and any(c.isdigit() for c in t)
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from("aZ09-/._ ,xß²４Ｋ－é\u0301٣") | st.characters(), max_size=40))
+def test_codes_are_found_as_the_rule_states_them_token_by_token(text):
+    """Breaks: a fast path that splits or joins tokens differently (joiners at either end or doubled, underscores,
+    characters NFKC or case folding change, digits of other scripts)."""
+    expected = _codes_token_by_token(text) if re.search(r"\d", text) else frozenset()  # no decimal digit: no code
     assert codes(text) == expected
 
 
