@@ -83,8 +83,8 @@ Link = tuple[int, int, float]
 
 #: A code is a token of at least this many characters that mixes letters and digits.
 CODE_MIN_CHARS = 3
-#: Tokens (runs of letters and digits), with the hyphens, slashes and dots between two of their letters or digits
-#: that join them into one code ("KDL-40V5100", "KDL40V5100").
+#: A token: a run of letters and digits (`[^\W_]` is `str.isalnum`), with the hyphens, slashes and dots between
+#: two of its letters or digits that join it into one code ("KDL-40V5100", "KDL40V5100").
 _JOINED_TOKENS = re.compile(r"[^\W_]+(?:[-/.][^\W_]+)*")
 _DROP_JOINERS = str.maketrans("", "", "-/.")
 _DIGIT = re.compile(r"\d")
@@ -251,18 +251,33 @@ def near_text(payload: Mapping) -> str:
 
 def codes(text: str) -> frozenset[str]:
     """The codes a text names: its tokens of at least :data:`CODE_MIN_CHARS` characters that mix letters and
-    digits (model, part and catalogue numbers, SKUs), case-folded, with the hyphens, slashes and dots inside
-    them dropped. Words and plain numbers (years, prices, ids) are not codes."""
-    if not _DIGIT.search(text):
-        return frozenset()
+    digits (model, part and catalogue numbers, SKUs), after NFKC and case folding, with the hyphens, slashes and
+    dots inside them dropped. Words and plain numbers (years, prices, ids) are not codes; a digit is a decimal
+    digit of any script (NFKC makes superscript, circled and full-width digits plain ones)."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
     found = set()
-    for joined in _JOINED_TOKENS.findall(unicodedata.normalize("NFKC", text).casefold()):
-        if joined.isalpha():  # a word: most tokens, passed over at C speed
-            continue
-        token = joined.translate(_DROP_JOINERS)
-        if len(token) >= CODE_MIN_CHARS and not token.isdigit() and any(c.isdigit() for c in token):
-            found.add(token)
+    end = 0
+    for digit in _DIGIT.finditer(folded):  # only the tokens around a digit are looked at: most tokens are words
+        if digit.start() < end:
+            continue  # in the token just taken
+        token = _JOINED_TOKENS.match(folded, _token_start(folded, digit.start()))
+        end = token.end()
+        code = token.group().translate(_DROP_JOINERS)
+        if len(code) >= CODE_MIN_CHARS and not code.isdecimal():
+            found.add(code)
     return frozenset(found)
+
+
+def _token_start(text: str, i: int) -> int:
+    """Where the token holding `text[i]` starts: back over letters and digits, and joiners between two of them."""
+    while i > 0:
+        if text[i - 1].isalnum():
+            i -= 1
+        elif text[i - 1] in "-/." and i > 1 and text[i - 2].isalnum():
+            i -= 2
+        else:
+            break
+    return i
 
 
 def keep_shared_codes(

@@ -322,20 +322,20 @@ def test_codes_are_the_tokens_that_mix_letters_and_digits(text, expected):
 
 def _codes_token_by_token(text: str) -> frozenset[str]:
     """The rule as the docstring states it, one token at a time: fold, drop the joiners between two letters or
-    digits, split into runs of letters and digits, keep those of 3 or more characters that mix letters and digits."""
+    digits, split into runs of letters and digits, keep those of 3 or more characters that mix decimal digits
+    with other characters."""
     folded = re.sub(r"(?<=[^\W_])[-/.](?=[^\W_])", "", unicodedata.normalize("NFKC", text).casefold())
     return frozenset(
-        t for t in re.findall(r"[^\W_]+", folded) if len(t) >= 3 and not t.isdigit() and any(c.isdigit() for c in t)
+        t for t in re.findall(r"[^\W_]+", folded) if len(t) >= 3 and re.search(r"\d", t) and not t.isdecimal()
     )
 
 
-@settings(max_examples=500, deadline=None)
-@given(st.text(alphabet=st.sampled_from("aZ09-/._ ,xß²４Ｋ－é\u0301٣") | st.characters(), max_size=40))
+@settings(max_examples=1000, deadline=None)
+@given(st.text(alphabet=st.sampled_from("aZ09-/._ ,xß²４Ｋ－é\u0301٣①") | st.characters(), max_size=40))
 def test_codes_are_found_as_the_rule_states_them_token_by_token(text):
     """Breaks: a fast path that splits or joins tokens differently (joiners at either end or doubled, underscores,
     characters NFKC or case folding change, digits of other scripts)."""
-    expected = _codes_token_by_token(text) if re.search(r"\d", text) else frozenset()  # no decimal digit: no code
-    assert codes(text) == expected
+    assert codes(text) == _codes_token_by_token(text)
 
 
 @pytest.mark.parametrize("method", ["minhash", "simhash"])
