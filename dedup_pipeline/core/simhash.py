@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from xxhash import xxh64_intdigest
 
-from dedup_pipeline.core.lsh import pairs_sharing_key
+from dedup_pipeline.core.lsh import pairs_sharing_key, sorted_unique
 from dedup_pipeline.core.minhash import Shingle, document_chunks, hash_documents
 
 BITS = 64
@@ -93,7 +93,7 @@ def simhash_candidates(
         block = (fps >> np.uint64(low)) & np.uint64((1 << width) - 1)
         i, j = pairs_sharing_key(block)
         codes.append(i.astype(np.int64) * n + j)
-    code = np.unique(np.concatenate(codes))
+    code = sorted_unique(np.concatenate(codes))
     i, j = code // n, code % n
     distance = hamming_distance(fps[i], fps[j]).astype(np.int64)
     keep = distance <= max_distance

@@ -480,7 +480,8 @@ def _units(data: np.ndarray, doc_starts: np.ndarray, kind: str) -> tuple[np.ndar
         keep = np.ones(unit_starts.size, dtype=bool)
         keep[np.searchsorted(unit_starts, doc_starts[1:] - 1)] = False
     unit_starts, unit_ends = unit_starts[keep], unit_ends[keep]
-    per_text = np.bincount(np.searchsorted(doc_starts, unit_starts, side="right") - 1, minlength=len(doc_starts))
+    # Units start in ascending order: each text's first unit is found by one search per text, not per unit.
+    per_text = np.diff(np.searchsorted(unit_starts, np.append(doc_starts, len(data) + 1)))
     return unit_starts, unit_ends, per_text
 
 

@@ -26,6 +26,7 @@ from sqlalchemy import Connection
 
 from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.core.lsh import candidate_pairs as pairs_in_memory
+from dedup_pipeline.core.lsh import sorted_unique
 from dedup_pipeline.core.minhash import bbit_jaccard_pairs
 from dedup_pipeline.core.near import NearDupParams, keep_shared_codes, near_text, verify_pairs
 from dedup_pipeline.core.simhash import BITS, hamming_distance
@@ -106,7 +107,7 @@ def _positions(ids: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarr
     positions = order[found]
     present = (ids[positions] == pairs).all(axis=1)
     a, b = positions[present, 0], positions[present, 1]
-    code = np.unique(np.minimum(a, b) * ids.size + np.maximum(a, b))
+    code = sorted_unique(np.minimum(a, b) * ids.size + np.maximum(a, b))
     return code // ids.size, code % ids.size
 
 
@@ -152,11 +153,11 @@ def link_records(
     place = np.arange(order.size) - np.repeat(first, np.diff(np.r_[first, order.size]))
     kept = order[place < max_links]
     links = list(zip(rows.ids[earlier[kept]].tolist(), rows.ids[later[kept]].tolist(), sims[kept].tolist()))
-    owners = np.unique(rows.ids[later]).tolist()
+    owners = sorted_unique(rows.ids[later]).tolist()
     index.lock_rows(conn, owners)
     index.add_links(conn, links, params.method, batch_id)
     index.prune_links(conn, owners, max_links)
-    ends = np.unique(np.concatenate((rows.ids[left], rows.ids[right])))
+    ends = sorted_unique(np.concatenate((rows.ids[left], rows.ids[right])))
     out.linked = set(ends[np.isin(ends, mine.ids)].tolist())
     edges = list(zip(rows.ids[left].tolist(), rows.ids[right].tolist()))
     out.clusters = merge_clusters(conn, edges, rows, params.representative, texts)

@@ -16,6 +16,7 @@ from dedup_pipeline.core.lsh import (
     candidate_probability,
     choose_bands_rows,
     pairs_sharing_key,
+    sorted_unique,
     xxh64_words,
 )
 from dedup_pipeline.core.minhash import minhash_signatures, to_lean_minhash
@@ -118,6 +119,14 @@ def test_pairs_sharing_key_is_exactly_the_equal_pairs(keys):
     i, j = pairs_sharing_key(np.array(keys, dtype=np.int64))
     expected = {(a, b) for a in range(len(keys)) for b in range(a + 1, len(keys)) if keys[a] == keys[b]}
     assert len(i) == len(expected) and set(zip(i.tolist(), j.tolist())) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3), max_size=60))
+def test_sorted_unique_is_np_unique(values):
+    array = np.array(values, dtype=np.int64)
+    found = sorted_unique(array)
+    assert found.dtype == np.int64 and found.tolist() == np.unique(array).tolist()
 
 
 def test_candidate_pairs_unions_bands():
