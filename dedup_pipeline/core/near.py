@@ -253,7 +253,10 @@ def codes(text: str) -> frozenset[str]:
     """The codes a text names: its tokens of at least :data:`CODE_MIN_CHARS` characters that mix letters and
     digits (model, part and catalogue numbers, SKUs), after NFKC and case folding, with the hyphens, slashes and
     dots inside them dropped. Words and plain numbers (years, prices, ids) are not codes; a digit is a decimal
-    digit of any script (NFKC makes superscript, circled and full-width digits plain ones)."""
+    digit of any script. A text without one names no code: superscripts alone (mojibake's "Â³") make none,
+    though NFKC makes them digits in a text that has some."""
+    if not _DIGIT.search(text):
+        return frozenset()
     folded = unicodedata.normalize("NFKC", text).casefold()
     found = set()
     end = 0

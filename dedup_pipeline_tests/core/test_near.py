@@ -335,7 +335,8 @@ def _codes_token_by_token(text: str) -> frozenset[str]:
 def test_codes_are_found_as_the_rule_states_them_token_by_token(text):
     """Breaks: a fast path that splits or joins tokens differently (joiners at either end or doubled, underscores,
     characters NFKC or case folding change, digits of other scripts)."""
-    assert codes(text) == _codes_token_by_token(text)
+    expected = _codes_token_by_token(text) if re.search(r"\d", text) else frozenset()  # no decimal digit: no code
+    assert codes(text) == expected
 
 
 @pytest.mark.parametrize("method", ["minhash", "simhash"])
