@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from xxhash import xxh64_intdigest
 
-from dedup_pipeline.core.lsh import pairs_sharing_key, sorted_unique
+from dedup_pipeline.core.lsh import candidate_pairs
 from dedup_pipeline.core.minhash import Shingle, document_chunks, hash_documents
 
 BITS = 64
@@ -88,13 +88,9 @@ def simhash_candidates(
     if n < 2:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty, empty
-    codes = [np.empty(0, dtype=np.int64)]
-    for low, width in block_bounds(max_distance):
-        block = (fps >> np.uint64(low)) & np.uint64((1 << width) - 1)
-        i, j = pairs_sharing_key(block)
-        codes.append(i.astype(np.int64) * n + j)
-    code = sorted_unique(np.concatenate(codes))
-    i, j = code // n, code % n
+    blocks = [(fps >> np.uint64(low)) & np.uint64((1 << width) - 1) for low, width in block_bounds(max_distance)]
+    pairs = candidate_pairs(np.column_stack(blocks))  # the blocks as LSH bands: pairs sharing one, sorted
+    i, j = pairs[:, 0], pairs[:, 1]
     distance = hamming_distance(fps[i], fps[j]).astype(np.int64)
     keep = distance <= max_distance
     return i[keep], j[keep], distance[keep]
