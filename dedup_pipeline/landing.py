@@ -29,7 +29,11 @@ DEFAULT_SETTLE_SECONDS = 5.0
 
 #: A batch key's leading landing date or timestamp ("2026-11-30-", "2026-11-30T06:00Z_", "20261130-"):
 #: what is left is the crawl source.
-_DATED_KEY = re.compile(r"^\d{4}-?\d{2}-?\d{2}(?:[T_]\d{2}[:.]?\d{2}(?:[:.]?\d{2})?Z?)?[-_.](?P<source>.+)$")
+# A time of day may follow the date: after "T" as ISO 8601 writes it, down to the hour alone ("T06", "T06:00Z",
+# "T0600"); after "_" with its minutes ("_0600"), so that "2026-11-30_10-pack" stays the source "10-pack".
+_DATED_KEY = re.compile(
+    r"^\d{4}-?\d{2}-?\d{2}(?:T\d{2}(?:[:.]?\d{2}){0,2}Z?|_\d{2}[:.]?\d{2}(?:[:.]?\d{2})?Z?)?[-_.](?P<source>.+)$"
+)
 #: The run tag that the production instance limits to one run per value, so a source's batches run in order.
 SOURCE_TAG = "dedup/source"
 

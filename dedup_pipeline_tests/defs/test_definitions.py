@@ -182,6 +182,10 @@ def test_a_partition_deleted_and_added_again_by_the_sensor_is_run_again(tmp_path
         ("2026-11-02-syndication", "syndication"),
         ("20261130_shop", "shop"),
         ("2026-11-30T06:00Z_shop-a", "shop-a"),
+        ("2026-11-30T06_shop-a", "shop-a"),  # the hour alone, as docs/cli.md names it
+        ("2026-11-30T0600_shop-a", "shop-a"),
+        ("20261130_0600_shop", "shop"),
+        ("2026-11-30_10-pack", "10-pack"),  # after "_", two digits are the source's, not an hour
         ("shop-a", "shop-a"),
         ("2026-11-30", "2026-11-30"),
         ("2024-model-1", "2024-model-1"),
