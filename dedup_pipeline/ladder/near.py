@@ -249,7 +249,7 @@ def _index_chunk(warehouse, rows, sketches: Sketches, texts, params, batch_id, r
         missing = [rid for rid in ids if rid not in known]
         if missing:
             with warehouse.engine.connect() as other:
-                known.update({rid: near_text(p) for rid, p in index.load_payloads(other, missing).items()})
+                known.update(index.load_texts(other, missing))
         return known
 
     for attempt in range(CHUNK_ATTEMPTS):

@@ -28,10 +28,25 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
-from sqlalchemy import Connection, Row, Select, and_, delete, func, or_, select, text, true, tuple_, update
+from sqlalchemy import (
+    Connection,
+    Row,
+    Select,
+    and_,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    true,
+    tuple_,
+    update,
+)
 
 from dedup_pipeline.core.exact import Decision
-from dedup_pipeline.core.near import NearDupParams
+from dedup_pipeline.core.near import NearDupParams, near_text
+from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values, insert_rows, staging_table, update_rows
 from dedup_pipeline.store.schema import (
     MAX_BANDS,
@@ -215,9 +230,9 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
     batch brought first though a later batch stored them (it ran late: their index rows may be dated later than
     they landed, which the caller tells from `indexed_order`).
 
-    Each row: record id, digest, payload, natural key, first seen, first landed (its first batch's landing), and the
-    index row's digest, signature, band keys (`ib0`...), order (first landed, first seen, key order) and linked flag
-    (None when it has none).
+    Each row: record id, digest, payload (`text_fields`: what `near_text` reads of it), natural key, first seen,
+    first landed (its first batch's landing), and the index row's digest, signature, band keys (`ib0`...), order
+    (first landed, first seen, key order) and linked flag (None when it has none).
     """
     n = near_index
     first_landed = func.coalesce(crawl_batches.c.landed_at, records.c.first_seen_at)
@@ -225,7 +240,7 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
         select(
             records.c.record_id,
             records.c.content_hash,
-            records.c.payload,
+            text_fields(conn).label("payload"),
             records.c.natural_key,
             records.c.first_seen_at,
             first_landed.label("first_landed_at"),
@@ -674,12 +689,25 @@ def replace_clusters(conn: Connection, members: Iterable[int], assignment: dict[
     )
 
 
-def load_payloads(conn: Connection, ids: Iterable[int]) -> dict[int, dict]:
-    """record id -> stored payload, in one SELECT a part."""
+def text_fields(conn: Connection):
+    """The stored payload's text fields (`TEXT_FIELDS`, all `near_text` reads of it) as a JSON object.
+
+    On PostgreSQL the server picks them out, so the rest of the payload (most of it) is neither written out as
+    JSON text nor sent and decoded; elsewhere it is the payload itself.
+    """
+    payload = records.c.payload
+    if conn.dialect.name != "postgresql":
+        return payload
+    fields = [part for name in TEXT_FIELDS for part in (literal(name), payload[name])]
+    return func.jsonb_build_object(*fields, type_=payload.type)
+
+
+def load_texts(conn: Connection, ids: Iterable[int]) -> dict[int, str]:
+    """record id -> the stored record's `near_text`, in one SELECT a part."""
     r = records.c
-    return dict(
-        _by_parts(conn, ids, lambda part: select(r.record_id, r.payload).where(in_values(conn, r.record_id, part)))
-    )
+    fields = text_fields(conn)
+    rows = _by_parts(conn, ids, lambda part: select(r.record_id, fields).where(in_values(conn, r.record_id, part)))
+    return {rid: near_text(payload) for rid, payload in rows}
 
 
 def remove_rows(conn: Connection, ids: Sequence[int]) -> dict[str, int]:

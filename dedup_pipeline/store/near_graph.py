@@ -28,7 +28,7 @@ from dedup_pipeline.core.clustering import cluster_records
 from dedup_pipeline.core.lsh import candidate_pairs as pairs_in_memory
 from dedup_pipeline.core.lsh import sorted_unique
 from dedup_pipeline.core.minhash import bbit_jaccard_pairs
-from dedup_pipeline.core.near import NearDupParams, keep_shared_codes, near_text, verify_pairs
+from dedup_pipeline.core.near import NearDupParams, keep_shared_codes, verify_pairs
 from dedup_pipeline.core.simhash import BITS, hamming_distance
 from dedup_pipeline.store import near as index
 
@@ -50,7 +50,7 @@ class LinkOutcome:
 
 def stored_texts(conn: Connection) -> Texts:
     """Texts read from the stored payloads, as they are needed."""
-    return lambda ids: {rid: near_text(p) for rid, p in index.load_payloads(conn, ids).items()}
+    return lambda ids: index.load_texts(conn, ids)
 
 
 def signature_width(params: NearDupParams) -> int:

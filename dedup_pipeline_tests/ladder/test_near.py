@@ -167,6 +167,26 @@ def test_index_rows_read_back_are_the_rows_a_plain_select_gives(warehouse, tmp_p
     assert got.indexable.sum() == len(ids) - 1
 
 
+def test_the_texts_read_back_are_the_texts_of_the_whole_stored_payloads(warehouse, tmp_path):
+    """Breaks: PostgreSQL sends only the payload's text fields; titles that are numbers, objects, lists, null or
+    missing, a description alone, curly quotes, and a payload far longer than its text.
+
+    Must hold: each record's text is `near_text` of its whole stored payload, on both dialects."""
+    from dedup_pipeline.store.near import load_texts, records_to_index
+
+    odd = [12.50, {"en": "Kettle", "n": [1, 2.5]}, ["a", None], None, "“Curly” kettle — 1.7 l", True]
+    rows = [listing(i, title=title, notes="x" * 3000) for i, title in enumerate(odd)]
+    rows += [{k: v for k, v in listing(9).items() if k != "title"}, listing(10, description="")]
+    land(warehouse, tmp_path / "landing", "b1", rows)
+    with warehouse.engine.connect() as conn:
+        whole = {rid: near_text(p) for rid, p in conn.execute(select(records.c.record_id, records.c.payload))}
+        ids = sorted(whole)
+        assert load_texts(conn, [*ids, max(ids) + 1]) == whole
+        to_index = records_to_index(conn, "b1", 0, 100, band_count(NearDupParams()))
+    assert {row.record_id: near_text(row.payload) for row in to_index} == whole
+    assert len(set(whole.values())) == len(rows)
+
+
 def test_records_naming_different_codes_are_not_linked_however_alike(warehouse, tmp_path):
     """Breaks: listings alike but for their model numbers (two products of one line), and a copy whose model
     number is written another way.
