@@ -20,14 +20,16 @@ keys, then verifies them with the same code.
 
 from __future__ import annotations
 
-import functools
 import re
+import threading
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
+import xxhash
 
 from dedup_pipeline.core.clustering import RULES, cluster_labels
 from dedup_pipeline.core.lsh import KEY_SCHEME_32, band_keys, candidate_pairs, candidate_probability, choose_bands_rows
@@ -90,8 +92,9 @@ _JOINED_TOKENS = re.compile(r"[^\W_]+(?:[-/.][^\W_]+)*")
 _DROP_JOINERS = str.maketrans("", "", "-/.")
 _DIGIT = re.compile(r"\d")
 #: Texts whose codes `codes` remembers, the most recently used: a near rung reads the same link ends' texts chunk
-#: after chunk (on a syndication-heavy crawl, 195,000 calls for 32,000 texts), and a text and its codes take
-#: about a kilobyte, so this bounds the memory at about 16 MB.
+#: after chunk (on a syndication-heavy crawl, 195,000 calls for 32,000 texts). Each is remembered by a 128-bit
+#: digest, not the text, so its memory does not grow with the texts' length: about 9 MB for texts naming three
+#: codes each.
 CODES_CACHE = 16_384
 
 
@@ -254,7 +257,6 @@ def near_text(payload: Mapping) -> str:
     return " ".join(str(payload[f]) for f in TEXT_FIELDS if payload.get(f))
 
 
-@functools.lru_cache(maxsize=CODES_CACHE)
 def codes(text: str) -> frozenset[str]:
     """The codes a text names: its tokens of at least :data:`CODE_MIN_CHARS` characters that mix letters and
     digits (model, part and catalogue numbers, SKUs), after NFKC and case folding, with the hyphens, slashes and
@@ -263,6 +265,26 @@ def codes(text: str) -> frozenset[str]:
     though NFKC makes them digits in a text that has some."""
     if not _DIGIT.search(text):
         return frozenset()
+    key = xxhash.xxh3_128_digest(text.encode("utf-8", "surrogatepass"))
+    with _CODES_LOCK:
+        found = _CODES_SEEN.get(key)
+        if found is not None:
+            _CODES_SEEN.move_to_end(key)
+            return found
+    found = _codes_of(text)
+    with _CODES_LOCK:
+        _CODES_SEEN[key] = found
+        if len(_CODES_SEEN) > CODES_CACHE:
+            _CODES_SEEN.popitem(last=False)
+    return found
+
+
+_CODES_SEEN: OrderedDict[bytes, frozenset[str]] = OrderedDict()
+_CODES_LOCK = threading.Lock()
+
+
+def _codes_of(text: str) -> frozenset[str]:
+    """`codes` of a text holding a decimal digit, worked out."""
     folded = unicodedata.normalize("NFKC", text).casefold()
     found = set()
     end = 0

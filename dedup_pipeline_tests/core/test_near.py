@@ -337,6 +337,20 @@ def test_codes_are_found_as_the_rule_states_them_token_by_token(text):
     characters NFKC or case folding change, digits of other scripts)."""
     expected = _codes_token_by_token(text) if re.search(r"\d", text) else frozenset()  # no decimal digit: no code
     assert codes(text) == expected
+    assert codes(text) == expected  # the second time from what codes() remembers
+
+
+def test_codes_remembers_a_bounded_number_of_texts_and_each_text_s_own_codes():
+    """Breaks: more texts than the cache holds, each naming its own code, asked for twice in turn.
+
+    Must hold: the cache never holds more than CODES_CACHE texts, and every answer is the text's own codes."""
+    from dedup_pipeline.core import near
+
+    texts = [f"Sleeve iCC{n}PNK for iPad" for n in range(near.CODES_CACHE + 100)]
+    for _ in range(2):
+        for n, text in enumerate(texts):
+            assert codes(text) == {f"icc{n}pnk"}
+        assert len(near._CODES_SEEN) == near.CODES_CACHE
 
 
 @pytest.mark.parametrize("method", ["minhash", "simhash"])
