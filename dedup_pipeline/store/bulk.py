@@ -13,22 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    Column,
-    Connection,
-    Insert,
-    Integer,
-    MetaData,
-    Table,
-    Text,
-    Update,
-    bindparam,
-    cast,
-    func,
-    literal,
-    select,
-)
+from sqlalchemy import JSON, Column, Connection, Insert, MetaData, Table, Update, bindparam, func, literal, select
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.types import TypeEngine
 
@@ -80,25 +65,12 @@ def copy_rows(
     )
 
 
-def array_of(values: Iterable[Any], kind: TypeEngine):
-    """PostgreSQL: `values` as one array parameter of `kind`.
-
-    Integers (ids, keys) go as the array's text form, built in one join: psycopg adapts a list element by
-    element in Python, about four times as long for the hundreds of thousands of ids a chunk of the near
-    rung sends.
-    """
-    from sqlalchemy.dialects.postgresql import ARRAY
-
-    values = list(values)
-    if isinstance(kind, Integer) and None not in values:
-        return cast(literal("{" + ",".join(map(str, values)) + "}", Text), ARRAY(kind))
-    return literal(values, ARRAY(kind))
-
-
 def _unnested(types: Mapping[str, TypeEngine], rows: Sequence[Sequence[Any]]):
     """PostgreSQL: `rows` (tuples in `types` order) as a table to select from or join, each column one array
     parameter: one statement however many rows, cheap to send and to plan."""
-    arrays = [array_of(values, kind) for kind, values in zip(types.values(), zip(*rows))]
+    from sqlalchemy.dialects.postgresql import ARRAY
+
+    arrays = [literal(list(values), ARRAY(kind)) for kind, values in zip(types.values(), zip(*rows))]
     return func.unnest(*arrays).table_valued(*types).render_derived()
 
 
@@ -179,7 +151,8 @@ def delete_in(conn: Connection, table: Table, columns: Sequence, values: Iterabl
 def in_values(conn: Connection, column, values: Sequence[Any]):
     """`column IN values` as one array parameter on PostgreSQL (cheap to send and plan), a plain IN elsewhere."""
     if conn.dialect.name == "postgresql":
-        from sqlalchemy import any_
+        from sqlalchemy import any_, literal
+        from sqlalchemy.dialects.postgresql import ARRAY
 
-        return column == any_(array_of(values, column.type))
+        return column == any_(literal(list(values), ARRAY(column.type)))
     return column.in_(list(values))

@@ -36,11 +36,11 @@ from sqlalchemy import (
     select,
     true,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql import ColumnElement
 
 from dedup_pipeline.core.hashing import HASH_RULES
 from dedup_pipeline.store import json_text
-from dedup_pipeline.store.bulk import array_of
 from dedup_pipeline.store.schema import record_hashes, records
 from dedup_pipeline.store.warehouse import upsert_ignore
 
@@ -131,7 +131,7 @@ def write_target_hashes(
         errors = [error for _, _, error in rows]
         blob = b"".join(digest or bytes(DIGEST_BYTES) for _, digest, _ in rows)
         page = (
-            func.unnest(array_of(ids, BigInteger()), array_of(errors, Text()))
+            func.unnest(literal(ids, ARRAY(BigInteger)), literal(errors, ARRAY(Text)))
             .table_valued("record_id", "error", with_ordinality="n")
             .render_derived()
         )

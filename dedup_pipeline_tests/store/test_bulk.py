@@ -144,28 +144,3 @@ def test_in_values_finds_the_rows_asked_for_by_integers_beyond_32_bits_and_by_te
         assert found(c.file_bytes, [5, 2**40 + 1, 2**62, 8]) == sorted(["b5", f"b{2**40 + 1}", f"b{2**62}"])
         assert found(c.batch_id, ["b7", "b8"]) == ["b7"]
         assert found(c.file_bytes, []) == []
-
-
-def test_integer_arrays_go_as_text_and_mean_what_a_list_would(warehouse):
-    """`in_values` and `insert_rows` send integer columns as the array's text form on PostgreSQL: every id,
-    64-bit and negative ones too, reaches the statement, and a list holding None still goes as a list."""
-    from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, func, literal
-    from sqlalchemy.dialects.postgresql import ARRAY
-
-    from dedup_pipeline.store.bulk import array_of, in_values
-
-    probe = Table("array_probe", MetaData(), Column("n", BigInteger))
-    ids = [1, 2**62 + 7, -(2**40), 5]
-    with warehouse.engine.begin() as conn:
-        probe.create(conn)
-        conn.execute(probe.insert(), [{"n": n} for n in ids[:3]])
-        found = conn.execute(select(probe.c.n).where(in_values(conn, probe.c.n, ids)))
-        assert sorted(found.scalars()) == sorted(ids[:3])
-        if warehouse.dialect != "postgresql":
-            return
-        assert "CAST" in str(array_of(ids, BigInteger()).compile(conn))
-        for values, kind in ((ids, BigInteger()), ([3, None, 4], Integer()), ([], BigInteger())):
-            sent = conn.execute(select(func.array_to_string(array_of(values, kind), ",", "null"))).scalar_one()
-            assert sent == ",".join("null" if v is None else str(v) for v in values)
-        as_list = conn.execute(select(literal(ids, ARRAY(BigInteger)))).scalar_one()
-        assert conn.execute(select(array_of(ids, BigInteger()))).scalar_one() == as_list
