@@ -27,7 +27,7 @@ from dagster._core.execution.execution_result import ExecutionResult
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.workspace.load import location_origin_from_module_name
-from sqlalchemy import func, select
+from sqlalchemy import func, make_url, select
 
 from dedup_pipeline import environment
 from dedup_pipeline.cli.lanes import DEFAULT_WORKERS, lane_workers, source_lanes
@@ -39,7 +39,7 @@ from dedup_pipeline.defs.partitions import crawl_batches_partitions
 from dedup_pipeline.defs.pools import ensure_pool_limits
 from dedup_pipeline.landing import batch_source, scan_landing
 from dedup_pipeline.store.schema import dedup_decisions, records
-from dedup_pipeline.store.warehouse import Warehouse
+from dedup_pipeline.store.warehouse import Warehouse, default_database_url
 
 LOCAL_DAGSTER_HOME = ".dagster_home"
 # The command line prints its own summary; Dagster's step-by-step log stays in the UI.
@@ -273,14 +273,16 @@ def run_landing_folder(
     """
     progress = progress or Progress()
     landing = landing.resolve()
-    instance = instance or _local_instance()
     scan = scan_landing(landing, settle_seconds)
     keys = [batch.key for batch in scan.batches]
-    warehouse = Warehouse()
     lanes = source_lanes(keys)
+    dialect = make_url(default_database_url()).get_backend_name()
+    if lane_workers(workers, len(lanes), dialect, instance is None or instance.is_persistent) > 1:
+        # The lanes' imports, once, while this process opens the instance and the warehouse and prepares the runs.
+        start_preloading(LANE_PRELOAD)
+    instance = instance or _local_instance()
+    warehouse = Warehouse()
     workers = lane_workers(workers, len(lanes), warehouse.dialect, instance.is_persistent)
-    if workers > 1:
-        start_preloading(LANE_PRELOAD)  # the lanes' imports, once, while this process prepares the runs
     warehouse.create_schema()  # unreachable: one clear error now, not a failed run per batch
     ensure_pool_limits(instance)  # here, once: the lanes' first steps setting it at once would fail on PostgreSQL
     known = set(instance.get_dynamic_partitions(crawl_batches_partitions.name))
