@@ -276,13 +276,14 @@ def run_landing_folder(
     scan = scan_landing(landing, settle_seconds)
     keys = [batch.key for batch in scan.batches]
     lanes = source_lanes(keys)
-    dialect = make_url(default_database_url()).get_backend_name()
+    url = default_database_url()
+    dialect = make_url(url).get_backend_name()
     if lane_workers(workers, len(lanes), dialect, instance is None or instance.is_persistent) > 1:
         # The lanes' imports, once, while this process opens the instance and the warehouse and prepares the runs.
         start_preloading(LANE_PRELOAD)
     instance = instance or _local_instance()
-    warehouse = Warehouse()
-    workers = lane_workers(workers, len(lanes), warehouse.dialect, instance.is_persistent)
+    warehouse = Warehouse(url)
+    workers = lane_workers(workers, len(lanes), dialect, instance.is_persistent)
     warehouse.create_schema()  # unreachable: one clear error now, not a failed run per batch
     ensure_pool_limits(instance)  # here, once: the lanes' first steps setting it at once would fail on PostgreSQL
     known = set(instance.get_dynamic_partitions(crawl_batches_partitions.name))
