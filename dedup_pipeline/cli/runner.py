@@ -29,7 +29,7 @@ from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.workspace.load import location_origin_from_module_name
 from sqlalchemy import func, make_url, select
 
-from dedup_pipeline import environment
+from dedup_pipeline import environment, heap
 from dedup_pipeline.cli.lanes import DEFAULT_WORKERS, lane_workers, source_lanes
 from dedup_pipeline.cli.liveness import PROCESS_TAG, process_token, release_runs_of_dead_processes
 from dedup_pipeline.core.errors import ConfigurationError
@@ -390,19 +390,32 @@ def run_batches(
             continue
         progress.batch_started(key)
         started = time.monotonic()
-        result = execute_partition(
-            job,
-            key,
-            instance,
-            origin,
-            {PROCESS_TAG: process_token(instance)},
-            run_config_for(landing, canonical_workers),
-        )
-        if result.success:
-            summary.batches.append(_summary_of(key, result, warehouse))
-        else:
-            summary.failed[key] = _failure_reason(result)
-            summary.stored_before_failing[key] = _summary_of(key, result, warehouse)
+        ok = _run_batch(job, key, instance, origin, warehouse, run_config_for(landing, canonical_workers), summary)
+        if not ok:
             failed_sources[source] = key
-        progress.batch_done(key, "ok" if result.success else "FAILED", time.monotonic() - started)
+        progress.batch_done(key, "ok" if ok else "FAILED", time.monotonic() - started)
+        # What the batch imported on first use (the MinHash kernels, redis, matplotlib) and cached lives on.
+        heap.settle()
     return summary
+
+
+def _run_batch(
+    job: dg.JobDefinition,
+    key: str,
+    instance: dg.DagsterInstance,
+    origin: RemoteJobOrigin,
+    warehouse: Warehouse,
+    run_config: dict,
+    summary: LadderSummary,
+) -> bool:
+    """Run the ladder for batch `key` and add its figures (or its failure) to `summary`; whether it succeeded.
+
+    Its own function, so that nothing of the run (its result, its events) is still alive when the caller
+    settles the heap after it."""
+    result = execute_partition(job, key, instance, origin, {PROCESS_TAG: process_token(instance)}, run_config)
+    if result.success:
+        summary.batches.append(_summary_of(key, result, warehouse))
+    else:
+        summary.failed[key] = _failure_reason(result)
+        summary.stored_before_failing[key] = _summary_of(key, result, warehouse)
+    return result.success

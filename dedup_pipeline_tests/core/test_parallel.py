@@ -123,12 +123,13 @@ def test_workers_end_when_their_parent_is_killed(tmp_path, preload):
 
 
 _PRELOADED = """
-import multiprocessing, os, sys
+import gc, multiprocessing, os, sys
 from functools import partial
 from dedup_pipeline.core.parallel import ordered_map, start_preloading
 
 def state(name, _item):
-    return "dedup_pipeline.cli.lane_preload" in sys.modules, os.environ.get(name), os.getcwd(), os.getpid()
+    preloaded = "dedup_pipeline.cli.lane_preload" in sys.modules
+    return preloaded, gc.get_freeze_count() > 0, os.environ.get(name), os.getcwd(), os.getpid()
 
 if __name__ == "__main__":
     preload = tuple(sys.argv[2:])
@@ -136,7 +137,7 @@ if __name__ == "__main__":
     os.environ["DEDUP_TEST_PRELOAD"] = "set after the server started"
     os.chdir(sys.argv[1])
     states = ordered_map(partial(state, "DEDUP_TEST_PRELOAD"), range(4), workers=2, preload=preload)
-    for state in sorted({(*state[:3], state[3] == os.getpid()) for state in states}):  # one line whichever worker
+    for state in sorted({(*state[:4], state[4] == os.getpid()) for state in states}):  # one line whichever worker
         print(*state, sep="|", flush=True)
     print("children left:", len(multiprocessing.active_children()), flush=True)
 """
@@ -149,8 +150,9 @@ def test_preloaded_workers_start_with_the_modules_imported_in_this_processs_envi
     process changed its environment variables and folder.
 
     Must hold: each worker finds the module imported without importing it itself (a spawned worker does not
-    have it), yet runs in the environment and folder this process has when it submits the work, as a spawned
-    worker would. In a process of its own: the fork server is one per process, started by the first `preload`
+    have it), and what it left alive settled out of the garbage collector's full collections (`heap.settle`),
+    yet runs in the environment and folder this process has when it submits the work, as a spawned worker
+    would. In a process of its own: the fork server is one per process, started by the first `preload`
     given."""
     script = tmp_path / "parent.py"
     script.write_text(_PRELOADED)
@@ -160,7 +162,7 @@ def test_preloaded_workers_start_with_the_modules_imported_in_this_processs_envi
         [sys.executable, str(script), str(folder), *preload], capture_output=True, text=True, cwd=REPO, check=True
     )
     assert done.stdout.splitlines() == [
-        f"{bool(preload)}|set after the server started|{folder}|False",
+        f"{bool(preload)}|{bool(preload)}|set after the server started|{folder}|False",
         "children left: 0",
     ]
 

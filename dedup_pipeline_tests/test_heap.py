@@ -1,0 +1,55 @@
+"""`heap.settle`: the objects alive now leave the garbage collector's full collections; garbage does not."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from dedup_pipeline import heap
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other = self
+
+
+@pytest.fixture
+def unfrozen():
+    """Give this test process its collector back as it was (a frozen object is walked again after it)."""
+    yield
+    gc.unfreeze()
+
+
+def _tracked(value) -> bool:
+    """Whether a collection would walk `value` (objects in the permanent generation are not listed)."""
+    return any(o is value for o in gc.get_objects())
+
+
+def test_settle_freezes_what_is_alive_and_collects_the_garbage_first(unfrozen):
+    """Breaks: `settle` freezes garbage (a cycle nobody holds would then live as long as the process) or does
+    not freeze what is alive (full collections keep walking the imports' objects)."""
+    kept = [[] for _ in range(1_000)]
+    garbage = _Node()
+    gone = weakref.ref(garbage)
+    del garbage
+    before = gc.get_freeze_count()
+
+    heap.settle()
+
+    assert gone() is None, "a cycle nobody held was frozen instead of collected"
+    assert gc.get_freeze_count() >= before + len(kept)
+    assert not _tracked(kept) and not any(_tracked(inner) for inner in kept[:10])
+    later = []
+    assert _tracked(later), "what comes after a settle is collected as usual"
+
+
+def test_a_settled_object_is_still_freed_when_its_last_reference_goes(unfrozen):
+    """Breaks: a frozen object outlives its last reference (freezing would then leak every settled value)."""
+    value = _Node()
+    value.other = None  # no cycle: reference counting frees it
+    freed = weakref.ref(value)
+    heap.settle()
+    del value
+    assert freed() is None
