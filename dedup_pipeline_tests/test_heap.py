@@ -53,3 +53,13 @@ def test_a_settled_object_is_still_freed_when_its_last_reference_goes(unfrozen):
     heap.settle()
     del value
     assert freed() is None
+
+
+def test_a_settled_process_collects_its_youngest_generation_less_often(unfrozen):
+    """Breaks: `settle` leaves Python's default young threshold (700), a young collection every 700 containers."""
+    saved = gc.get_threshold()
+    try:
+        heap.settle()
+        assert gc.get_threshold() == (heap.YOUNG_THRESHOLD, *saved[1:])
+    finally:
+        gc.set_threshold(*saved)
