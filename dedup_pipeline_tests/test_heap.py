@@ -63,3 +63,29 @@ def test_a_settled_process_collects_its_youngest_generation_less_often(unfrozen)
         assert gc.get_threshold() == (heap.YOUNG_THRESHOLD, *saved[1:])
     finally:
         gc.set_threshold(*saved)
+
+
+_FIRST_SUITE = """
+import gc
+import pandas as pd
+from dedup_pipeline.quality.expectations import Expect, validate
+
+suite = [Expect("ExpectColumnValuesToNotBeNull", {"column": "a"})]
+before = gc.get_freeze_count()
+first = validate(pd.DataFrame({"a": [1, 2]}), "probe", suite)
+after = gc.get_freeze_count()
+second = validate(pd.DataFrame({"a": [3, None]}), "probe", suite)
+print(before, after > 100_000, gc.get_freeze_count() == after, first.success, second.success)
+"""
+
+
+def test_a_runs_process_settles_once_it_has_imported_great_expectations(tmp_path):
+    """Breaks: the suites leave Great Expectations' objects in every full collection, or settle again at every
+    suite (freezing each run's live objects with them)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "first_suite.py"
+    script.write_text(_FIRST_SUITE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=300)
+    assert done.stdout.split() == ["0", "True", "True", "True", "False"]
