@@ -1,7 +1,7 @@
 """A process's long-lived objects, kept out of the cyclic garbage collector's full collections.
 
 A run's process holds, for its whole life, the objects its imports made: Dagster, pandas, SQLAlchemy and
-Great Expectations leave about half a million that the collector tracks. A rung allocates enough containers
+Great Expectations leave several hundred thousand that the collector tracks. A rung allocates enough containers
 a chunk to set off a full collection every few seconds, and each full collection walks every tracked object,
 for objects that are never garbage (`benchmarks/bench_heap.py` measures what that costs a rung).
 

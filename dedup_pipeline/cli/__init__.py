@@ -82,7 +82,7 @@ def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = DEF
     from dedup_pipeline.cli.progress import progress_for
     from dedup_pipeline.cli.runner import ensure_dagster_home, run_landing_folder
 
-    heap.settle()  # what the imports left alive lives as long as this process (one process runs every batch)
+    heap.settle()  # what the imports left alive lives as long as this process
     ensure_dagster_home()
     summary = run_landing_folder(
         landing, settle_seconds=settle_seconds, workers=workers, progress=progress_for(sys.stderr, as_json)
