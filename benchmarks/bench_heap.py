@@ -7,8 +7,8 @@ The process first imports what a run's process holds (Dagster, pandas, Great Exp
 definitions), then canonicalises the lines of a generated crawl (`bench_e2e.write_crawl`, the typical density)
 chunk by chunk, as the canonical rung's pure part does (`canonicalise_lines`: parse, canonical URL and payload,
 both digests), once per round on each side:
-- as imported: Python's collector as it starts (young collections every 700 new containers, every object
-  tracked);
+- as imported: Python's collector as it starts (its own thresholds, 700 new containers a young collection
+  on CPython 3.11; every object tracked);
 - settled: after `heap.settle()` (the objects alive frozen out of every collection, young collections every
   `heap.YOUNG_THRESHOLD`).
 Printed: objects the collector tracks on each side, and per side the median over the rounds of the CPU time of
@@ -56,9 +56,13 @@ class CollectorClock:
         self.seconds = 0.0
 
 
+#: The collector's thresholds as this interpreter starts them, before anything settles.
+PYTHON_THRESHOLDS = gc.get_threshold()
+
+
 def as_imported() -> None:
     gc.unfreeze()
-    gc.set_threshold(700, 10, 10)
+    gc.set_threshold(*PYTHON_THRESHOLDS)
 
 
 def load_lines(count: int) -> list[tuple[int, bytes]]:

@@ -17,9 +17,11 @@ class _Node:
 
 @pytest.fixture
 def unfrozen():
-    """Give this test process its collector back as it was (a frozen object is walked again after it)."""
-    yield
+    """Give this test process its collector back as it was: frozen objects walked again, its thresholds."""
+    thresholds = gc.get_threshold()
+    yield thresholds
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
 
 
 def _tracked(value) -> bool:
@@ -57,12 +59,8 @@ def test_a_settled_object_is_still_freed_when_its_last_reference_goes(unfrozen):
 
 def test_a_settled_process_collects_its_youngest_generation_less_often(unfrozen):
     """Breaks: `settle` leaves Python's default young threshold (700), a young collection every 700 containers."""
-    saved = gc.get_threshold()
-    try:
-        heap.settle()
-        assert gc.get_threshold() == (heap.YOUNG_THRESHOLD, *saved[1:])
-    finally:
-        gc.set_threshold(*saved)
+    heap.settle()
+    assert gc.get_threshold() == (heap.YOUNG_THRESHOLD, *unfrozen[1:])
 
 
 _FIRST_SUITE = """
