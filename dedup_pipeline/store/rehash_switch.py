@@ -15,6 +15,7 @@ from datetime import datetime
 from sqlalchemy import Connection, and_, delete, exists, func, insert, select, update
 
 from dedup_pipeline.store.bulk import in_values
+from dedup_pipeline.store.near import indexed_digest
 from dedup_pipeline.store.near_graph import remove_from_index
 from dedup_pipeline.store.rehash import of_record
 from dedup_pipeline.store.schema import (
@@ -81,11 +82,13 @@ def follow_sketches(conn: Connection, source: str, target: str) -> int:
                 current.c.record_id == s.c.record_id,
                 current.c.hash_version == target,
                 of_record(old, source, s.c.record_id),
-                old.c.content_hash == s.c.content_hash,
+                indexed_digest(old.c.content_hash) == indexed_digest(s.c.content_hash),
             )
         )
         .values(
-            content_hash=select(current.c.content_hash).where(current.c.record_id == s.c.record_id).scalar_subquery()
+            content_hash=select(indexed_digest(current.c.content_hash))
+            .where(current.c.record_id == s.c.record_id)
+            .scalar_subquery()
         )
     )
     return conn.execute(statement).rowcount

@@ -161,23 +161,27 @@ dedup_decisions = Table(
 #: each under a B-tree index of its own. The indexes are partial (non-NULL keys only), so the unused columns' stay
 #: empty, and the schema's owner creates them all with the tables (the writer role cannot create indexes).
 MAX_BANDS = 64
-NEAR_INDEX_FILLFACTOR = 90
+NEAR_INDEX_FILLFACTOR = 92
 
-# One row per sketched record (layout near-index/2): the digest of the content sketched, the order of first landing
-# (which of two records is "older", the same whatever order batches ran in), a compact signature (one byte per
-# MinHash permutation, or the 8-byte SimHash fingerprint) and the band keys as 32-bit integers. A tenth of each
-# page is left free (PostgreSQL's fillfactor): a re-crawl with the same text and a new price re-labels its row's
-# digest, and with room on the page that update is HOT, leaving the row's 27 index entries as they are (else it
-# adds 27 more, about six times the time and most of the index's growth from updates).
+# One row per sketched record (layout near-index/2): the order of first landing (which of two records is "older",
+# the same whatever order batches ran in), a compact signature (one byte per MinHash permutation, or the 8-byte
+# SimHash fingerprint), the first 16 bytes of the digest of the content sketched (`store.near.indexed_digest`)
+# and the band keys as 32-bit integers. The columns go from the widest alignment to the narrowest (8-byte
+# integers, the 4-byte-aligned signature, the 1-byte-aligned digest), so a row holds no padding: 320 bytes with
+# 26 bands. Part of each page is left free (PostgreSQL's fillfactor), room for two more versions of such a row: a
+# re-crawl with the same text and a new price re-labels its row's digest, and with room on the page that update
+# is HOT, leaving the row's 27 index entries as they are (else it adds 27 more, about six times the time and most
+# of the index's growth from updates). At 92% a page holds 23 such rows and the room for two more (22 and two in
+# a warehouse made before this column order, whose rows keep their padding).
 near_index = Table(
     "near_index",
     metadata,
     Column("record_id", Id, ForeignKey("records.record_id", ondelete="CASCADE"), primary_key=True),
-    Column("content_hash", Digest, nullable=False),
     Column("first_landed_us", BigInteger, nullable=False),
     Column("first_seen_us", BigInteger, nullable=False),
     Column("key_order", BigInteger, nullable=False),
     Column("signature", LargeBinary, nullable=False),
+    Column("content_hash", Digest, nullable=False),
     *[Column(f"b{band}", Integer) for band in range(MAX_BANDS)],
     postgresql_with={"fillfactor": NEAR_INDEX_FILLFACTOR},
 )

@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Text, cast, delete, insert, or_, select, upda
 from dedup_pipeline.core.hashing import compute_hashes
 from dedup_pipeline.core.records import migrated_key
 from dedup_pipeline.core.url import canonical_url, userinfo_redacted
+from dedup_pipeline.store.near import indexed_digest
 from dedup_pipeline.store.near_graph import remove_from_index
 from dedup_pipeline.store.schema import (
     canonical_records,
@@ -112,7 +113,9 @@ def rewrite_record(conn: Connection, record_id: int, values: dict, digests: dict
     conn.execute(update(records).where(records.c.record_id == record_id).values(**values))
     if "content_hash" in values:
         conn.execute(
-            update(near_index).where(near_index.c.record_id == record_id).values(content_hash=values["content_hash"])
+            update(near_index)
+            .where(near_index.c.record_id == record_id)
+            .values(content_hash=indexed_digest(values["content_hash"]))
         )
     for version in set(digests) | set(errors):
         digest = digests.get(version)

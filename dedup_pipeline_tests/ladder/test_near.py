@@ -15,7 +15,7 @@ from dedup_pipeline.ladder.near import cluster_batch, near_text, runaway_cluster
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.store.near import _selected_rows, load_rows
+from dedup_pipeline.store.near import _selected_rows, indexed_digest, load_rows
 from dedup_pipeline.store.near_graph import band_count, signature_width
 from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, near_index, records
 from dedup_pipeline_tests.helpers import description, listing, new_run_id, write_batch
@@ -301,7 +301,7 @@ def test_a_record_changed_by_another_worker_while_this_one_sketched_it_keeps_the
         stale = conn.execute(
             select(near_index.c.record_id)
             .join(records, records.c.record_id == near_index.c.record_id)
-            .where(near_index.c.content_hash != records.c.content_hash)
+            .where(near_index.c.content_hash != indexed_digest(records.c.content_hash))
         ).all()
     one, two = ids[listing(1)["url"]], ids[listing(2)["url"]]
     assert (min(one, two), max(one, two)) in links and not stale
@@ -346,6 +346,43 @@ def test_a_new_price_keeps_the_sketch_links_and_cluster_and_a_new_text_leaves_it
     report = cluster_batch(warehouse, "b3", NearSettings())
     assert report.sketched == 1 and not report.near_duplicates
     assert stored(warehouse)[1:] == ({}, [])
+
+
+def test_an_index_row_keeps_part_of_the_digest_and_one_written_with_the_whole_digest_stays_current(warehouse, tmp_path):
+    """Breaks: the index keeps the first 16 bytes of a record's digest; an earlier version kept all 32.
+
+    Must hold: a sketched record's row holds the part; a row holding the whole digest is current, so an unchanged
+    re-crawl re-sketches and re-labels nothing; a price change then re-labels it with the part of the new digest.
+    """
+    from sqlalchemy import update
+
+    folder = tmp_path / "landing"
+    text = description(9, words=80)
+
+    def digests() -> tuple[bytes, bytes]:
+        with warehouse.engine.connect() as conn:
+            row = conn.execute(
+                select(records.c.content_hash, near_index.c.content_hash).join(
+                    near_index, near_index.c.record_id == records.c.record_id
+                )
+            ).one()
+        return bytes(row[0]), bytes(row[1])
+
+    land(warehouse, folder, "b1", [listing(1, title="", description=text)])
+    cluster_batch(warehouse, "b1", NearSettings())
+    whole, kept = digests()
+    assert len(whole) == 32 and kept == whole[:16] == indexed_digest(whole)
+
+    with warehouse.engine.begin() as conn:
+        conn.execute(update(near_index).values(content_hash=whole))  # as an earlier version wrote it
+    land(warehouse, folder, "b2", [listing(1, title="", description=text)], landed=1e9 + 10)
+    report = cluster_batch(warehouse, "b2", NearSettings())
+    assert (report.sketched, report.kept_sketches) == (0, 0) and digests() == (whole, whole)
+
+    land(warehouse, folder, "b3", [listing(1, title="", description=text, price="99.00")], landed=1e9 + 20)
+    report = cluster_batch(warehouse, "b3", NearSettings())
+    new, kept = digests()
+    assert (report.sketched, report.kept_sketches) == (0, 1) and new != whole and kept == new[:16]
 
 
 def test_an_index_of_the_earlier_layout_is_refused_with_the_command_that_rebuilds_it(warehouse, tmp_path):

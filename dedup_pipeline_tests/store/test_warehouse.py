@@ -73,8 +73,9 @@ def test_a_url_s_own_options_keep_the_idle_in_transaction_timeout():
 def test_price_changes_relabel_index_rows_in_place_also_in_a_warehouse_made_before_the_fillfactor():
     """Breaks: a re-crawl with the same text and a new price re-labels its near-index row's digest; on a full
     page that update writes the row anew with an entry in each of its 27 indexes. Must hold: `create_schema` gives
-    a warehouse made without the schema's fillfactor that fillfactor, and rows written after it are then updated
-    in place (HOT), one in twenty of them spread over every page as price changes are."""
+    a warehouse made without the schema's fillfactor that fillfactor; rows written after it fill a page with 23
+    rows of 26 bands (no alignment padding in a row, 16 bytes of the digest), and two re-labels on every page are
+    then made in place (HOT)."""
     from dedup_pipeline.store.bulk import copy_rows
     from dedup_pipeline.store.near import update_digests
     from dedup_pipeline.store.schema import NEAR_INDEX_FILLFACTOR, RECORD_COLUMNS, near_index, records
@@ -112,9 +113,16 @@ def test_price_changes_relabel_index_rows_in_place_also_in_a_warehouse_made_befo
                     near_index,
                     ("record_id", "content_hash", "first_landed_us", "first_seen_us", "key_order", "signature")
                     + tuple(f"b{b}" for b in range(26)),
-                    [(rid, bytes(32), 0, 0, 0, bytes(128)) + tuple(range(rid, rid + 26)) for rid in range(1, n + 1)],
+                    [(rid, bytes(16), 0, 0, 0, bytes(128)) + tuple(range(rid, rid + 26)) for rid in range(1, n + 1)],
                 )
-            changed = range(1, n + 1, 20)
+                pages = conn.execute(
+                    text(
+                        "SELECT (ctid::text::point)[0] AS page, array_agg(record_id ORDER BY record_id) "
+                        "FROM near_index GROUP BY 1 ORDER BY 1"
+                    )
+                ).all()
+            assert max(len(ids) for _, ids in pages) == 23
+            changed = [rid for _, ids in pages for rid in ids[:2]]  # two on every page
             with warehouse.engine.begin() as conn:
                 update_digests(conn, {rid: b"\x01" * 32 for rid in changed})
                 updated, in_place = conn.execute(
