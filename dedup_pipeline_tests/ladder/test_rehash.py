@@ -428,3 +428,38 @@ def test_a_batch_staged_before_the_switch_is_canonicalised_again_under_the_new_v
         assert conn.execute(select(records.c.natural_key, records.c.hash_version)).all() == [
             ("https://a.example/x", TARGET)
         ]
+
+
+def test_a_switch_relabels_the_near_index_and_the_near_rung_then_sketches_nothing(warehouse, tmp_path):
+    """Breaks: listings sketched under content/1, one index row holding the whole digest (as an earlier version
+    wrote it); then the active version switches to content/2, and the listings are crawled again unchanged.
+
+    Must hold: the switch re-labels every index row with the first 16 bytes of its record's content/2 digest, and
+    the near rung of the re-crawl re-sketches and re-labels nothing."""
+    from sqlalchemy import update
+
+    from dedup_pipeline.ladder.near import cluster_batch
+    from dedup_pipeline.ladder.settings import NearSettings
+
+    raws = [migration_listing(n) for n in range(6, 16)]  # none of the special cases
+    write_batch(tmp_path, "b1", raws, landed=BASE)
+    run_ladder(warehouse, tmp_path, "b1")
+    with warehouse.engine.begin() as conn:
+        first = conn.execute(select(func.min(records.c.record_id))).scalar_one()
+        whole = select(records.c.content_hash).where(records.c.record_id == first).scalar_subquery()
+        conn.execute(update(near_index).where(near_index.c.record_id == first).values(content_hash=whole))
+
+    compare_versions(warehouse, SOURCE, TARGET, low=-1, high=1)
+    assert switch_hash_version(warehouse, TARGET, overlap_hours=0).sketches_relabelled == len(raws)
+    with warehouse.engine.connect() as conn:
+        held = conn.execute(
+            select(records.c.hash_version, records.c.content_hash, near_index.c.content_hash).join(
+                near_index, near_index.c.record_id == records.c.record_id
+            )
+        ).all()
+    assert len(held) == len(raws) and all(v == TARGET and bytes(i) == bytes(d)[:16] for v, d, i in held)
+
+    write_batch(tmp_path, "b2", raws, landed=BASE + DAY)
+    run_ladder(warehouse, tmp_path, "b2", near=False)
+    report = cluster_batch(warehouse, "b2", NearSettings(params=NearDupParams(threshold=0.5)))
+    assert (report.sketched, report.kept_sketches) == (0, 0)
