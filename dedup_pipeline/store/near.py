@@ -77,8 +77,8 @@ INDEXED_DIGEST_BYTES = 16
 
 
 def indexed_digest(digest):
-    """The part of a content digest (bytes, or a column or expression) an index row keeps and is compared by. An
-    index row written before rows kept a part keeps the whole digest, whose part is the same."""
+    """The part of a content digest (bytes, or a column or expression) an index row keeps and is compared by. A
+    row written by an earlier version holds the whole digest: compared by its part, it matches the same content."""
     if isinstance(digest, bytes | bytearray | memoryview):
         return bytes(digest[:INDEXED_DIGEST_BYTES])
     return func.substr(digest, 1, INDEXED_DIGEST_BYTES)
