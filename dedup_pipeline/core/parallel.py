@@ -7,6 +7,7 @@ keeps at most two items per worker submitted and yields results in input order.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -18,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from functools import partial
+from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
@@ -27,11 +29,72 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
+#: Where Linux mounts the control groups, and where a process reads which ones it is in.
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_MEMBERSHIP = Path("/proc/self/cgroup")
+
+
 def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the platform has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """CPUs this process may use: those it may run on (its affinity mask), and no more than its control group's
+    CPU quota, rounded up (a container's CPU limit: Kubernetes' `resources.limits.cpu`, `docker run --cpus`).
+
+    A pod limited to 2 CPUs on a 64-CPU node sees 64 in its affinity mask; one worker per CPU means 2 there.
+    """
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cpu_quota()
+    return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
+
+
+def cpu_quota(root: Path = CGROUP_ROOT, membership: Path = CGROUP_MEMBERSHIP) -> float | None:
+    """The CPU time this process's control groups allow, in CPUs (1.5: a CPU and a half), or None without a quota.
+
+    cgroup v2: `cpu.max` ("<quota> <period>", or "max <period>"); v1: the cpu controller's `cpu.cfs_quota_us` over
+    `cpu.cfs_period_us` (-1: none). Read in the process's own group and each group above it (a parent's quota
+    holds for its children; the smallest wins), else at the root of the mount: a container sees its own group
+    there. None where the files are missing or unreadable (not Linux, no cpu controller).
+    """
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for line in lines:
+        if line.count(":") < 2:
+            continue
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # the v2 hierarchy
+            quotas += _quotas(root, Path(path), _v2_quota)
+        elif "cpu" in controllers.split(","):
+            for mount in (root / controllers, root / "cpu"):
+                if mount.is_dir():
+                    quotas += _quotas(mount, Path(path), _v1_quota)
+                    break
+    return min(quotas, default=None)
+
+
+def _quotas(mount: Path, group: Path, read: Callable[[Path], float | None]) -> list[float]:
+    """The quotas of `group` and its ancestors under `mount`, or of the mount's root when the group is not there."""
+    own = mount / group.relative_to(group.anchor) if group.is_absolute() else mount / group
+    folders = [own, *own.parents] if own.is_dir() else [mount]
+    found = [read(folder) for folder in folders if folder == mount or mount in folder.parents]
+    return [quota for quota in found if quota is not None]
+
+
+def _v2_quota(folder: Path) -> float | None:
+    try:
+        quota, period = (folder / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _v1_quota(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def can_start_processes() -> bool:
@@ -170,4 +233,4 @@ def ordered_map(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-__all__ = ["available_cpus", "can_start_processes", "ordered_map", "start_preloading"]
+__all__ = ["available_cpus", "can_start_processes", "cpu_quota", "ordered_map", "start_preloading"]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dedup_pipeline.core.parallel import ordered_map
+from dedup_pipeline.core import parallel
+from dedup_pipeline.core.parallel import CGROUP_ROOT, cpu_quota, ordered_map
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,9 +81,97 @@ def test_available_cpus_follows_the_affinity_mask_not_the_machine():
     assert done.stdout.strip() == "1"
 
 
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cpu_quota_reads_cgroup_v2_in_the_process_group_and_above(tmp_path):
+    """A parent's quota holds for its children: the smallest on the way up wins; "max" is no quota."""
+    membership = tmp_path / "self-cgroup"
+    _write(membership, "0::/kubepods/pod1/ctr\n")
+    root = tmp_path / "cgroup"
+    _write(root / "kubepods/pod1/ctr/cpu.max", "max 100000\n")
+    _write(root / "kubepods/pod1/cpu.max", "200000 100000\n")
+    _write(root / "kubepods/cpu.max", "max 100000\n")
+    assert cpu_quota(root, membership) == 2.0
+    _write(root / "kubepods/pod1/ctr/cpu.max", "150000 100000\n")
+    assert cpu_quota(root, membership) == 1.5
+    for folder in ("kubepods/pod1/ctr", "kubepods/pod1", "kubepods"):
+        _write(root / folder / "cpu.max", "max 100000\n")
+    assert cpu_quota(root, membership) is None
+
+
+def test_cpu_quota_in_a_container_is_read_at_the_root_of_the_mount(tmp_path):
+    """Inside a container the process's group path names the host's hierarchy; its own group is the mount's root."""
+    membership = tmp_path / "self-cgroup"
+    _write(membership, "12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n")
+    root = tmp_path / "cgroup"
+    _write(root / "cpu,cpuacct/cpu.cfs_quota_us", "50000\n")
+    _write(root / "cpu,cpuacct/cpu.cfs_period_us", "100000\n")
+    assert cpu_quota(root, membership) == 0.5
+    _write(root / "cpu,cpuacct/cpu.cfs_quota_us", "-1\n")  # v1's "no quota"
+    assert cpu_quota(root, membership) is None
+
+
+def test_cpu_quota_is_none_without_control_groups(tmp_path):
+    assert cpu_quota(tmp_path / "cgroup", tmp_path / "no-such-file") is None
+    _write(tmp_path / "self-cgroup", "0::/\n")
+    assert cpu_quota(tmp_path / "cgroup", tmp_path / "self-cgroup") is None  # no cpu controller mounted
+
+
+@pytest.mark.parametrize(("quota", "expected"), [(None, None), (0.3, 1), (1.0, 1), (1.5, 2), (1000.0, None)])
+def test_available_cpus_is_the_affinity_bounded_by_the_quota_rounded_up(monkeypatch, quota, expected):
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    monkeypatch.setattr(parallel, "cpu_quota", lambda: quota)
+    assert parallel.available_cpus() == min(affinity, expected or affinity)
+
+
+@pytest.fixture
+def cpu_cgroup():
+    """A cgroup v1 group with the cpu controller, made for the test and removed after it (skipped where the
+    process may not make one)."""
+    mount = CGROUP_ROOT / "cpu"
+    group = mount / f"dedup-test-{os.getpid()}"
+    if not (mount / "cpu.cfs_quota_us").exists():
+        pytest.skip("needs the cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a cgroup here: {exc}")
+    try:
+        yield group
+    finally:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                group.rmdir()
+                break
+            except OSError:  # its last process is still exiting
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def test_a_process_in_a_group_limited_to_one_cpu_uses_one(cpu_cgroup):
+    """For real: a process that joins a group with a quota of one CPU counts one, whatever its affinity allows."""
+    (cpu_cgroup / "cpu.cfs_period_us").write_text("100000")
+    (cpu_cgroup / "cpu.cfs_quota_us").write_text("100000")
+    probe = (
+        "import os, sys; from pathlib import Path; "
+        "Path(sys.argv[1], 'cgroup.procs').write_text(str(os.getpid())); "
+        "from dedup_pipeline.core.parallel import available_cpus, cpu_quota; print(cpu_quota(), available_cpus())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(cpu_cgroup)], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    assert done.stdout.split() == ["1.0", "1"]
+
+
 _PARENT = """
 import multiprocessing, sys, threading, time
-from dedup_pipeline.core.parallel import ordered_map
+from dedup_pipeline.core import parallel
+from dedup_pipeline.core.parallel import CGROUP_ROOT, cpu_quota, ordered_map
 
 if __name__ == "__main__":
     def report():
@@ -176,7 +265,8 @@ with open(os.environ["DEDUP_TEST_MARKER_LOG"], "a") as log:
 _MAIN_IMPORTS = """
 import operator, os, sys
 import marker_of_the_main_script
-from dedup_pipeline.core.parallel import ordered_map
+from dedup_pipeline.core import parallel
+from dedup_pipeline.core.parallel import CGROUP_ROOT, cpu_quota, ordered_map
 
 if __name__ == "__main__":
     for _ in range(2):
