@@ -5,7 +5,8 @@ executor: the run worker puts each step on a RabbitMQ queue and any celery
 worker (`celery -A dedup_pipeline.defs.celery_worker worker`, see deploy/)
 picks it up. Steps share nothing but the stores: the warehouse (records,
 hashes, the active hash version, the LSH index) in PostgreSQL and the seen-set
-in Redis. The default `dedup_ladder` job keeps Dagster's default executor.
+in Redis. The default `dedup_ladder` job runs its steps in the run worker's own
+process (the code location's in-process executor, `definitions.py`).
 
 Broker, result backend and queue come from the environment, read when the
 code location loads (the run worker and the celery workers must agree):
