@@ -7,20 +7,41 @@ import base64
 import json
 import sys
 
+#: What `--config` of `rebuild-near-index` takes, for its error messages.
+CONFIG_EXAMPLE = '{"bands": 20, "rows": 5}'
 
-def _near_settings():
+
+def near_settings(config: str | None = None):
+    """The near rung's settings: the `near_dup` resource's defaults, with `config` over them (a JSON object, as a
+    run's `resources.near_dup.config`). A key the resource does not have, or a value it refuses, is a
+    `ConfigurationError`: a typo must not rebuild the index with the defaults."""
+    from dedup_pipeline.core.errors import ConfigurationError
     from dedup_pipeline.defs.resources import NearDupResource
 
-    return NearDupResource().settings()  # the code location's defaults
+    try:
+        values = json.loads(config) if config else {}
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"--config is not JSON ({exc}); for example {CONFIG_EXAMPLE}") from None
+    if not isinstance(values, dict):
+        raise ConfigurationError(f"--config must be a JSON object of near_dup settings, for example {CONFIG_EXAMPLE}")
+    unknown = sorted(set(values) - set(NearDupResource.model_fields))
+    if unknown:
+        known = ", ".join(sorted(NearDupResource.model_fields))
+        raise ConfigurationError(f"--config: no near_dup setting {', '.join(unknown)} (the settings: {known})")
+    try:
+        return NearDupResource(**values).settings()
+    except ValueError as exc:  # pydantic's ValidationError is one
+        raise ConfigurationError(f"--config: {' '.join(str(exc).split())}") from None
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from dedup_pipeline.ladder.near import rebuild_index
     from dedup_pipeline.store.warehouse import Warehouse
 
+    settings = near_settings(args.config)  # before the warehouse: a wrong setting changes nothing
     warehouse = Warehouse.existing()
     try:
-        reports = rebuild_index(warehouse, _near_settings())
+        reports = rebuild_index(warehouse, settings)
     finally:
         warehouse.dispose()
     figures = {
@@ -74,7 +95,15 @@ def add_commands(commands) -> None:
     rebuild = commands.add_parser(
         "rebuild-near-index",
         help="drop the near-duplicate index, its links and clusters (an earlier layout's too) and build them again "
-        "from the stored records, batch by batch in landing order, with the code location's near_dup settings",
+        "from the stored records, batch by batch in landing order, with the near_dup resource's settings",
+    )
+    rebuild.add_argument(
+        "--config",
+        metavar="JSON",
+        help="near_dup settings over the resource's defaults, as in a run's resources.near_dup.config, for example "
+        f"'{CONFIG_EXAMPLE}' (bands and rows of a new index) or "
+        '\'{"shingle": "word", "ngram": 3}\'. Runs after it adopt the index\'s bands and rows; another sketch setting '
+        "they must be given too (the index refuses a run of other settings)",
     )
     rebuild.add_argument("--json", action="store_true", help="print one JSON object")
     rebuild.set_defaults(func=cmd_rebuild)

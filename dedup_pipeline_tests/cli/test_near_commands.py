@@ -13,6 +13,7 @@ from dedup_pipeline.cli import main
 from dedup_pipeline.core.near import NearDupParams, near_text
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.settings import NearSettings
+from dedup_pipeline.store import near as index
 from dedup_pipeline.store.schema import settings as settings_table
 from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline_tests.helpers import description, listing
@@ -41,6 +42,40 @@ def test_rebuild_replaces_an_earlier_layouts_index_and_links_the_same(filled, ca
     figures = json.loads(capsys.readouterr().out)
     assert figures["batches"] == 1 and figures["sketched"] == 3 and figures["near_duplicates"] == 2
     assert stored(filled) == before and before[1]
+
+
+def test_rebuild_with_other_bands_builds_the_index_with_them_and_runs_adopt_them(filled, tmp_path, capsys):
+    assert main(["rebuild-near-index", "--config", '{"bands": 16, "rows": 8}']) == 0
+    with filled.engine.connect() as conn:
+        identity = index.stored_identity(conn)
+        built = index.adopt_bands(conn, NearDupParams())
+    assert "bands=16;rows=8" in identity
+    assert (built.bands, built.rows) == (16, 8)
+    land(filled, tmp_path / "landing2", "b2", [listing(4)])
+    report = cluster_batch(filled, "b2", NearSettings())  # the defaults: bands from the index
+    assert report.bands_rows == (16, 8)
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ('{"bandz": 16}', "no near_dup setting bandz"),
+        ('{"bands": 16}', "give both bands and rows"),
+        ('{"num_perm": "many"}', "num_perm"),
+        ("[16, 8]", "must be a JSON object"),
+        ("{bands: 16}", "is not JSON"),
+    ],
+)
+def test_rebuild_refuses_a_wrong_setting_and_leaves_the_index_as_it_was(filled, capsys, config, says):
+    """A typo must not rebuild the whole index with the defaults: one line of error, nothing changed."""
+    before = stored(filled)
+    with filled.engine.connect() as conn:
+        identity = index.stored_identity(conn)
+    assert main(["rebuild-near-index", "--config", config]) == 1
+    assert says in capsys.readouterr().err
+    with filled.engine.connect() as conn:
+        assert index.stored_identity(conn) == identity
+    assert stored(filled) == before
 
 
 def test_exported_sketches_are_datasketchs_own(filled, tmp_path):
