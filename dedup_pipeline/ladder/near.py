@@ -143,7 +143,7 @@ def cluster_batch(
     with warehouse.engine.begin() as conn:
         if settings.bands_from_index:
             params = index.adopt_bands(conn, params)
-        index.claim_index(conn, params.identity(), graph.band_count(params))
+        index.claim_index(conn, params.identity(), graph.band_count(params), sketch_config(params))
         index.save_link_settings(conn, params, max_links, max_candidates)
     report = NearReport(batch_id, params.method, params.verify, max_candidates)
     report.threshold, report.bands_rows = params.threshold, (params.bands, params.rows)
@@ -168,6 +168,15 @@ def cluster_batch(
         report.clusters = index.cluster_sizes(conn, report.clusters)  # a cluster merged into another since is gone
         record_rung_run(conn, near_rung_runs, batch_id, run_id or f"local-{uuid.uuid4().hex}", report.as_metadata())
     return report
+
+
+def sketch_config(params: NearDupParams) -> dict:
+    """The `near_dup` resource settings that sketch and index as `params` do: what `rebuild-near-index --config`
+    takes to build an index these params accept."""
+    text = {"shingle": params.normaliser.shingle, "ngram": params.normaliser.ngram}
+    if params.method == "simhash":
+        return {"method": "simhash", **text, "simhash_max_distance": params.simhash_max_distance}
+    return {"method": "minhash", "num_perm": params.num_perm, **text, "bands": params.bands, "rows": params.rows}
 
 
 def rebuild_index(warehouse: Warehouse, settings: NearSettings) -> list[NearReport]:

@@ -96,10 +96,11 @@ def stored_identity(conn: Connection) -> str | None:
     return read_setting(conn, INDEX_IDENTITY)
 
 
-def claim_index(conn: Connection, identity: str, bands: int) -> None:
+def claim_index(conn: Connection, identity: str, bands: int, config: dict | None = None) -> None:
     """Record the index identity on first use; refuse another one afterwards.
 
-    An identity of an earlier layout (no `near-index/2` in it) is refused with the command that rebuilds the index.
+    An identity of an earlier layout (no `near-index/2` in it) is refused with the command that rebuilds the index;
+    another one, with the command that rebuilds it with `config` (the `near_dup` settings that make `identity`).
     """
     if bands > MAX_BANDS:
         raise ValueError(f"the warehouse index holds at most {MAX_BANDS} bands (or SimHash blocks), not {bands}")
@@ -114,9 +115,10 @@ def claim_index(conn: Connection, identity: str, bands: int) -> None:
                 f"the warehouse's near-duplicate index was built by an earlier version ({stored!r}); "
                 f"run `{REBUILD_COMMAND}` once to rebuild it in the current layout"
             )
+        rebuild = f"{REBUILD_COMMAND} --config '{json.dumps(config)}'" if config else REBUILD_COMMAND
         raise IndexMismatch(
             f"the warehouse's near-duplicate index was built with {stored!r}, not {identity!r}; keep the original "
-            f"sketch settings (the threshold may change freely), or run `{REBUILD_COMMAND}` to rebuild it with these"
+            f"sketch settings (the threshold may change freely), or run `{rebuild}` to rebuild it with these"
         )
 
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import shlex
 
 import pytest
 from datasketch import LeanMinHash, MinHash
 from xxhash import xxh32_intdigest
 
 from dedup_pipeline.cli import main
-from dedup_pipeline.core.near import NearDupParams, near_text
+from dedup_pipeline.core.near import NearDupParams, make_params, near_text
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.store import near as index
+from dedup_pipeline.store.near import IndexMismatch
 from dedup_pipeline.store.schema import settings as settings_table
 from dedup_pipeline.store.warehouse import utcnow
 from dedup_pipeline_tests.helpers import description, listing
@@ -54,6 +57,20 @@ def test_rebuild_with_other_bands_builds_the_index_with_them_and_runs_adopt_them
     land(filled, tmp_path / "landing2", "b2", [listing(4)])
     report = cluster_batch(filled, "b2", NearSettings())  # the defaults: bands from the index
     assert report.bands_rows == (16, 8)
+
+
+def test_a_run_refused_for_other_sketch_settings_names_the_rebuild_that_accepts_it(filled, tmp_path):
+    """The refusal's command, run as it is given, builds the index the refused run then goes through."""
+    words = NearSettings(params=make_params(shingle="word", ngram=2))
+    land(filled, tmp_path / "landing2", "b2", [listing(4)])
+    with pytest.raises(IndexMismatch) as refused:
+        cluster_batch(filled, "b2", words)
+    command = re.search(r"`(dedup-pipeline rebuild-near-index --config '[^']+')`", str(refused.value)).group(1)
+    assert main(shlex.split(command)[1:]) == 0
+    report = cluster_batch(filled, "b2", words)
+    with filled.engine.connect() as conn:
+        assert index.stored_identity(conn).endswith(words.params.identity())
+    assert report.bands_rows == (26, 3)
 
 
 @pytest.mark.parametrize(
