@@ -9,7 +9,7 @@ DEV_PORT ?= 3000
 # A git-ignored local Dagster instance (SQLite), never the production instance in deploy/.
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo test test-fast dev check docs bench clean
+.PHONY: install demo test test-fast dev check docs clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

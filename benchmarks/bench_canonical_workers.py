@@ -1,6 +1,8 @@
 """The canonical rung in the step's process against worker processes, on PostgreSQL, in one run.
 
-    python benchmarks/bench_canonical_workers.py [--records 25000,50000,100000] [--repeat 3] [--workers 2]
+    python benchmarks/bench_canonical_workers.py [--records 25000,50000,100000] [--repeat 3] [--workers N]
+
+`--workers` defaults to the CPUs this process may use (`available_cpus`).
 
 For each size, one batch file of N records (half exact re-crawls) is registered
 once (the raw rung); then `canonicalise_batch` (read the file, parse,

