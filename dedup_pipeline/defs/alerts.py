@@ -52,7 +52,8 @@ def failure_alert(run: dg.DagsterRun, step_failures: Sequence[dg.DagsterEvent], 
     name="ladder_failure_alert",
     default_status=automation_status(),
     minimum_interval_seconds=30,
-    description="Logs a clear alert (job, partition, failed steps, error) for every failed run of this code location.",
+    description="Logs a clear alert (job, partition, failed steps, error) for every failed run of this code location "
+    "that will not be retried.",
 )
 def ladder_failure_alert(context: dg.RunFailureSensorContext) -> None:
     if context.dagster_run.tags.get(WILL_RETRY_TAG) == "true":

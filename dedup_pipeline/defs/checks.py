@@ -141,8 +141,8 @@ def not_judged(reason: str, metadata: dict) -> dg.AssetCheckResult:
     name=COLLAPSE_CHECK,
     description="Collapse rate (exact duplicates / records in) against a fixed band and the trailing median of "
     "earlier batches: error when it collapses toward zero (a volatile field leaked into the hash), warning "
-    "when it jumps far above. History: each earlier batch's first decision per line, as its exact rung counted "
-    "them in the warehouse decision log.",
+    "when it jumps far above. History: the first-decision counts each earlier batch of the same source recorded "
+    "when its exact rung finished (`exact_rung_runs`; the decision log for a batch that recorded none).",
 )
 def collapse_rate_in_band(
     context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource, checks: ChecksResource

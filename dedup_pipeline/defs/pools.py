@@ -1,4 +1,5 @@
-"""The instance's pools: the writing rungs' `warehouse` pool, and its limit set before any step claims a slot.
+"""The instance's pools: the `warehouse` pool of the canonical, exact and near rungs (and the rehash backfill),
+and its limit set before any step claims a slot.
 
 Dagster sets a pool's limit to the instance's default (`concurrency: pools: default_limit`) in the first step
 that claims one of its slots, and again in every step while the stored limit differs from the default. On a
@@ -16,8 +17,9 @@ from collections.abc import Iterable
 import dagster as dg
 from sqlalchemy.exc import SQLAlchemyError
 
-#: The writing rungs claim a slot of this pool, so the instance bounds concurrent warehouse writers across
-#: runs and workers (`concurrency: pools:` in dagster.yaml and deploy/dagster.yaml).
+#: The canonical, exact and near rungs (and the rehash backfill) claim a slot of this pool, so the instance bounds
+#: concurrent warehouse writers across runs and workers (`concurrency: pools:` in dagster.yaml and
+#: deploy/dagster.yaml).
 WAREHOUSE_POOL = "warehouse"
 #: Looks at a pool's limit before giving up on setting it: another process may set it between a look and a write.
 _ATTEMPTS = 3

@@ -148,9 +148,10 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         description=(
             f"`{target}` digests beside the stored ones, one partition per shard (first hex digit of the row's "
             f"stored digest), written page by page so a killed shard resumes where it stopped and a second "
-            f"backfill writes nothing; a row the `{target}` rule cannot hash gets the reason instead. A backfill "
-            f"runs {SHARDS_PER_RUN} shards per run (their figures summed, each shard's under `shards`). Read "
-            f"`rows_hashed`, `shard_rows_left` and `warehouse_rows_left`.\n\nSee docs/rehash.md."
+            f"backfill writes nothing; a row the `{target}` rule cannot hash gets the reason instead. An asset "
+            f"backfill runs {SHARDS_PER_RUN} shards per run, their figures summed, each shard's under `shards` "
+            f"(`dagster job backfill` runs one per run). Read `rows_hashed`, `shard_rows_left` and "
+            f"`warehouse_rows_left`.\n\nSee docs/rehash.md."
         ),
     )
     def hashes(
@@ -259,8 +260,7 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         minimum_interval_seconds=15,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and complete "
-        "and no "
-        "migration run is queued or running.",
+        f"and no run of this migration (`dedup/migration={target}`) is queued or running.",
     )
     def sensor(context: dg.SensorEvaluationContext):
         return comparison_request(context, hashes.key, target, name)

@@ -1,7 +1,9 @@
 """Resources: where the warehouse and the landing folder are, how the ladder behaves, how strict the checks are.
 
 Each setting's default is held once, by the settings object the resource builds (`LadderSettings`,
-`NearSettings` and `NearDupParams`, `CollapseRules`, `DuplicatePolicy`); the fields below read it from there.
+`NearSettings` and `NearDupParams`, `CollapseRules`, `DuplicatePolicy`); the fields below read it from there. The
+checks' quarantine and seen-set bounds, the landing alert's delay and the seen-set's kind, which no settings
+object holds, have their defaults in their fields.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ class LandingResource(dg.ConfigurableResource):
     """The landing folder crawlers drop batch files into."""
 
     folder: Optional[str] = Field(
-        default=None, description="Folder path; empty means $DEDUP_LANDING_DIR or .dedup/landing."
+        default=None,
+        description="Folder path; empty means $DEDUP_LANDING_DIR, else the data folder's landing/ "
+        "($DEDUP_DATA_DIR, else .dedup).",
     )
     settle_seconds: float = Field(
         default=DEFAULT_SETTLE_SECONDS,
@@ -162,7 +166,7 @@ class NearDupResource(dg.ConfigurableResource):
     )
     min_records_for_cluster_check: int = Field(
         default=NearSettings.min_records_for_cluster_check,
-        description="Smaller batches pass the runaway-cluster check.",
+        description="Smaller batches are not judged by the runaway-cluster check (a warning, never a pass).",
     )
 
     def params(self) -> NearDupParams:
@@ -240,7 +244,8 @@ class ChecksResource(dg.ConfigurableResource):
         default=CollapseRules.band_high, description="Collapse-rate check fails above this."
     )
     min_records_for_check: int = Field(
-        default=CollapseRules.min_records, description="Smaller batches pass the collapse-rate check."
+        default=CollapseRules.min_records,
+        description="Smaller batches are not judged by the collapse-rate check (a warning, never a pass).",
     )
     history_window: int = Field(
         default=CollapseRules.window, description="Earlier batches the collapse rate is compared against."
@@ -264,7 +269,9 @@ class ChecksResource(dg.ConfigurableResource):
         default=0.05, description="Quarantine-rate check fails above this share of a batch's lines."
     )
     min_lines_for_quarantine_check: int = Field(
-        default=20, description="Smaller batches pass the quarantine-rate check (unless mostly quarantined)."
+        default=20,
+        description="A smaller batch within max_quarantine_rate passes the quarantine-rate check; one over it is not "
+        "judged (a warning), unless mostly quarantined.",
     )
     blocking_quarantine_rate: float = Field(
         default=0.5,

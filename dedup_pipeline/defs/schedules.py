@@ -5,7 +5,8 @@ safety net behind it. Every hour it registers batch files the sensor has not
 (a sensor that was off, a file that settled late) and requests a run of the
 ladder for each batch whose last rung (`near_duplicate_clusters`) was never
 materialised: batches whose run failed, was cancelled or was never launched.
-Batches with a run queued or in progress are left alone, and so are
+Batches with a run queued or in progress (of any job: the ladder's, its Celery
+twin's, or one launched from an asset's page) are left alone, and so are
 partitions whose file is no longer in the landing folder. Re-running a batch
 is safe (idempotent), so the worst a sweep does is a redundant run.
 
@@ -35,7 +36,9 @@ PARTITION_TAG = "dagster/partition"
 
 
 def _in_flight(instance: dg.DagsterInstance) -> set[str]:
-    runs = instance.get_run_records(dg.RunsFilter(job_name=dedup_ladder_job.name, statuses=_UNFINISHED))
+    """Partitions with a run queued or in progress, of any job: `dedup_ladder`'s, `dedup_ladder_celery`'s, or a
+    materialisation launched from an asset's page (an asset job of its own)."""
+    runs = instance.get_run_records(dg.RunsFilter(statuses=_UNFINISHED))
     return {record.dagster_run.tags[PARTITION_TAG] for record in runs if PARTITION_TAG in record.dagster_run.tags}
 
 

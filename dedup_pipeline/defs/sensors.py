@@ -46,7 +46,8 @@ def automation_status() -> dg.DefaultSensorStatus:
     default_status=automation_status(),
     description="Adds a partition for each new, fully written batch file in the landing folder and requests its "
     "run, tagged with the batch's source. Files still being written, files that are no batch and keys that two "
-    "files map to are left alone and named in the tick's skip reason; one set aside longer than the landing "
+    "files map to are left alone: named in the tick's log, and in the skip reason of a tick that requests no run; "
+    "one set aside longer than the landing "
     "resource's `alert_after_seconds` raises an alert. Creates the landing folder when it is missing.",
 )
 def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingResource) -> dg.SensorResult:

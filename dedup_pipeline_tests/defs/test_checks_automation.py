@@ -29,10 +29,17 @@ def schedule_context(instance, folder):
 
 def test_catch_up_registers_new_files_and_runs_only_batches_not_done(tmp_path):
     folder = tmp_path / "landing"
-    for key in ("a-done", "b-running", "c-failed", "d-new"):
+    for key in ("a-done", "b-running", "c-failed", "d-new", "e-celery", "f-asset-page"):
         write_batch(folder, key, [listing(1)], landed=1e9)
     with dg.instance_for_test() as instance:  # schedules need an instance with a ref, not an ephemeral one
         instance.add_dynamic_partitions(crawl_batches_partitions.name, ["a-done", "b-running", "c-failed", "gone"])
+        # A batch is in flight whichever job runs it: the Celery twin, or an asset page's materialisation.
+        for job, key, status in (
+            ("dedup_ladder_celery", "e-celery", dg.DagsterRunStatus.STARTED),
+            ("__ASSET_JOB", "f-asset-page", dg.DagsterRunStatus.NOT_STARTED),
+        ):
+            tags = {"dagster/partition": key}
+            instance.add_run(dg.DagsterRun(job_name=job, run_id=f"r-{key}", status=status, tags=tags))
         instance.report_runless_asset_event(dg.AssetMaterialization("near_duplicate_clusters", partition="a-done"))
         instance.add_run(
             dg.DagsterRun(
@@ -75,7 +82,7 @@ def test_catch_up_registers_new_files_and_runs_only_batches_not_done(tmp_path):
             )
         )
         skip = ladder_catch_up(schedule_context(instance, folder))
-        assert isinstance(skip, dg.SkipReason) and "4 landed batches" in skip.skip_message  # b-running still running
+        assert isinstance(skip, dg.SkipReason) and "6 landed batches" in skip.skip_message  # 3 still in flight
 
         missing = ladder_catch_up(schedule_context(instance, tmp_path / "nowhere"))
         assert isinstance(missing, dg.SkipReason) and "cannot read the landing folder" in missing.skip_message
