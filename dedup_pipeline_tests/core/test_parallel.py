@@ -86,32 +86,30 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def _quota_of(tmp_path: Path, membership: str, files: dict[str, str]) -> float | None:
+    """`cpu_quota` over a made-up /proc/self/cgroup and cgroup mount holding `files` (path under it -> content)."""
+    _write(tmp_path / "self-cgroup", membership)
+    for name, content in files.items():
+        _write(tmp_path / "cgroup" / name, content)
+    return cpu_quota(tmp_path / "cgroup", tmp_path / "self-cgroup")
+
+
 def test_cpu_quota_reads_cgroup_v2_in_the_process_group_and_above(tmp_path):
     """A parent's quota holds for its children: the smallest on the way up wins; "max" is no quota."""
-    membership = tmp_path / "self-cgroup"
-    _write(membership, "0::/kubepods/pod1/ctr\n")
-    root = tmp_path / "cgroup"
-    _write(root / "kubepods/pod1/ctr/cpu.max", "max 100000\n")
-    _write(root / "kubepods/pod1/cpu.max", "200000 100000\n")
-    _write(root / "kubepods/cpu.max", "max 100000\n")
-    assert cpu_quota(root, membership) == 2.0
-    _write(root / "kubepods/pod1/ctr/cpu.max", "150000 100000\n")
-    assert cpu_quota(root, membership) == 1.5
-    for folder in ("kubepods/pod1/ctr", "kubepods/pod1", "kubepods"):
-        _write(root / folder / "cpu.max", "max 100000\n")
-    assert cpu_quota(root, membership) is None
+    own, parent, grandparent = "kubepods/pod1/ctr/cpu.max", "kubepods/pod1/cpu.max", "kubepods/cpu.max"
+    membership = "0::/kubepods/pod1/ctr\n"
+    unlimited = "max 100000\n"
+    assert _quota_of(tmp_path, membership, {own: unlimited, parent: "200000 100000", grandparent: unlimited}) == 2.0
+    assert _quota_of(tmp_path, membership, {own: "150000 100000"}) == 1.5
+    assert _quota_of(tmp_path, membership, {own: unlimited, parent: unlimited, grandparent: unlimited}) is None
 
 
 def test_cpu_quota_in_a_container_is_read_at_the_root_of_the_mount(tmp_path):
     """Inside a container the process's group path names the host's hierarchy; its own group is the mount's root."""
-    membership = tmp_path / "self-cgroup"
-    _write(membership, "12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n")
-    root = tmp_path / "cgroup"
-    _write(root / "cpu,cpuacct/cpu.cfs_quota_us", "50000\n")
-    _write(root / "cpu,cpuacct/cpu.cfs_period_us", "100000\n")
-    assert cpu_quota(root, membership) == 0.5
-    _write(root / "cpu,cpuacct/cpu.cfs_quota_us", "-1\n")  # v1's "no quota"
-    assert cpu_quota(root, membership) is None
+    membership = "12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n"
+    period = {"cpu,cpuacct/cpu.cfs_period_us": "100000\n"}
+    assert _quota_of(tmp_path, membership, {**period, "cpu,cpuacct/cpu.cfs_quota_us": "50000\n"}) == 0.5
+    assert _quota_of(tmp_path, membership, {**period, "cpu,cpuacct/cpu.cfs_quota_us": "-1\n"}) is None  # no quota
 
 
 def test_cpu_quota_is_none_without_control_groups(tmp_path):
