@@ -15,8 +15,9 @@ other:
    deployment: forcing one before each clustering would make every batch
    pay full-page writes for every index page it touches.
 2. ``cluster``: ``ladder.near.cluster_batch`` with the default parameters
-   (MinHash, word 3-grams, 128 permutations, 26 bands x 3 rows, auto
-   verification, ``max_candidates`` 200, chunks of 2000): sketch, store the
+   (MinHash, `auto` shingles: word 3-grams for these long texts, 128
+   permutations, 26 bands x 3 rows, auto verification, ``max_candidates``
+   1000, chunks of 2000): sketch, store the
    index rows, find candidates in every earlier batch, verify,
    link, cluster. Its wall time and its peak RSS (``VmHWM`` of the child)
    are the figures.

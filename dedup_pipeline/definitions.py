@@ -15,7 +15,7 @@ from dedup_pipeline.defs.sensors import landing_sensor
 
 # Every job runs in process unless it names its own executor (the Celery one does), the assets' own "Materialize"
 # and backfills included: a run is one process, which loads the code location and Great Expectations once, where
-# Dagster's default executor starts a process per step (eight a batch), each loading them again. The ladder's steps
+# Dagster's default executor starts a process per step (eleven a batch), each loading them again. The ladder's steps
 # form a chain, so none ran side by side; retry policies and the warehouse pool apply in process all the same.
 # The figures: docs/benchmarks.md, "One run, in process".
 defs = dg.Definitions(

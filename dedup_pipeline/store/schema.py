@@ -163,16 +163,17 @@ dedup_decisions = Table(
 MAX_BANDS = 64
 NEAR_INDEX_FILLFACTOR = 92
 
-# One row per sketched record (layout near-index/2): the order of first landing (which of two records is "older",
-# the same whatever order batches ran in), a compact signature (one byte per MinHash permutation, or the 8-byte
-# SimHash fingerprint), the first 16 bytes of the digest of the content sketched (`store.near.indexed_digest`)
-# and the band keys as 32-bit integers. The columns go from the widest alignment to the narrowest (8-byte
-# integers, the 4-byte-aligned signature, the 1-byte-aligned digest), so a row holds no padding: 320 bytes with
-# 26 bands. Part of each page is left free (PostgreSQL's fillfactor), room for two more versions of such a row: a
-# re-crawl with the same text and a new price re-labels its row's digest, and with room on the page that update
-# is HOT, leaving the row's 27 index entries as they are (else it adds 27 more, about six times the time and most
-# of the index's growth from updates). At 92% a page holds 23 such rows and the room for two more (22 and two in
-# a warehouse made before this column order, whose rows keep their padding).
+# One row per sketched record (layout near-index/2): the order of first landing (which of two records is "older", the
+# same whatever order batches ran in), a compact signature (one byte per MinHash permutation, or the 8-byte SimHash
+# fingerprint), the first 16 bytes of the digest of the content sketched (`store.near.indexed_digest`) and the band
+# keys as 32-bit integers. The columns go from the widest alignment to the narrowest (8-byte integers, the signature,
+# the digest) but for the band keys, which follow the digest: 3 bytes of padding before them, which a page's 8-byte
+# alignment of each row would take anyway: 320 bytes with 26 bands. Part of each page is left free (PostgreSQL's
+# fillfactor), room for two more versions of such a row: a re-crawl with the same text and a new price re-labels its
+# row's digest, and with room on the page that update is HOT, leaving the row's 27 index entries as they are (else it
+# adds 27 more, about six times the time and most of the index's growth from updates). At 92% a page holds 23 such
+# rows and the room for two more (22 and two in a warehouse made before this column order, whose rows keep their
+# padding).
 near_index = Table(
     "near_index",
     metadata,
