@@ -52,10 +52,13 @@ if TYPE_CHECKING:
 #: Version of how the pieces below are combined into an index identity.
 NEARDUP_VERSION = "neardup/2"
 
-#: Jaccard threshold, measured on the quality data (benchmarks/neardup_quality.py --sweep, docs/near-quality.md):
-#: at 0.5 the default shingles beat datasketch's MinHashLSH over word sets and SimHash at the same threshold on
-#: most labelled sets, short records and long texts alike.
+#: Jaccard threshold, measured on the quality data (benchmarks/neardup_quality.py --sweep; docs/benchmarks.md,
+#: "Near-duplicate quality"): at 0.5 the default shingles beat datasketch's MinHashLSH over word sets and SimHash at
+#: the same threshold on most labelled sets, short records and long texts alike.
 DEFAULT_THRESHOLD = 0.5
+#: Links a warehouse record keeps (to its nearest earlier near duplicates), and the most candidates it meets.
+DEFAULT_MAX_LINKS = 3
+DEFAULT_MAX_CANDIDATES = 1000
 
 #: Default features per method. MinHash: ``shingle="auto"`` (word unigrams and character 4-grams for texts of
 #: fewer than 75 tokens, where one typo would remove 3 word 3-grams of 8; word 3-grams for longer ones, the best

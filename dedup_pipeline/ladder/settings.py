@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from dedup_pipeline.core.exact import DuplicatePolicy
 from dedup_pipeline.core.hashing import HASH_RULES
-from dedup_pipeline.core.near import NearDupParams
+from dedup_pipeline.core.near import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_LINKS, NearDupParams
 from dedup_pipeline.core.records import DEFAULT_NATURAL_KEY
 
 #: Records per transaction and per set-based statement in the canonical, exact and near rungs (memory is bounded
@@ -70,8 +70,8 @@ class NearSettings:
 
     params: NearDupParams = field(default_factory=NearDupParams)
     chunk_size: int = CHUNK_SIZE
-    max_candidates: int | None = 1000
-    max_links: int = 3
+    max_candidates: int | None = DEFAULT_MAX_CANDIDATES
+    max_links: int = DEFAULT_MAX_LINKS
     bands_from_index: bool = True
     max_cluster_share: float = 0.2
     min_records_for_cluster_check: int = 50

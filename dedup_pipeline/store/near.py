@@ -45,7 +45,7 @@ from sqlalchemy import (
 )
 
 from dedup_pipeline.core.exact import Decision
-from dedup_pipeline.core.near import NearDupParams, near_text
+from dedup_pipeline.core.near import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_LINKS, NearDupParams, near_text
 from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values, insert_rows, staging_table, update_rows
 from dedup_pipeline.store.schema import (
@@ -152,10 +152,11 @@ def save_link_settings(conn: Connection, params: NearDupParams, max_links: int, 
 
 
 def link_settings(conn: Connection, representative: str | None = None) -> tuple[NearDupParams, int, int | None]:
-    """(params, max_links, max_candidates) the rung last linked with (the defaults if it never ran), and the
-    `representative` rule if one is given."""
+    """(params, max_links, max_candidates) the rung last linked with (the near rung's defaults if it never ran),
+    and the `representative` rule if one is given."""
     stored = read_setting(conn, LINK_SETTINGS)
-    data = json.loads(stored) if stored else {"params": {}, "max_links": 3, "max_candidates": 200}
+    defaults = {"params": {}, "max_links": DEFAULT_MAX_LINKS, "max_candidates": DEFAULT_MAX_CANDIDATES}
+    data = json.loads(stored) if stored else defaults
     params = NearDupParams.from_dict(data["params"]) if data["params"] else NearDupParams()
     if representative is not None:
         params = replace(params, representative=representative)

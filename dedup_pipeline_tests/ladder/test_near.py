@@ -15,7 +15,7 @@ from dedup_pipeline.ladder.near import cluster_batch, near_text, runaway_cluster
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import find_batch
-from dedup_pipeline.store.near import _selected_rows, indexed_digest, load_rows
+from dedup_pipeline.store.near import _selected_rows, indexed_digest, link_settings, load_rows
 from dedup_pipeline.store.near_graph import band_count, signature_width
 from dedup_pipeline.store.schema import near_duplicate_clusters, near_duplicate_links, near_index, records
 from dedup_pipeline_tests.helpers import description, listing, new_run_id, write_batch
@@ -466,3 +466,11 @@ def test_a_new_threshold_runs_on_an_index_built_at_another_and_warns_when_it_los
 
     with pytest.raises(IndexMismatch, match="rebuild-near-index"):
         cluster_batch(warehouse, "b2", NearSettings(params=NearDupParams(bands=20, rows=4), bands_from_index=False))
+
+
+def test_a_warehouse_whose_near_rung_never_ran_changes_its_index_with_the_rungs_defaults(warehouse):
+    """Erasure, the retire step and the URL migration link with the settings the rung last used, else the rung's
+    own defaults: the same `max_links` and `max_candidates` as a run of the near rung at its defaults."""
+    defaults = NearSettings()
+    with warehouse.engine.connect() as conn:
+        assert link_settings(conn) == (defaults.params, defaults.max_links, defaults.max_candidates)
