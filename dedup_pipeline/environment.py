@@ -9,7 +9,7 @@ there, and the function here returns None when the variable is unset (noted "the
 | ``DEDUP_DATABASE_URL`` | a SQLite file in the data folder | `database_url` |
 | ``DEDUP_DATA_DIR`` | ``./.dedup`` (the embedded default's files) | `data_dir` |
 | ``DEDUP_LANDING_DIR`` | ``landing`` in the data folder | `landing_dir` |
-| ``DEDUP_REDIS_URL`` | no Redis: the Bloom seen-set, no URL seen-set | `redis_url` |
+| ``DEDUP_REDIS_URL`` | no Redis: the Bloom seen-set; `erase` clears no URL seen-set | `redis_url` |
 | ``DEDUP_REDIS_PREFIX`` | ``dedup:seen`` (the seen-set's keys) | `redis_prefix` |
 | ``DEDUP_URL_PREFIX`` | ``dedup:url`` (the crawlers' URL seen-set's keys) | `url_prefix` |
 | ``DEDUP_SEEN_TTL_SECONDS`` | 30 days (2,592,000 s) | `seen_ttl_seconds` |

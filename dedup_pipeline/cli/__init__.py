@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     demo.set_defaults(func=cmd_demo)
-    add_privacy_commands(commands)  # erase, prune-retention, grant-roles
+    add_privacy_commands(commands)  # erase, prune-retention, grant-roles, migrate-url
     add_near_commands(commands)
     decisions = commands.add_parser("decisions", help="print the decision log as JSON Lines (dedup_decision events)")
     decisions.add_argument("--batch", help="only this batch")

@@ -4,7 +4,7 @@ Deterministic (seeded), so the demo prints the same figures every time on an
 empty warehouse:
 - pagination overlap: the last items of page N reappear on page N+1;
 - tracking-parameter and fragment variants of the same product URL;
-- an unchanged re-crawl a day later (only scraped_at, crawl_id, proxy_ip, etag differ);
+- an unchanged re-crawl a day later (only scraped_at, crawl_id, proxy_ip, response_ms, etag differ);
 - price changes on a few products in the re-crawl (same key, new content);
 - articles syndicated to another host with small edits (near duplicates);
 - a few broken lines (malformed JSON, no URL, a javascript: URL).
@@ -82,7 +82,7 @@ def _edit(text: str, rng: random.Random) -> str:
     return " ".join(words) + " Read more on our site."
 
 
-#: Products in the shop's catalogue: every shop crawl holds over 100 records, the collapse check's minimum.
+#: Products in the shop's catalogue: every shop crawl holds at least 100 records, the collapse check's minimum.
 _PRODUCTS = 100
 #: Days the shop is crawled: from the fourth on, the collapse check has three earlier crawls to judge against.
 _SHOP_DAYS = 4

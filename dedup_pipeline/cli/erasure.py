@@ -1,4 +1,4 @@
-"""The privacy subcommands of `dedup-pipeline`: erase, prune-retention, grant-roles."""
+"""The privacy and migration subcommands of `dedup-pipeline`: erase, prune-retention, grant-roles, migrate-url."""
 
 from __future__ import annotations
 

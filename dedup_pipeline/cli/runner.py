@@ -52,8 +52,8 @@ DEFINITIONS_MODULE = "dedup_pipeline.definitions"
 def ensure_dagster_home() -> Path:
     """Use $DAGSTER_HOME, else a git-ignored `.dagster_home` folder in the working directory.
 
-    Never the repository's `dagster.yaml`: that one is for `dg dev` from the
-    checkout; production instances live in deploy/.
+    Never the checkout folder itself: a new `.dagster_home` starts from a copy of the checkout's `dagster.yaml`
+    (else with telemetry off); production instances live in deploy/.
     """
     home = environment.dagster_home()
     if home:

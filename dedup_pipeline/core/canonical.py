@@ -94,8 +94,9 @@ def hash_records(
     """`canonical_fields`, then `compute_hashes(…, versions)`, for every record of a chunk, column-wise.
 
     `payloads=False` skips building the canonical dicts when only digests are
-    wanted. `urls`, when given, holds for each record with a str ``url`` the
-    value `record_url` gives for it, already computed by the caller.
+    wanted. `urls`, when given, holds for each record with a str ``url`` its URL
+    as it is to be stored and hashed, already computed by the caller (`record_url`'s
+    form, or its `identity_url` under the warehouse's URL version).
     Exceptions other than `RecordError` propagate, as on the per-record path.
     """
     for version in versions:

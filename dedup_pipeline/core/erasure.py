@@ -9,9 +9,9 @@ value that happens to be the same text:
 ==================  ============================  ====================================
 kind                scope                         value
 ==================  ============================  ====================================
-``natural_key``     ``""``                        the natural key as stored (a URL key in its
-                                                  ``url/1`` form)
-``canonical_url``   the URL version (``url/1``)   the canonical URL, so every URL variant matches
+``natural_key``     ``""``                        the natural key as stored (a URL key in the
+                                                  warehouse's URL version, ``url/2`` by default)
+``canonical_url``   the URL version (``url/2``)   the canonical URL, so every URL variant matches
 ``field``           the field path (``seller_id``, the field's text (NFC, whitespace
                     ``author.email``)             collapsed, like the stored payload); a list
                                                   field: the text of each element (`field_texts`)

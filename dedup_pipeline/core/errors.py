@@ -1,4 +1,4 @@
-"""The one error type that sends a record to quarantine."""
+"""Error types: `RecordError`, the one that sends a record to quarantine, and `ConfigurationError`."""
 
 
 class ConfigurationError(ValueError):

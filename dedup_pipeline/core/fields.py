@@ -3,7 +3,8 @@
 Volatile fetch metadata and nulls are left out; text is NFC with whitespace
 collapsed; currency codes are upper case; exact decimals (JSON numbers are
 read as Decimal) and numeric price strings become plain decimal text
-(" 9.90 " -> "9.9"); the URL takes its `url/1` form. The form is idempotent,
+(" 9.90 " -> "9.9"); the URL takes its `url/1` form (the ladder then writes an IPv6 host in the warehouse's
+URL version: `records.identity_url`). The form is idempotent,
 so hashing a stored payload gives the digest its raw record had: the rehash
 job relies on that. Changing this form changes every digest, so it is a new
 `record/N` and new hash versions, never an edit in place.

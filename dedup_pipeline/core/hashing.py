@@ -1,11 +1,11 @@
 """Versioned content-hash rules (the registry) and the public `content_hash`.
 
-Each rule turns a record's canonical fields (`record/1`, see
-`dedup_pipeline.core.fields`) into one deterministic byte string and hashes it
-with SHA-256. Because the canonical form is idempotent, a raw record and its
-stored payload hash the same. A rule is never edited in place: a changed rule is a new
-version string, migrated to by the rehash job. The version is stored beside
-every digest, and digests of different versions are never compared.
+Each rule turns a record's canonical fields (`record/1`, see `dedup_pipeline.core.fields`) into one deterministic
+byte string and hashes it with SHA-256. Because the canonical form is idempotent, a raw record and its stored
+payload hash the same (except, in a `url/2` warehouse, a URL with an IPv6 host, which the ladder hashes in its
+`url/2` form: `records.identity_url`). A rule is never edited in place: a changed rule is a new version string,
+migrated to by the rehash job. The version is stored beside every digest, and digests of different versions are
+never compared.
 
 `content/1` is the seeds' first rule over `record/1` fields: every field,
 keys sorted, the price fields (`price`, `price_minor`: a number or numeric

@@ -4,15 +4,16 @@ A signature of ``num_perm`` values is cut into ``bands`` bands of ``rows``
 values; two documents become candidates when any band matches exactly. The
 chance of that for Jaccard similarity ``s`` is ``1 - (1 - s**rows)**bands``.
 
-Band keys are what a persistent index stores, one ``(band, key, record_id)``
-row per band and document, so they must not depend on the process or the
-platform::
+Band keys are what a persistent index stores, so they must not depend on the
+process or the platform::
 
     key(band) = xxh64(little-endian uint32 bytes of the band's rows, seed=band)
 
-read as a signed int64 (two's complement) so it fits a SQL ``BIGINT``. Using
-the band number as the seed makes equal row values in different bands give
-different keys, so an index on ``key`` alone cannot mix bands either.
+read as a signed int64 (two's complement). The warehouse's index (layout
+near-index/2) keeps their low 32 bits (`fold_to_int32`) in one INTEGER column
+per band of each record's `near_index` row, each column under its own index.
+Using the band number as the seed makes equal row values in different bands
+give different keys, so keys of two bands never collide by construction.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ Pipeline for ``method="minhash"`` (the default)::
 SimHash fingerprints, pigeonhole block search and Hamming distance <=
 ``simhash_max_distance`` (similarity ``1 - distance / 64``).
 
-:func:`near_duplicate_links` and :func:`verify_pairs` are the reusable
-pieces for the warehouse layer: it finds candidate pairs from stored band
-keys, then verifies them with the same code.
+:func:`verify_pairs` and :func:`keep_shared_codes` are reused by the
+warehouse layer (`store.near_graph`): it finds candidate pairs from stored
+band keys, then verifies them with the same code.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ DEFAULT_NORMALISERS = {
 #: candidate only costs one vectorised signature comparison. At the default
 #: threshold this gives 26 bands of 3 rows: pairs at Jaccard 0.5 become
 #: candidates with probability 0.97 (0.55 with equal weights), and a
-#: warehouse stores 26 key rows per document.
+#: warehouse stores 26 band keys in each record's `near_index` row.
 LSH_WEIGHTS = (0.05, 0.95)
 
 METHODS = ("minhash", "simhash")

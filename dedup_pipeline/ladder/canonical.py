@@ -106,15 +106,13 @@ def canonicalise_batch(
 ) -> CanonicalReport:
     """Canonicalise every parsable line of a registered batch into the `canonical_records` table.
 
-    Lines the raw rung quarantined are skipped (they are already in quarantine);
-    lines that parse but cannot be canonicalised (no or invalid URL, missing
-    natural key, active hash version not computable) are quarantined here.
-    Lines are canonicalised and hashed a chunk (`settings.chunk_size`) at a
-    time, column-wise (`canonicalise_lines`); a large batch's chunks are
-    spread over worker processes (`settings.canonical_workers`) while this
-    process reads the file and copies each chunk, in file order, in one
-    statement. One transaction, so a partition is either fully replaced or
-    untouched. `progress`, if given, hears how far it got as it goes (`ChunkProgress`).
+    Lines the raw rung quarantined are skipped (they are already in quarantine); lines that parse but cannot be
+    canonicalised (no or invalid URL, missing natural key, active hash version not computable) are quarantined here.
+    Lines are canonicalised and hashed a chunk (`settings.chunk_size`) at a time, column-wise
+    (`canonicalise_lines`); a large batch's chunks are spread over worker processes (`settings.canonical_workers`)
+    while this process reads the file and copies each chunk, in file order, in one statement. The rewrite is one
+    transaction, so a partition is either fully replaced or untouched; a second one then analyses the new rows.
+    `progress`, if given, hears how far it got as it goes (`ChunkProgress`).
     """
     registered = registered_file(warehouse, batch_id)
     path, sha = registered.path, registered.sha256

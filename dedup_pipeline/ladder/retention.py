@@ -3,7 +3,7 @@
 - decision-log rows (`dedup_decisions`: natural keys and digests) older than
   `DEDUP_DECISION_RETENTION_DAYS` (90);
 - superseded content (`record_history`) older than `DEDUP_HISTORY_RETENTION_DAYS` (365);
-- staged canonical rows (`canonical_records`) of batches that landed more than
+- staged canonical rows (`canonical_records`) of batches last registered (staged) more than
   `DEDUP_STAGING_RETENTION_DAYS` ago (30); re-materialising such a batch stages it again;
 - quarantined lines (`quarantine`, raw bytes by design) older than `DEDUP_QUARANTINE_RETENTION_DAYS` (30);
 - decision rows of suppressed re-crawls of erased subjects (`erased`) keep only

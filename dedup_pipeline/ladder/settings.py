@@ -13,8 +13,8 @@ from dedup_pipeline.core.hashing import HASH_RULES
 from dedup_pipeline.core.near import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_LINKS, NearDupParams
 from dedup_pipeline.core.records import DEFAULT_NATURAL_KEY
 
-#: Records per transaction and per set-based statement in the canonical, exact and near rungs (memory is bounded
-#: by it).
+#: Records per chunk and per set-based statement in the canonical, exact and near rungs (memory is bounded by it):
+#: a transaction each in the exact and near rungs; the canonical rung rewrites a batch in one transaction.
 CHUNK_SIZE = 2000
 #: Longest landing line read as a record (bytes, without its newline): a longer one is quarantined, and never
 #: held in memory whole.
@@ -25,7 +25,7 @@ MAX_LINE_BYTES = 2 << 20  # a megabyte-long field still fits (see the nasty corp
 class LadderSettings:
     """How a batch moves down the ladder.
 
-    - ``chunk_size``: records per transaction and per set-based statement; memory is bounded by it.
+    - ``chunk_size``: records per chunk and per set-based statement (`CHUNK_SIZE`); memory is bounded by it.
     - ``natural_key``: fields that identify "the same thing" (the canonical URL by default).
     - ``hash_versions``: versions computed for every record (the active one is always required).
     - ``policy``: what to do per duplicate class.

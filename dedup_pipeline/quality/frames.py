@@ -44,7 +44,7 @@ def expected_canonical_rows(conn: Connection, batch_id: str) -> int | None:
 
 
 def records_frame(conn: Connection, batch_id: str) -> pd.DataFrame:
-    """The warehouse rows this batch wrote last (new or changed), digests as hex."""
+    """The warehouse rows dated to this batch (new, changed, or re-crawled unchanged), digests as hex."""
     r = records.c
     rows = conn.execute(
         select(r.record_id, r.natural_key, r.canonical_url, r.url_version, r.hash_version, r.content_hash)

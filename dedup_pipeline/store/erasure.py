@@ -3,13 +3,14 @@
 `erase` finds the subject's rows (current records, history, staged canonical
 rows), follows their content digests to every other copy (the same content
 under another URL or key is the same data), deletes them with everything
-derived from them (hash rows of every version, MinHash sketches, LSH buckets,
-near-duplicate links; the clusters they were in are recomputed), deletes the
+derived from them (hash rows of every version, the `near_index` row and its
+pending mark, near-duplicate links; the clusters they were in are recomputed), deletes the
 decision-log rows that name them (a natural key can itself be personal data)
 and the quarantined lines that hold them, and writes tombstones: keyed
 fingerprints (see `dedup_pipeline.core.erasure`) of the subject, of the
 matched keys and canonical URLs, and of the erased contents' digests under
-every registered hash version. It returns counts per table, never values.
+every registered hash version. It reports counts per table, never values (the digests and URLs it returns
+go to the seen-sets only).
 
 The rungs consult the tombstones through `dedup_pipeline.store.tombstones`,
 which also holds the key and the lock that serialises erasure against ingestion.

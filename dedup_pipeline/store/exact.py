@@ -1,9 +1,8 @@
 """The exact rung in the warehouse: read a batch's staged chunks, load a chunk's state, apply its ChunkPlan.
 
-Every statement covers a whole chunk (one SELECT per lookup, executemany
-inserts), never a round trip per record. A chunk is one transaction; a lost
-race (another worker inserted the same key or digest first) raises
-`ChunkConflict` so the caller can roll back and replay the chunk.
+Every statement covers a whole chunk (one SELECT per lookup; rows written by COPY, or one staged INSERT ... SELECT /
+UPDATE ... FROM), never a round trip per record. A chunk is one transaction; a lost race (another worker inserted
+the same key or digest first) raises `ChunkConflict` so the caller can roll back and replay the chunk.
 """
 
 from __future__ import annotations

@@ -9,13 +9,11 @@ of them, each once). Links are bounded: each record keeps its
 connected components of every verified pair, kept by merges (union-find):
 a chunk relabels only the clusters it joins, and locks only those.
 
-Nothing serialises all workers. A chunk commits its index rows before it
-queries, so of two racing records the later sees the earlier; the rows a
-chunk changes (the links of a record, the clusters it merges) are locked
-row by row, in a fixed order. The index identity (method, scheme, num_perm,
-bands/rows, shingling, normaliser version, layout) is stored in the
-warehouse; an index built with other parameters is refused rather than
-silently mixed.
+Nothing serialises all workers. A chunk commits its index rows before it queries, so of two racing records the later
+sees the earlier; the rows a chunk changes (the links of a record, the clusters it merges) are locked row by row, in
+id order (a deadlock between two workers' chunks is retried). The index identity (method, scheme, num_perm,
+bands/rows, shingling, normaliser version, layout) is stored in the warehouse; an index built with other parameters
+is refused rather than silently mixed.
 """
 
 from __future__ import annotations
@@ -246,7 +244,7 @@ def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int,
 
     Each row: record id, digest, payload (`text_fields`: what `near_text` reads of it), natural key, first seen,
     first landed (its first batch's landing), and the index row's digest, signature, band keys (`ib0`...), order
-    (first landed, first seen, key order) and linked flag (None when it has none).
+    (first landed, first seen, key order), None when it has none, and its linked flag (True when it has none).
     """
     n = near_index
     first_landed = func.coalesce(crawl_batches.c.landed_at, records.c.first_seen_at)
@@ -317,7 +315,8 @@ def current_contents(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
 
 
 def write_rows(conn: Connection, rows: IndexRows, digests: Sequence[bytes], pending: bool = True) -> None:
-    """Insert or replace the index rows of `rows.ids` (their old rows, if any, go first), `pending` until linked."""
+    """Insert the index rows of `rows.ids`, or overwrite a record's row in place (staged, then one upsert),
+    `pending` until linked."""
     ids = rows.ids.tolist()
     bands = rows.keys.shape[1]
     unindexed = (None,) * bands

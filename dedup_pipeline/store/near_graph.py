@@ -12,8 +12,9 @@ step. The result does not depend on the order records were linked in:
   the links kept), its id the smallest record id in it, its representative
   the oldest member by the order of first landing (or the longest text).
 
-Locks, in this order, row by row: the index rows of the records whose links
-change, then the clusters merged (`store.near.locked_roots`).
+Locks, row by row in id order: `link_records` takes the index rows of the records whose links change, then
+the clusters merged (`store.near.locked_roots`); `remove_records` takes the removed records' clusters first. A
+deadlock between two workers' chunks is retried by the rung (`ladder.near`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Applies `roles.sql`: least-privilege roles on a PostgreSQL warehouse (`dedup-pipeline grant-roles`).
 
 The SQL names roles, the database and columns; those are identifiers, not
-values, so they are validated and quoted here (no value is ever formatted
-into SQL). Tables that a later feature adds and that erasure sweeps (they
+values, so they are validated and quoted here; the only literals formatted into SQL are field names
+checked to be plain names (`_text_array`). Tables that a later feature adds and that erasure sweeps (they
 name records by id, natural key or digest) get the erasure operator's
 SELECT, DELETE grant generated from the schema, and tables with JSON reports
 (which erasure redacts) SELECT, UPDATE, so erasure keeps working.

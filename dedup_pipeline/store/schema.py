@@ -132,7 +132,7 @@ record_history = Table(
     _now_column("superseded_at", nullable=False),
     Column("superseded_by_batch_id", String(255), nullable=False),
 )
-#: What of a stored row its history row keeps, in `record_history`'s column order (its first six).
+#: What of a stored row its history row keeps, in `record_history`'s column order (its six after `history_id`).
 SUPERSEDED_COLUMNS = (
     records.c.record_id,
     records.c.natural_key,
