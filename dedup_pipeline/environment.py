@@ -80,12 +80,17 @@ def _set(name: str) -> str | None:
 
 
 def _whole_number(name: str, unit: str) -> int | None:
-    """The variable as a whole number (surrounding blanks ignored), None when unset or blank."""
+    """The variable as a whole number, 0 or more (surrounding blanks ignored), None when unset or blank."""
     raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
     try:
-        return int(raw) if raw else None
+        value = int(raw)
     except ValueError:
-        raise ConfigurationError(f"{name} must be a whole number of {unit}, got {raw!r}") from None
+        value = None
+    if value is None or value < 0:
+        raise ConfigurationError(f"{name} must be a whole number of {unit}, 0 or more (0 keeps forever), got {raw!r}")
+    return value
 
 
 def resource_variables() -> dict[str, str]:

@@ -17,6 +17,17 @@ def _read_value(value: str) -> str:
     return sys.stdin.readline().rstrip("\n") if value == "-" else value
 
 
+def _kept_for(text: str) -> int:
+    """A retention period on the command line: a whole number, 0 (keep forever) or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (keep forever) or a whole number, got {text!r}")
+    return value
+
+
 def _print_counts(title: str, counts: dict, extra: dict) -> None:
     width = max([len(name) for name in counts] + [5])
     print(title)
@@ -57,6 +68,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
         "kind": report.subject_kind,
         "tombstones_added": report.tombstones_added,
         "clusters_recomputed": report.clusters_recomputed,
+        "links_added": report.links_added,
         "seen_set": report.seen_set,
     }
     if report.seen_set_errors:
@@ -171,11 +183,13 @@ def add_commands(commands) -> None:
     )
     for setting, variable in RETENTION_DAYS_ENV.items():  # --decision-days ... --quarantine-days
         prune.add_argument(
-            f"--{setting.replace('_', '-')}", type=int, help=f"days to keep (default ${variable}; 0 keeps forever)"
+            f"--{setting.replace('_', '-')}",
+            type=_kept_for,
+            help=f"days to keep (default ${variable}; 0 keeps forever)",
         )
     prune.add_argument(
         "--erasure-run-hours",
-        type=int,
+        type=_kept_for,
         help="hours finished erase_subject runs stay in the Dagster instance "
         f"(default ${ERASURE_RUN_RETENTION_ENV}, {DEFAULT_ERASURE_RUN_HOURS})",
     )

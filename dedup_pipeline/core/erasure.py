@@ -97,6 +97,11 @@ class Subject:
             raise SubjectError(f"kind must be one of {[k.value for k in SubjectKind]}, got {kind!r}") from None
         if not isinstance(value, str) or not value.strip():
             raise SubjectError("the subject value is empty")
+        # A field path or version on another kind is a mistyped kind: erasing it as given would erase another subject.
+        if field and kind is not SubjectKind.FIELD:
+            raise SubjectError(f"a field path goes with kind 'field', not {kind.value!r}")
+        if version and kind is not SubjectKind.CONTENT_DIGEST:
+            raise SubjectError(f"a hash version goes with kind 'content_digest', not {kind.value!r}")
         if kind is SubjectKind.NATURAL_KEY:
             return cls(kind, normalise_natural_key(value))
         if kind is SubjectKind.CANONICAL_URL:

@@ -113,17 +113,21 @@ def erasure_run_hours(override: int | None = None) -> int:
 
 
 def delete_old_erasure_runs(instance: dg.DagsterInstance, hours: int, now: datetime | None = None) -> int:
-    """Delete finished erasure runs (their config holds the subject's value) older than `hours`; 0 keeps them.
+    """Delete erasure runs (their config holds the subject's value) that finished more than `hours` ago; 0 keeps
+    them.
 
     Each goes with its compute logs (its stdout and stderr, which `delete_run` leaves behind): Dagster keys
     a run's captured logs `[run_id, "compute_logs", ...]`, so one prefix holds them all, in whichever
     compute log manager the instance uses. The logs go first: a failure there leaves the run to be found
     and deleted by the next retention run.
     """
-    if hours <= 0:
+    if hours < 0:
+        raise ValueError(f"erasure_run_hours must be 0 (keep forever) or a number of hours, got {hours}")
+    if hours == 0:
         return 0
     cutoff = (now or utcnow()) - timedelta(hours=hours)
-    runs = instance.get_run_records(dg.RunsFilter(job_name=ERASE_JOB, statuses=_FINISHED, created_before=cutoff))
+    # A finished run is last updated when it ends.
+    runs = instance.get_run_records(dg.RunsFilter(job_name=ERASE_JOB, statuses=_FINISHED, updated_before=cutoff))
     for record in runs:
         run_id = record.dagster_run.run_id
         instance.compute_log_manager.delete_logs(prefix=[run_id])

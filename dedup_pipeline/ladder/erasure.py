@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ErasureReport:
-    """Counts only: what an erasure removed, per table and seen-set, and how many tombstones it added."""
+    """Counts only: what an erasure removed, per table and seen-set, how many tombstones it added, and the links the
+    records that linked to an erased one stored when they linked again (`links_added`)."""
 
     erasure_id: int
     request_id: str
@@ -26,6 +27,7 @@ class ErasureReport:
     removed: dict[str, int] = field(default_factory=dict)
     tombstones_added: int = 0
     clusters_recomputed: int = 0
+    links_added: int = 0
     seen_set: str = "none"
     seen_set_errors: list[str] = field(default_factory=list)
 
@@ -36,6 +38,7 @@ class ErasureReport:
             "subject_kind": self.subject_kind,
             "tombstones_added": self.tombstones_added,
             "clusters_recomputed": self.clusters_recomputed,
+            "links_added": self.links_added,
             "seen_set": self.seen_set,
             "records_removed": self.removed.get("records", 0),
         }
@@ -80,6 +83,7 @@ def erase_subject(
         dict(result.removed),
         result.tombstones_added,
         result.clusters_recomputed,
+        result.links_added,
     )
     cleared: dict[str, int] = {}
     if seen_set is not None:
@@ -90,8 +94,8 @@ def erase_subject(
             "seen_set",
             lambda: sum(seen_set.forget(v, sorted(ds)) for v, ds in sorted(result.digests.items())),
         )
-    if url_seen_set is not None and result.urls:
-        _clear(report, cleared, "url_seen_set", lambda: url_seen_set.forget(sorted(result.urls)))
+    if url_seen_set is not None:
+        _clear(report, cleared, "url_seen_set", lambda: url_seen_set.forget(sorted(result.urls)) if result.urls else 0)
     if cleared:
         report.removed.update(cleared)
         with warehouse.engine.begin() as conn:

@@ -74,18 +74,20 @@ def _unnested(types: Mapping[str, TypeEngine], rows: Sequence[Sequence[Any]]):
     return func.unnest(*arrays).table_valued(*types).render_derived()
 
 
-def insert_rows(conn: Connection, statement: Insert, rows: Sequence[Mapping[str, Any]]) -> None:
+def insert_rows(conn: Connection, statement: Insert, rows: Sequence[Mapping[str, Any]]) -> int:
     """Run an INSERT (ON CONFLICT clauses included) for every row (dicts with the same keys, columns of the
-    statement's table): one INSERT ... SELECT over the rows' arrays on PostgreSQL, one execution a row elsewhere."""
+    statement's table): one INSERT ... SELECT over the rows' arrays on PostgreSQL, one execution a row elsewhere.
+    Returns the rows inserted (an ON CONFLICT DO NOTHING skips some)."""
     if not rows:
-        return
+        return 0
+    counted = {"preserve_rowcount": True}  # SQLAlchemy keeps an INSERT's row count only when asked
     if conn.dialect.name != "postgresql":
-        conn.execute(statement, list(rows))
-        return
+        return conn.execute(statement, list(rows), execution_options=counted).rowcount
     names = list(rows[0])
     types = {name: statement.table.c[name].type for name in names}
     source = _unnested(types, [[row[name] for name in names] for row in rows])
-    conn.execute(statement.from_select(names, select(*(source.c[name] for name in names))))
+    inserted = statement.from_select(names, select(*(source.c[name] for name in names)))
+    return conn.execute(inserted, execution_options=counted).rowcount
 
 
 def update_rows(

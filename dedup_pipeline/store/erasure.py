@@ -108,6 +108,7 @@ class ErasureResult:
     removed: dict[str, int]
     tombstones_added: int
     clusters_recomputed: int
+    links_added: int = 0  # links among the records that stay, made when those that linked to an erased one relinked
     digests: dict[str, set[bytes]] = field(repr=False, default_factory=dict)
     urls: set[str] = field(repr=False, default_factory=set)  # for the crawlers' URL seen-set
 
@@ -388,10 +389,8 @@ def _sweep_other_tables(conn: Connection, found: _Found) -> dict[str, int]:
             conditions += [columns.natural_key.in_(part) for part in chunked(sorted(found.keys))]
         if "hash_version" in columns and "content_hash" in columns:
             conditions.append(_digest_condition(columns.hash_version, columns.content_hash, found.digests))
-        if conditions:
-            removed = conn.execute(delete(table).where(or_(false(), *conditions))).rowcount
-            if removed:
-                counts[table.name] = removed
+        if conditions:  # every table counted, 0 too: a report keeps its shape from one erasure to another
+            counts[table.name] = conn.execute(delete(table).where(or_(false(), *conditions))).rowcount
     return counts
 
 
@@ -502,8 +501,8 @@ def erase(
     removed: dict[str, int] = {}
     removed.update(_sweep_other_tables(conn, found))
     removed.update(_redact_json_columns(conn, found))
-    near, clusters_recomputed = near_graph.remove_from_index(conn, found.record_ids, representative)
-    removed.update(near)
+    near = near_graph.remove_from_index(conn, found.record_ids, representative)
+    removed.update(near.removed)
     removed["record_hashes"] = delete_in(conn, record_hashes, [record_hashes.c.record_id], found.record_ids)
     history_ids = found.history_ids
     removed["record_history"] = delete_in(conn, record_history, [record_history.c.history_id], history_ids)
@@ -558,10 +557,17 @@ def erase(
     conn.execute(
         upsert_ignore(conn, erasure_scopes), [{"kind": k, "scope": s, "key_id": kid} for k, s in sorted(scopes)]
     )
-    summary = {**removed, "tombstones_added": len(added), "clusters_recomputed": clusters_recomputed}
+    summary = {
+        **removed,
+        "tombstones_added": len(added),
+        "clusters_recomputed": near.clusters,
+        "links_added": near.links_added,
+    }
     conn.execute(update(erasure_requests).where(erasure_requests.c.erasure_id == erasure_id).values(removed=summary))
     erased_urls = {variant for url in urls for variant in core.page_variants(url)}
-    return ErasureResult(erasure_id, removed, len(added), clusters_recomputed, dict(found.digests), erased_urls)
+    return ErasureResult(
+        erasure_id, removed, len(added), near.clusters, near.links_added, dict(found.digests), erased_urls
+    )
 
 
 def record_seen_set_removals(conn: Connection, erasure_id: int, removed: dict[str, int]) -> None:

@@ -522,9 +522,10 @@ def lock_rows(conn: Connection, ids: Sequence[int]) -> None:
         ).all()
 
 
-def add_links(conn: Connection, links: Sequence[tuple[int, int, float]], method: str, batch_id: str) -> None:
-    """Insert links (earlier record, later record, similarity); a link stored already is kept."""
-    insert_rows(
+def add_links(conn: Connection, links: Sequence[tuple[int, int, float]], method: str, batch_id: str) -> int:
+    """Insert links (earlier record, later record, similarity); a link stored already is kept. Returns the links
+    inserted."""
+    return insert_rows(
         conn,
         upsert_ignore(conn, near_duplicate_links),
         [{"record_a": a, "record_b": b, "similarity": s, "method": method, "batch_id": batch_id} for a, b, s in links],

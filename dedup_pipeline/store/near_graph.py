@@ -46,6 +46,7 @@ class LinkOutcome:
     apart_by_codes: int = 0  # pairs similar enough that name different codes (`require_shared_code`)
     capped: set = field(default_factory=set)
     linked: set = field(default_factory=set)
+    links_added: int = 0  # links stored, less the links of the same records that made way for them (`max_links`)
     clusters: dict = field(default_factory=dict)  # cluster id -> size, for clusters holding one of the records
 
 
@@ -156,8 +157,8 @@ def link_records(
     links = list(zip(rows.ids[earlier[kept]].tolist(), rows.ids[later[kept]].tolist(), sims[kept].tolist()))
     owners = sorted_unique(rows.ids[later]).tolist()
     index.lock_rows(conn, owners)
-    index.add_links(conn, links, params.method, batch_id)
-    index.prune_links(conn, owners, max_links)
+    out.links_added = index.add_links(conn, links, params.method, batch_id)
+    out.links_added -= index.prune_links(conn, owners, max_links)
     ends = sorted_unique(np.concatenate((rows.ids[left], rows.ids[right])))
     out.linked = set(ends[np.isin(ends, mine.ids)].tolist())
     edges = list(zip(rows.ids[left].tolist(), rows.ids[right].tolist()))
@@ -228,6 +229,16 @@ def merge_clusters(
     return index.cluster_sizes(conn, components)
 
 
+@dataclass
+class Removal:
+    """What taking records out of the index did: rows removed per table, how many clusters the records were in,
+    and the links the records that linked to them stored when they linked again (net of those they gave up)."""
+
+    removed: dict[str, int]
+    clusters: int = 0
+    links_added: int = 0
+
+
 def remove_records(
     conn: Connection,
     ids,
@@ -236,19 +247,18 @@ def remove_records(
     max_links: int,
     max_candidates: int | None,
     keep_rows: bool = False,
-) -> tuple[dict[str, int], int]:
+) -> Removal:
     """Take records out of the index's links and clusters (and, unless `keep_rows`, out of the index).
 
     The clusters they were in are recomputed over the members that stay, from
     those members' own signatures (a cluster may split, or get another
     representative), and the records that linked to them find their nearest
-    others again. Returns the rows removed per table and how many clusters
-    the records were in. Erasure, the rehash retire step and the near rung (a
-    record whose text changed, `keep_rows`) go through this.
+    others again. Erasure, the rehash retire step and the near rung (a record
+    whose text changed, `keep_rows`) go through this.
     """
     ids = sorted(set(ids))
     if not ids:
-        return {"near_duplicate_links": 0, "near_duplicate_clusters": 0, "near_index": 0}, 0
+        return Removal({"near_duplicate_links": 0, "near_duplicate_clusters": 0, "near_index": 0})
     bands, width = band_count(params), signature_width(params)
     index.plan_for_cached_tables(conn)
     removed_links, lost_owners = index.detach_links(conn, ids)
@@ -262,15 +272,15 @@ def remove_records(
         counts["near_index"] = index.remove_rows(conn, ids)["near_index"]
     if survivors:
         recluster(conn, survivors, params, texts)
+    removal = Removal(counts, len(clusters))
     stay = sorted(lost_owners - set(ids))
     if stay:
-        link_records(
-            conn, index.load_rows(conn, stay, width, bands), params, texts, "relink", max_links, max_candidates
-        )
-    return counts, len(clusters)
+        rows = index.load_rows(conn, stay, width, bands)
+        removal.links_added = link_records(conn, rows, params, texts, "relink", max_links, max_candidates).links_added
+    return removal
 
 
-def remove_from_index(conn: Connection, ids, representative: str | None = None) -> tuple[dict[str, int], int]:
+def remove_from_index(conn: Connection, ids, representative: str | None = None) -> Removal:
     """:func:`remove_records` with the settings the rung last linked with and the stored texts (erasure, retire)."""
     params, max_links, max_candidates = index.link_settings(conn, representative)
     return remove_records(conn, ids, params, stored_texts(conn), max_links, max_candidates)

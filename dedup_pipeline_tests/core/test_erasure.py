@@ -81,6 +81,10 @@ def test_field_values_are_normalised_like_stored_payloads():
         ("content_digest", "abc", {"version": "content/1"}, "64 hex digits"),
         ("content_digest", "a" * 64, {"version": "content/9"}, "needs a hash version"),
         ("natural_key", "   ", {}, "empty"),
+        # A mistyped kind with the other kind's option: erasing it as given would erase another subject.
+        ("natural_key", "jane@example.org", {"field": "seller_email"}, "field path goes with kind 'field'"),
+        ("canonical_url", "https://shop.example.com/p/1", {"field": "url"}, "field path goes with kind 'field'"),
+        ("field", "s-1", {"field": "seller_id", "version": "content/2"}, "version goes with kind 'content_digest'"),
     ],
 )
 def test_unusable_subjects_are_refused_without_echoing_the_value(kind, value, extra, message):

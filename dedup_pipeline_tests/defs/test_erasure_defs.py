@@ -165,6 +165,13 @@ def test_the_command_line_prunes_erasure_runs_too(sqlite_env, capsys, monkeypatc
     monkeypatch.setenv("DEDUP_ERASURE_RUN_RETENTION_HOURS", "a day")
     assert main(["prune-retention"]) == 1
     assert "DEDUP_ERASURE_RUN_RETENTION_HOURS must be a whole number of hours" in capsys.readouterr().err
+    # A negative period is refused, not taken as "keep forever" (the runs name their subjects).
+    monkeypatch.setenv("DEDUP_ERASURE_RUN_RETENTION_HOURS", "-1")
+    assert main(["prune-retention"]) == 1
+    assert "0 or more" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="erasure_run_hours must be 0"):
+        with dg.DagsterInstance.get() as instance:
+            delete_old_erasure_runs(instance, -5)
 
 
 def test_command_line_erase_prune_and_grant(sqlite_env, capsys, monkeypatch):
@@ -179,6 +186,12 @@ def test_command_line_erase_prune_and_grant(sqlite_env, capsys, monkeypatch):
     assert "erasure 2: rows removed per table" in capsys.readouterr().out
     assert main(["erase", "--kind", "content_digest", "--value", "xyz"]) == 2
     assert "64 hex digits" in capsys.readouterr().err
+    assert main(["erase", "--kind", "natural_key", "--field", "seller_email", "--value", "jane@example.org"]) == 2
+    assert "field path goes with kind 'field'" in capsys.readouterr().err
+    for option in ("--decision-days", "--erasure-run-hours"):  # exit 2, one line, as every wrong argument
+        with pytest.raises(SystemExit) as stop:
+            main(["prune-retention", option, "-1"])
+        assert stop.value.code == 2 and "0 (keep forever) or a whole number" in capsys.readouterr().err
     assert main(["prune-retention", "--json", "--decision-days", "7"]) == 0
     assert set(json.loads(capsys.readouterr().out)["pruned"]) == {
         "dedup_decisions",

@@ -9,10 +9,14 @@ from sqlalchemy import func, select
 
 from dedup_pipeline.core.erasure import Subject
 from dedup_pipeline.core.hashing import content_hash
+from dedup_pipeline.core.near import NearDupParams
 from dedup_pipeline.crawler import UrlSeenSet
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.erasure import erase_subject
+from dedup_pipeline.ladder.exact import deduplicate_batch
+from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
+from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.landing import find_batch
 from dedup_pipeline.store.schema import (
     canonical_records,
@@ -20,14 +24,25 @@ from dedup_pipeline.store.schema import (
     erasure_requests,
     erasure_tombstones,
     near_duplicate_clusters,
+    near_duplicate_links,
     quarantine,
     record_hashes,
     record_history,
     records,
 )
 from dedup_pipeline.store.seen_set import RedisSeenSet
-from dedup_pipeline_tests.erasure_helpers import DAY, P4, SETTINGS, T0, count, crawl_two_days, record_id, run_ladder
-from dedup_pipeline_tests.helpers import listing, snapshot, write_batch
+from dedup_pipeline_tests.erasure_helpers import (
+    DAY,
+    P4,
+    SETTINGS,
+    T0,
+    count,
+    crawl_two_days,
+    mirror,
+    record_id,
+    run_ladder,
+)
+from dedup_pipeline_tests.helpers import listing, new_run_id, snapshot, write_batch
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 pytestmark = pytest.mark.usefixtures("tombstone_key")
@@ -163,6 +178,36 @@ def test_a_content_digest_reaches_every_copy_under_every_version(warehouse, tmp_
     report = erase_subject(warehouse, Subject.parse("content_digest", digest, version="content/1"), "T-4")
     # Its content/2 digest (no URL in it) led to the copy under the other URL.
     assert report.removed["records"] == 2 and count(warehouse, records) == 1
+
+
+def test_the_links_its_neighbours_make_again_are_counted_so_the_report_adds_up_to_the_table(warehouse, tmp_path):
+    """Breaks: an erasure printed the links it removed, not the ones the records that had linked to the erased one
+    stored when they linked again, so the table shrank by less than the report said. With one link a record, both
+    copies link to the original; erased, the later copy links to the earlier one instead."""
+    folder = tmp_path / "landing"
+    copies = [mirror(4, "shipped today", "https://mirror.example.net/k4"), mirror(4, "fast delivery", "https://c.org/k")]
+    write_batch(folder, "a", [listing(4), *copies], landed=T0)
+    ingest_raw_batch(warehouse, find_batch(folder, "a"))
+    canonicalise_batch(warehouse, "a", SETTINGS)
+    deduplicate_batch(warehouse, "a", new_run_id("a"), SETTINGS)
+    cluster_batch(warehouse, "a", NearSettings(params=NearDupParams(threshold=0.5), max_links=1))
+    p4 = record_id(warehouse, P4)
+    assert {r.record_a for r in snapshot_links(warehouse)} == {p4}
+    before = count(warehouse, near_duplicate_links)
+
+    report = erase_subject(warehouse, Subject.parse("natural_key", P4), "T-links")
+
+    assert (report.removed["near_duplicate_links"], report.links_added) == (2, 1)
+    assert count(warehouse, near_duplicate_links) == before - 2 + 1
+    (link,) = snapshot_links(warehouse)
+    assert {link.record_a, link.record_b} == {record_id(warehouse, c["url"]) for c in copies}
+    with warehouse.engine.connect() as conn:
+        assert conn.execute(select(erasure_requests.c.removed)).scalar_one()["links_added"] == 1
+
+
+def snapshot_links(warehouse):
+    with warehouse.engine.connect() as conn:
+        return conn.execute(select(near_duplicate_links)).all()
 
 
 def test_erasure_before_any_crawl_and_twice_is_idempotent(warehouse, tmp_path):
