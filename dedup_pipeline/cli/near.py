@@ -102,8 +102,8 @@ def add_commands(commands) -> None:
         metavar="JSON",
         help="near_dup settings over the resource's defaults, as in a run's resources.near_dup.config, for example "
         f"'{CONFIG_EXAMPLE}' (bands and rows of a new index) or "
-        '\'{"shingle": "word", "ngram": 3}\'. Runs after it adopt the index\'s bands and rows; any other sketch '
-        "setting must be in their near_dup config too (the index refuses a run of other settings)",
+        '\'{"shingle": "word", "ngram": 3}\'. Runs after it take the index\'s sketch settings wherever their '
+        "near_dup config leaves them empty; a run that names other ones is refused",
     )
     rebuild.add_argument("--json", action="store_true", help="print one JSON object")
     rebuild.set_defaults(func=cmd_rebuild)

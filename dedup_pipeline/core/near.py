@@ -447,6 +447,31 @@ def to_lean_minhashes(texts: Sequence[str], params: NearDupParams | None = None)
     return [to_lean_minhash(signature, params.seed) for signature in signatures]
 
 
+#: The settings that make an index's keys (:meth:`NearDupParams.identity`), named as the `near_dup` resource names
+#: them; the threshold, verification and representative rule are not among them.
+SKETCH_SETTINGS = ("method", "num_perm", "shingle", "ngram", "bands", "rows", "simhash_max_distance")
+
+
+def sketch_config(params: NearDupParams) -> dict:
+    """The sketch settings of `params` (those of :data:`SKETCH_SETTINGS` its method uses), as plain values."""
+    text = {"shingle": params.normaliser.shingle, "ngram": params.normaliser.ngram}
+    if params.method == "simhash":
+        return {"method": "simhash", **text, "simhash_max_distance": params.simhash_max_distance}
+    return {"method": "minhash", "num_perm": params.num_perm, **text, "bands": params.bands, "rows": params.rows}
+
+
+def with_sketch_config(params: NearDupParams, config: Mapping) -> NearDupParams:
+    """`params` with the sketch settings `config` gives (a part of a :func:`sketch_config`), the rest as they are.
+
+    Another method starts from that method's default normaliser, as :func:`make_params` does.
+    """
+    method = config.get("method", params.method)
+    normaliser = params.normaliser if method == params.method else DEFAULT_NORMALISERS[method]
+    text = {name: config[name] for name in ("shingle", "ngram") if name in config}
+    numbers = {name: config[name] for name in ("num_perm", "bands", "rows", "simhash_max_distance") if name in config}
+    return replace(params, method=method, normaliser=replace(normaliser, **text), **numbers)
+
+
 def make_params(threshold: float = DEFAULT_THRESHOLD, method: str = "minhash", **options) -> NearDupParams:
     """:class:`NearDupParams` from keyword options.
 

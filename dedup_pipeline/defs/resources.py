@@ -17,7 +17,7 @@ from pydantic import Field
 
 from dedup_pipeline import environment
 from dedup_pipeline.core.exact import DuplicatePolicy
-from dedup_pipeline.core.near import NearDupParams, make_params
+from dedup_pipeline.core.near import SKETCH_SETTINGS, NearDupParams, make_params
 from dedup_pipeline.ladder.canonical import PARALLEL_FLOOR
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
 from dedup_pipeline.landing import DEFAULT_SETTLE_SECONDS, landing_dir
@@ -114,13 +114,18 @@ class LadderResource(dg.ConfigurableResource):
 
 
 class NearDupResource(dg.ConfigurableResource):
-    """Near-duplicate detection settings. Changing a sketch setting needs a new index (it is refused otherwise)."""
+    """Near-duplicate detection settings. A sketch setting left empty is the index's (the one it was built with),
+    else its default; naming another one needs a new index (it is refused otherwise)."""
 
-    method: str = Field(default=NearDupParams.method, description="'minhash' (MinHash + LSH) or 'simhash'.")
+    method: Optional[str] = Field(
+        default=None, description="'minhash' (MinHash + LSH) or 'simhash'; empty means the index's, else minhash."
+    )
     threshold: float = Field(
         default=NearDupParams.threshold, description="Estimated Jaccard similarity that links two records."
     )
-    num_perm: int = Field(default=NearDupParams.num_perm, description="MinHash permutations.")
+    num_perm: Optional[int] = Field(
+        default=None, description=f"MinHash permutations; empty means the index's, else {NearDupParams.num_perm}."
+    )
     bands: Optional[int] = Field(
         default=None,
         description="MinHash LSH bands (with rows); empty means the index's, or for a new index the ones chosen for "
@@ -129,14 +134,17 @@ class NearDupResource(dg.ConfigurableResource):
     rows: Optional[int] = Field(default=None, description="MinHash LSH rows per band (with bands).")
     shingle: Optional[str] = Field(
         default=None,
-        description="'auto' (by the text's length), 'word' or 'char' n-grams; empty means the method's default "
-        "(MinHash auto, SimHash char).",
+        description="'auto' (by the text's length), 'word' or 'char' n-grams; empty means the index's, else the "
+        "method's default (MinHash auto, SimHash char).",
     )
     ngram: Optional[int] = Field(
-        default=None, description="n-gram size; empty means the method's default (MinHash 3, SimHash 4)."
+        default=None,
+        description="n-gram size; empty means the index's, else the method's default (MinHash 3, SimHash 4).",
     )
-    simhash_max_distance: int = Field(
-        default=NearDupParams.simhash_max_distance, description="SimHash: differing bits that still count as near."
+    simhash_max_distance: Optional[int] = Field(
+        default=None,
+        description="SimHash: differing bits that still count as near; empty means the index's, else "
+        f"{NearDupParams.simhash_max_distance}.",
     )
     verify: str = Field(
         default=NearDupParams.verify,
@@ -170,16 +178,11 @@ class NearDupResource(dg.ConfigurableResource):
     )
 
     def params(self) -> NearDupParams:
-        given = {
-            k: v
-            for k, v in (("shingle", self.shingle), ("ngram", self.ngram), ("bands", self.bands), ("rows", self.rows))
-            if v is not None
-        }
+        """The settings given, and the defaults for the sketch settings left empty (a run takes the index's)."""
+        given = {name: getattr(self, name) for name in SKETCH_SETTINGS if getattr(self, name) is not None}
         return make_params(
             self.threshold,
-            self.method,
-            num_perm=self.num_perm,
-            simhash_max_distance=self.simhash_max_distance,
+            given.pop("method", NearDupParams.method),
             verify=self.verify,
             representative=self.representative,
             require_shared_code=self.require_shared_code,
@@ -192,7 +195,7 @@ class NearDupResource(dg.ConfigurableResource):
             chunk_size=self.chunk_size,
             max_candidates=self.max_candidates,
             max_links=self.max_links,
-            bands_from_index=self.bands is None,
+            from_index=frozenset(name for name in SKETCH_SETTINGS if getattr(self, name) is None),
             max_cluster_share=self.max_cluster_share,
             min_records_for_cluster_check=self.min_records_for_cluster_check,
         )

@@ -24,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 
 from dedup_pipeline.core.lsh import band_keys, fold_to_int32
 from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, pack_bbit
-from dedup_pipeline.core.near import NearDupParams, near_text
+from dedup_pipeline.core.near import NearDupParams, near_text, sketch_config
 from dedup_pipeline.core.simhash import block_bounds, simhash_fingerprints
 from dedup_pipeline.ladder.progress import ChunkProgress, ProgressLog
 from dedup_pipeline.ladder.settings import NearSettings
@@ -141,8 +141,7 @@ def cluster_batch(
     params, max_candidates, max_links = settings.params, settings.max_candidates, settings.max_links
     done = ChunkProgress("near", None, progress)
     with warehouse.engine.begin() as conn:
-        if settings.bands_from_index:
-            params = index.adopt_bands(conn, params)
+        params = index.adopt_index_settings(conn, params, settings.from_index)
         index.claim_index(conn, params.identity(), graph.band_count(params), sketch_config(params))
         index.save_link_settings(conn, params, max_links, max_candidates)
     report = NearReport(batch_id, params.method, params.verify, max_candidates)
@@ -168,15 +167,6 @@ def cluster_batch(
         report.clusters = index.cluster_sizes(conn, report.clusters)  # a cluster merged into another since is gone
         record_rung_run(conn, near_rung_runs, batch_id, run_id or f"local-{uuid.uuid4().hex}", report.as_metadata())
     return report
-
-
-def sketch_config(params: NearDupParams) -> dict:
-    """The `near_dup` resource settings that sketch and index as `params` do: what `rebuild-near-index --config`
-    takes to build an index these params accept."""
-    text = {"shingle": params.normaliser.shingle, "ngram": params.normaliser.ngram}
-    if params.method == "simhash":
-        return {"method": "simhash", **text, "simhash_max_distance": params.simhash_max_distance}
-    return {"method": "minhash", "num_perm": params.num_perm, **text, "bands": params.bands, "rows": params.rows}
 
 
 def rebuild_index(warehouse: Warehouse, settings: NearSettings) -> list[NearReport]:

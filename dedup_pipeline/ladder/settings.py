@@ -62,8 +62,10 @@ class NearSettings:
       with it; None: no cap. Above the largest real clusters measured (hundreds), so that the cap only meets
       boilerplate: a capped record's links depend on what was indexed before it (docs/near.md).
     - ``max_links``: links a record keeps, to its nearest earlier-landed near duplicates.
-    - ``bands_from_index``: an index that exists keeps the bands and rows it was built with, whatever the
-      threshold (which then only filters verified pairs); False when the settings pin bands and rows themselves.
+    - ``from_index``: the sketch settings (`SKETCH_SETTINGS`) an index that exists gives, in place of
+      ``params``' own: those a run's config leaves empty (`NearDupResource.settings`); here, bands and rows,
+      which ``params`` chose for its threshold. An index keeps the settings it was built with (bands and rows
+      whatever the threshold, which then only filters verified pairs); a run that names other ones is refused.
     - ``max_cluster_share``: the runaway-cluster check fails when one cluster holds more of a batch.
     - ``min_records_for_cluster_check``: smaller batches pass that check.
     """
@@ -72,7 +74,7 @@ class NearSettings:
     chunk_size: int = CHUNK_SIZE
     max_candidates: int | None = DEFAULT_MAX_CANDIDATES
     max_links: int = DEFAULT_MAX_LINKS
-    bands_from_index: bool = True
+    from_index: frozenset[str] = frozenset({"bands", "rows"})
     max_cluster_share: float = 0.2
     min_records_for_cluster_check: int = 50
 

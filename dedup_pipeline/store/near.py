@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -43,7 +43,13 @@ from sqlalchemy import (
 )
 
 from dedup_pipeline.core.exact import Decision
-from dedup_pipeline.core.near import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_LINKS, NearDupParams, near_text
+from dedup_pipeline.core.near import (
+    DEFAULT_MAX_CANDIDATES,
+    DEFAULT_MAX_LINKS,
+    NearDupParams,
+    near_text,
+    with_sketch_config,
+)
 from dedup_pipeline.core.records import TEXT_FIELDS
 from dedup_pipeline.store.bulk import chunked, copy_rows, delete_in, in_values, insert_rows, staging_table, update_rows
 from dedup_pipeline.store.schema import (
@@ -60,6 +66,8 @@ from dedup_pipeline.store.schema import (
 from dedup_pipeline.store.warehouse import read_setting, upsert_ignore, utcnow
 
 INDEX_IDENTITY = "near_dup_index_identity"
+#: The sketch settings the index was built with (`core.near.sketch_config`), which runs that leave them empty take.
+INDEX_CONFIG = "near_dup_index_config"
 LINK_SETTINGS = "near_dup_link_settings"
 #: Names the index layout in every identity, so that an index of an earlier layout is refused by name.
 LAYOUT = "near-index/2"
@@ -95,10 +103,11 @@ def stored_identity(conn: Connection) -> str | None:
 
 
 def claim_index(conn: Connection, identity: str, bands: int, config: dict | None = None) -> None:
-    """Record the index identity on first use; refuse another one afterwards.
+    """Record the index identity (and `config`, the sketch settings that make it) on first use; refuse another
+    identity afterwards.
 
     An identity of an earlier layout (no `near-index/2` in it) is refused with the command that rebuilds the index;
-    another one, with the command that rebuilds it with `config` (the `near_dup` settings that make `identity`).
+    another one, with the command that rebuilds it with `config`.
     """
     if bands > MAX_BANDS:
         raise ValueError(f"the warehouse index holds at most {MAX_BANDS} bands (or SimHash blocks), not {bands}")
@@ -118,6 +127,29 @@ def claim_index(conn: Connection, identity: str, bands: int, config: dict | None
             f"the warehouse's near-duplicate index was built with {stored!r}, not {identity!r}; keep the original "
             f"sketch settings (the threshold may change freely), or run `{rebuild}` to rebuild it with these"
         )
+    if config:  # an index claimed before its settings were kept gets them now: they make its identity
+        value = json.dumps(config, sort_keys=True)
+        conn.execute(upsert_ignore(conn, settings).values(name=INDEX_CONFIG, value=value, updated_at=utcnow()))
+
+
+def adopt_index_settings(conn: Connection, params: NearDupParams, unset: Collection[str]) -> NearDupParams:
+    """`params` with the sketch settings named in `unset` (those a run's config left empty) taken from the stored
+    index, if that gives them the index's identity; else `params` as they are, which the claim then refuses with
+    the rebuild that accepts them.
+
+    An index is built with its sketch settings, and they stay with it: after `rebuild-near-index --config ...`,
+    runs of the default config go on with the index as built. An index claimed before its settings were kept
+    offers its bands and rows only (:func:`adopt_bands`).
+    """
+    stored = read_setting(conn, INDEX_CONFIG)
+    if stored is None:
+        return adopt_bands(conn, params) if {"bands", "rows"} <= set(unset) else params
+    taken = {name: value for name, value in json.loads(stored).items() if name in unset}
+    try:
+        adopted = with_sketch_config(params, taken)
+    except ValueError:  # settings the run's own cannot hold (bands of more permutations): another index, refused
+        return params
+    return adopted if f"{LAYOUT};{adopted.identity()}" == stored_identity(conn) else params
 
 
 def adopt_bands(conn: Connection, params: NearDupParams) -> NearDupParams:
@@ -167,7 +199,7 @@ def drop_index(conn: Connection) -> dict[str, int]:
         table.name: conn.execute(delete(table)).rowcount
         for table in (near_duplicate_links, near_duplicate_clusters, near_pending, near_index)
     }
-    conn.execute(delete(settings).where(settings.c.name.in_([INDEX_IDENTITY, LINK_SETTINGS])))
+    conn.execute(delete(settings).where(settings.c.name.in_([INDEX_IDENTITY, INDEX_CONFIG, LINK_SETTINGS])))
     for old in ("lsh_buckets", "minhash_signatures"):  # layout neardup/1
         conn.execute(text(f"DROP TABLE IF EXISTS {old}"))
     return removed

@@ -13,6 +13,7 @@ from xxhash import xxh32_intdigest
 
 from dedup_pipeline.cli import main
 from dedup_pipeline.core.near import NearDupParams, make_params, near_text
+from dedup_pipeline.defs.resources import NearDupResource
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.store import near as index
@@ -57,6 +58,38 @@ def test_rebuild_with_other_bands_builds_the_index_with_them_and_runs_adopt_them
     land(filled, tmp_path / "landing2", "b2", [listing(4)])
     report = cluster_batch(filled, "b2", NearSettings())  # the defaults: bands from the index
     assert report.bands_rows == (16, 8)
+
+
+def test_runs_that_leave_the_sketch_settings_empty_go_on_with_the_index_as_rebuilt(filled, tmp_path):
+    """Breaks: after `rebuild-near-index --config` with other shingles, every run of the default config (the
+    command line's `run`, the landing sensor's, the UI's) was refused, since only bands and rows were taken from
+    the index. A run that names its own sketch settings is still refused."""
+    assert main(["rebuild-near-index", "--config", '{"shingle": "word", "ngram": 2}']) == 0
+    words = make_params(shingle="word", ngram=2)
+    land(filled, tmp_path / "landing2", "b2", [listing(4)])
+    report = cluster_batch(filled, "b2", NearDupResource().settings())
+    assert report.bands_rows == (words.bands, words.rows)
+    with filled.engine.connect() as conn:
+        assert index.stored_identity(conn).endswith(words.identity())
+        assert index.link_settings(conn)[0].normaliser == words.normaliser  # erasure relinks with them too
+    land(filled, tmp_path / "landing3", "b3", [listing(5)])
+    with pytest.raises(IndexMismatch, match="rebuild-near-index"):
+        cluster_batch(filled, "b3", NearDupResource(shingle="char").settings())
+    assert cluster_batch(filled, "b3", NearDupResource(ngram=2).settings()).sketched == 1  # the index's own
+
+
+def test_an_index_built_before_its_settings_were_kept_gives_its_bands_and_then_keeps_them(filled, tmp_path):
+    with filled.engine.begin() as conn:  # as an earlier version left it: the identity alone
+        conn.execute(settings_table.delete().where(settings_table.c.name == index.INDEX_CONFIG))
+    land(filled, tmp_path / "landing2", "b2", [listing(4)])
+    assert cluster_batch(filled, "b2", NearDupResource(threshold=0.7).settings()).bands_rows == (26, 3)
+    with filled.engine.connect() as conn:
+        kept = json.loads(conn.execute(select_setting(index.INDEX_CONFIG)).scalar_one())
+    assert (kept["method"], kept["bands"], kept["rows"], kept["shingle"]) == ("minhash", 26, 3, "auto")
+
+
+def select_setting(name):
+    return settings_table.select().with_only_columns(settings_table.c.value).where(settings_table.c.name == name)
 
 
 def test_a_run_refused_for_other_sketch_settings_names_the_rebuild_that_accepts_it(filled, tmp_path):

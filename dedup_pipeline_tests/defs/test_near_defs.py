@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dedup_pipeline.core.near import DEFAULT_NORMALISERS, NearDupParams
+from dedup_pipeline.core.near import DEFAULT_NORMALISERS, SKETCH_SETTINGS, NearDupParams
 from dedup_pipeline.core.text import TextNormaliser
 from dedup_pipeline.defs.checks import RUNAWAY_CHECK
 from dedup_pipeline.defs.resources import NearDupResource
@@ -30,10 +30,11 @@ def test_the_resource_leaves_each_method_its_own_shingles():
     )
     assert NearDupResource(ngram=5).params().identity() != NearDupParams().identity()
     assert NearDupResource(verify="exact").params().verify == "exact"
-    # bands and rows are the index's unless given, and given they are pinned
-    assert NearDupResource(threshold=0.7).settings().bands_from_index
-    pinned = NearDupResource(bands=20, rows=4).settings()
-    assert not pinned.bands_from_index and (pinned.params.bands, pinned.params.rows) == (20, 4)
+    # every sketch setting is the index's unless given, and given it is the run's own
+    assert NearDupResource(threshold=0.7).settings().from_index == set(SKETCH_SETTINGS)
+    pinned = NearDupResource(bands=20, rows=4, shingle="word").settings()
+    assert pinned.from_index == set(SKETCH_SETTINGS) - {"bands", "rows", "shingle"}
+    assert (pinned.params.bands, pinned.params.rows, pinned.params.normaliser.shingle) == (20, 4, "word")
 
 
 def test_a_runaway_cluster_fails_the_run_and_names_the_cluster(tmp_path):

@@ -465,7 +465,7 @@ def test_a_new_threshold_runs_on_an_index_built_at_another_and_warns_when_it_los
     assert loose["bands_rows"] == "26x3" and "26 bands of 3 rows" in loose["threshold_warning"]
 
     with pytest.raises(IndexMismatch, match="rebuild-near-index"):
-        cluster_batch(warehouse, "b2", NearSettings(params=NearDupParams(bands=20, rows=4), bands_from_index=False))
+        cluster_batch(warehouse, "b2", NearSettings(params=NearDupParams(bands=20, rows=4), from_index=frozenset()))
 
 
 def test_a_warehouse_whose_near_rung_never_ran_changes_its_index_with_the_rungs_defaults(warehouse):
