@@ -209,17 +209,24 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
             warehouse.get(), source, target, rehash.min_collapse_change, rehash.max_collapse_change, rehash.examples
         )
         f = result.figures
-        # Nothing compared (no stored row hashed under both, e.g. after the old version was retired): nothing was
-        # judged, a warning rather than a green check; the switch is not held up by it.
-        empty = not f["rows_compared"]
+        # Nothing compared (no stored row hashed under both, e.g. after the old version was retired), or a part
+        # only (the backfill has rows left): not judged, a warning rather than a green check.
+        if not f["rows_compared"]:
+            not_judged = f"nothing compared: no stored row is hashed under both {source} and {target}"
+        elif f["rows_left"]:
+            not_judged = (
+                f"not judged: {f['rows_left']} of {f['warehouse_rows']} rows have no {target} digest yet, so only "
+                f"{f['rows_compared']} were compared; finish the backfill and compare again"
+            )
+        else:
+            not_judged = ""
         check = dg.AssetCheckResult(
             check_name=COMPARISON_CHECK,
-            passed=result.passed and not empty,
-            severity=dg.AssetCheckSeverity.WARN if empty else dg.AssetCheckSeverity.ERROR,
+            passed=result.passed and not not_judged,
+            severity=dg.AssetCheckSeverity.WARN if not_judged else dg.AssetCheckSeverity.ERROR,
             description=(
-                f"nothing compared: no stored row is hashed under both {source} and {target}"
-                if empty
-                else f"collapse rate {f['collapse_rate_source']:.4f} under {source}, {f['collapse_rate_target']:.4f} "
+                not_judged
+                or f"collapse rate {f['collapse_rate_source']:.4f} under {source}, {f['collapse_rate_target']:.4f} "
                 f"under {target}: change {f['collapse_rate_change']:+.4f}, band [{f['band_low']}, {f['band_high']}]"
             ),
             metadata={

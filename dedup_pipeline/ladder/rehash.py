@@ -35,7 +35,7 @@ from dedup_pipeline.ladder.rehash_switch import (  # noqa: F401 - the steps afte
     switch_hash_version,
 )
 from dedup_pipeline.store import rehash as store
-from dedup_pipeline.store.rehash_compare import staged_figures, store_comparison, warehouse_figures
+from dedup_pipeline.store.rehash_compare import staged_figures, store_comparison, stored_through, warehouse_figures
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
 
 DEFAULT_CHUNK_SIZE = 5000
@@ -266,6 +266,8 @@ def compare_versions(
         raise ValueError("compare two different versions")
     with warehouse.engine.connect() as conn:
         figures = {"source_version": source, "target_version": target, "band_low": low, "band_high": high}
+        # First: what lands while the figures are counted is after it, so a switch asks for a new comparison.
+        figures["stored_through"] = stored_through(conn)
         figures.update(warehouse_figures(conn, source, target, examples))
         figures.update(staged_figures(conn, source, target, examples))
         remaining = store.progress(conn, target)

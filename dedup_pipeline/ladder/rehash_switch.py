@@ -21,22 +21,24 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, select, update
 
 from dedup_pipeline.core.clustering import DEFAULT_RULE
-from dedup_pipeline.core.hashing import hash_rule
+from dedup_pipeline.core.hashing import HASH_RULES, hash_rule
 from dedup_pipeline.store import rehash_switch as store
 from dedup_pipeline.store.rehash import progress, unhashable_rows
-from dedup_pipeline.store.rehash_compare import latest_comparison
+from dedup_pipeline.store.rehash_compare import latest_comparison, stored_since
 from dedup_pipeline.store.schema import hash_version_events, settings
 from dedup_pipeline.store.tombstones import lock_for_erasure
 from dedup_pipeline.store.warehouse import ACTIVE_HASH_VERSION, Warehouse, active_hash_version, as_utc, utcnow
 
 
 class MigrationRefused(RuntimeError):
-    """A switch or retire that is not safe now; `problems` says why. Force it with a reason to override."""
+    """A switch or retire that is not safe now; `problems` says why. Unless `final`, forcing it with a reason
+    overrides."""
 
-    def __init__(self, action: str, problems: list[str], details: dict | None = None):
+    def __init__(self, action: str, problems: list[str], details: dict | None = None, final: bool = False):
         self.problems = problems
         self.details = details or {}
-        super().__init__(f"{action} refused: " + "; ".join(problems) + " (force it with a reason to override)")
+        advice = "" if final else " (force it with a reason to override)"
+        super().__init__(f"{action} refused: " + "; ".join(problems) + advice)
 
 
 def _check_force(force: bool, reason: str) -> None:
@@ -94,7 +96,12 @@ def switch_problems(conn: Connection, source: str, target: str) -> list[str]:
     if remaining.left:
         problems.append(f"{remaining.left} of {remaining.rows} rows have no {target} digest yet: run the backfill")
     comparison = latest_comparison(conn, source, target)
-    if comparison is None:
+    if comparison is None and list(HASH_RULES).index(target) < list(HASH_RULES).index(source):
+        problems.append(
+            f"no comparison job compares {source} with the earlier {target}: going back is a forced switch, "
+            "with the reason (docs/rehash.md, Going back)"
+        )
+    elif comparison is None:
         problems.append(f"no comparison of {source} and {target} yet: run the comparison")
     else:
         if not comparison.passed:
@@ -107,6 +114,17 @@ def switch_problems(conn: Connection, source: str, target: str) -> list[str]:
             problems.append(
                 f"the latest comparison (#{comparison.comparison_id}) ran while "
                 f"{comparison.figures['rows_left']} rows lacked {target}: compare again"
+            )
+        through = comparison.figures.get("stored_through")
+        if through is None:
+            problems.append(
+                f"the latest comparison (#{comparison.comparison_id}) was made by an earlier version, which did not "
+                "keep what it saw of the warehouse: compare again"
+            )
+        elif since := stored_since(conn, through):
+            problems.append(
+                f"{since} rows were stored or changed after the latest comparison (#{comparison.comparison_id}), "
+                "which has not judged them: compare again"
             )
     return problems
 
@@ -131,7 +149,7 @@ def switch_hash_version(
     with warehouse.engine.begin() as conn:
         source = _lock_active(conn)
         if source == target:
-            raise MigrationRefused("switch", [f"{target} is already the active version"])
+            raise MigrationRefused("switch", [f"{target} is already the active version"], final=True)
         problems = switch_problems(conn, source, target)
         if problems and not force:
             raise MigrationRefused("switch", problems)
@@ -221,7 +239,9 @@ def retire_hash_version(
     with warehouse.engine.begin() as conn:
         active = _lock_active(conn)
         if version == active:
-            raise MigrationRefused("retire", [f"{version} is the active version: switch away from it first"])
+            raise MigrationRefused(
+                "retire", [f"{version} is the active version: switch away from it first"], final=True
+            )
         problems = []
         switched = store.latest_event(conn, "switch", version)
         if switched is None:

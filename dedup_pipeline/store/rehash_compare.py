@@ -13,7 +13,11 @@ from datetime import datetime
 
 from sqlalchemy import Connection, and_, distinct, func, insert, select
 
-from dedup_pipeline.store.schema import canonical_records, record_hashes, records, rehash_comparisons
+from dedup_pipeline.core.exact import Decision
+from dedup_pipeline.store.schema import canonical_records, dedup_decisions, record_hashes, records, rehash_comparisons
+
+#: The decisions that write a `records` row (and its digests): what a comparison's figures depend on.
+_WRITES = (Decision.NEW.value, Decision.CHANGED.value)
 
 
 def _rate(distinct_count: int, total: int) -> float:
@@ -142,6 +146,18 @@ def staged_figures(conn: Connection, source: str, target: str, examples: int = 1
 
 
 # ---------------------------------------------------------------- stored comparisons
+
+
+def stored_through(conn: Connection) -> int:
+    """The last decision that wrote a row (0: none): what a comparison made now has seen of the warehouse."""
+    d = dedup_decisions.c
+    return conn.execute(select(func.max(d.decision_id)).where(d.decision.in_(_WRITES))).scalar() or 0
+
+
+def stored_since(conn: Connection, through: int) -> int:
+    """Rows written (stored or changed) by decisions after `through`: what a comparison made then has not seen."""
+    d = dedup_decisions.c
+    return conn.execute(select(func.count()).where(d.decision_id > through, d.decision.in_(_WRITES))).scalar_one()
 
 
 def store_comparison(conn: Connection, source: str, target: str, now: datetime, passed: bool, figures: dict) -> int:

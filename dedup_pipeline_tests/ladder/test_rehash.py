@@ -194,6 +194,9 @@ def test_the_whole_migration(warehouse, tmp_path):
     assert_unique_per_version(warehouse)
     with pytest.raises(MigrationRefused, match="already the active version"):
         switch_hash_version(warehouse, TARGET)
+    # Going back has no comparison job: the refusal says that it takes a forced switch, not a comparison to run.
+    with pytest.raises(MigrationRefused, match=f"no comparison job compares {TARGET} with the earlier {SOURCE}"):
+        switch_hash_version(warehouse, SOURCE)
 
     # Dedup after the switch decides on content/2.
     unhashable_key = next(n for n in range(1500) if n % 97 == 3 and n % 40 != 1)
@@ -217,8 +220,9 @@ def test_the_whole_migration(warehouse, tmp_path):
     # Retire: refused inside the overlap window, then the merged rows go to history.
     with pytest.raises(MigrationRefused, match="overlap window"):
         retire_hash_version(warehouse, SOURCE, now=now + timedelta(hours=1))
-    with pytest.raises(MigrationRefused, match="active version"):
+    with pytest.raises(MigrationRefused, match="active version") as refused:
         retire_hash_version(warehouse, TARGET, force=True, reason="no")
+    assert "force" not in str(refused.value)  # forcing cannot retire the active version: not offered
     pairs = index_every_record_in_pairs(warehouse)
     retired = retire_hash_version(warehouse, SOURCE, now=now + timedelta(hours=25))
     assert retired.merged_moved == want["rows_merged_away"]
@@ -261,6 +265,27 @@ def test_the_whole_migration(warehouse, tmp_path):
     write_batch(tmp_path, "later", [migration_listing(41), migration_listing(8000)], landed=BASE + 2 * DAY)
     later = run_ladder(warehouse, tmp_path, "later")
     assert (later.decisions["exact_duplicate"], later.decisions["new"]) == (1, 1)
+
+
+def test_a_switch_refuses_a_comparison_that_has_not_seen_the_rows_stored_since(warehouse, tmp_path):
+    """Breaks: the switch read only the latest comparison's verdict, so rows stored after it went over to the new
+    version unjudged (a batch landing between the comparison and the switch). Re-crawls store nothing: they do not
+    make a comparison stale."""
+    load_legacy_rows(warehouse, [migration_listing(n) for n in range(40)])
+    backfill(warehouse, TARGET)
+    first = compare_versions(warehouse, SOURCE, TARGET, -0.01, 0.1)
+    assert first.passed
+    late = [migration_listing(7000), migration_listing(7001)]
+    write_batch(tmp_path, "late", late, landed=BASE)
+    assert run_ladder(warehouse, tmp_path, "late").decisions["new"] == 2
+    with pytest.raises(MigrationRefused, match="2 rows were stored or changed after the latest comparison"):
+        switch_hash_version(warehouse, TARGET)
+    second = compare_versions(warehouse, SOURCE, TARGET, -0.01, 0.1)
+    assert second.figures["rows_compared"] == first.figures["rows_compared"] + 2
+    write_batch(tmp_path, "again", late, landed=BASE + DAY)
+    assert run_ladder(warehouse, tmp_path, "again").decisions["exact_duplicate"] == 2
+    switch_hash_version(warehouse, TARGET)
+    assert warehouse.active_hash_version() == TARGET
 
 
 def test_rows_with_a_blank_required_field_stay_apart_through_the_migration(warehouse):
