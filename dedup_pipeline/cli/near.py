@@ -49,26 +49,47 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         "sketched": sum(r.sketched for r in reports),
         "pairs": sum(r.pairs for r in reports),
         "near_duplicates": sum(len(r.near_duplicates) for r in reports),
+        "bands_rows": list(reports[0].bands_rows) if reports and reports[0].method == "minhash" else None,
     }
+    warning = next((r.threshold_warning for r in reports if r.threshold_warning), None)
+    if warning:  # an index that cannot serve the threshold in use: said here, not only in the rung's figures
+        figures["threshold_warning"] = warning
     if args.json:
         print(json.dumps(figures))
     else:
+        bands = figures["bands_rows"]
+        built = f" ({bands[0]} bands of {bands[1]} rows)" if bands else ""
         print(
-            f"near-duplicate index rebuilt over {figures['batches']} batch(es): {figures['sketched']} records "
-            f"sketched, {figures['pairs']} verified pairs, {figures['near_duplicates']} records with near duplicates"
+            f"near-duplicate index rebuilt{built} over {figures['batches']} batch(es): {figures['sketched']} records "
+            f"sketched, {figures['pairs']} verified pairs, {figures['near_duplicates']} records linked as each batch "
+            "was indexed"
         )
+    if warning:
+        print(f"dedup-pipeline rebuild-near-index: warning: {warning}", file=sys.stderr)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from dedup_pipeline.ladder.near import lean_minhashes
-    from dedup_pipeline.store.warehouse import Warehouse
+    from dedup_pipeline.store.warehouse import Warehouse, batch_registered
 
     warehouse = Warehouse.existing()
+    with warehouse.engine.connect() as conn:
+        unknown = args.batch and not batch_registered(conn, args.batch)
+    if unknown:
+        warehouse.dispose()
+        print(f"dedup-pipeline export-signatures: error: no batch {args.batch!r} in the warehouse", file=sys.stderr)
+        return 2  # a wrong argument, as argparse's own errors
+    try:
+        sketches = lean_minhashes(warehouse, args.batch)
+    except ValueError as exc:  # a SimHash index: nothing written, not even an empty file
+        warehouse.dispose()
+        print(f"dedup-pipeline export-signatures: error: {exc}", file=sys.stderr)
+        return 1
     out = open(args.out, "w", encoding="utf-8") if args.out != "-" else sys.stdout
     count = 0
     try:
-        for record_id, natural_key, sketch in lean_minhashes(warehouse, args.batch):
+        for record_id, natural_key, sketch in sketches:
             data = bytearray(sketch.bytesize())
             sketch.serialize(data)
             out.write(

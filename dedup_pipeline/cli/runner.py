@@ -105,7 +105,7 @@ class LadderSummary:
         self.stored_before_failing.update(other.stored_before_failing)
         self.held.update(other.held)
         self.order += other.order
-        self.notices += other.notices
+        self.notices += [notice for notice in other.notices if notice not in self.notices]
 
     def as_dict(self) -> dict:
         return {
@@ -413,6 +413,9 @@ def _run_batch(
     Its own function, so that nothing of the run (its result, its events) is still alive when the caller
     settles the heap after it."""
     result = execute_partition(job, key, instance, origin, {PROCESS_TAG: process_token(instance)}, run_config)
+    warning = _metadata(result, "near_duplicate_clusters").get("threshold_warning")
+    if warning and f"near rung: {warning}" not in summary.notices:  # the index cannot serve the threshold
+        summary.notices.append(f"near rung: {warning}")
     if result.success:
         summary.batches.append(_summary_of(key, result, warehouse))
     else:

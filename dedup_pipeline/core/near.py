@@ -250,8 +250,9 @@ def threshold_warning(threshold: float, bands: int, rows: int, min_recall: float
     return (
         f"threshold {threshold:g} is too low for an index of {bands} bands of {rows} rows: a pair at Jaccard "
         f"{threshold:g} becomes a candidate with probability {recall:.3f} (< {min_recall:g}); use a threshold of "
-        f"at least {lowest_threshold(bands, rows, min_recall):.3f}, or rebuild the index with the bands and rows "
-        f"chosen for {threshold:g} (choose_bands_rows)"
+        f"at least {lowest_threshold(bands, rows, min_recall):.3f}, or build the index for {threshold:g} (a "
+        f"warehouse: dedup-pipeline rebuild-near-index --config '{{\"threshold\": {threshold:g}}}'; the library: "
+        f"NearDupParams(threshold={threshold:g}) without bands and rows)"
     )
 
 

@@ -189,13 +189,20 @@ def lean_minhashes(warehouse: Warehouse, batch_id: str | None = None, chunk_size
 
     The index keeps compact b-bit signatures; the full 32-bit sketches datasketch takes are made again from the
     stored records under the settings the rung last linked with, so each equals the sketch the rung computed
-    (:func:`dedup_pipeline.core.near.to_lean_minhashes`). Memory is bounded by `chunk_size`.
+    (:func:`dedup_pipeline.core.near.to_lean_minhashes`). Memory is bounded by `chunk_size`. A warehouse whose
+    index is SimHash fingerprints has no MinHash sketch to give: ValueError, at the call.
     """
+    with warehouse.engine.connect() as conn:
+        params = index.link_settings(conn)[0]
+    if params.method != "minhash":
+        raise ValueError(f"the warehouse's near-duplicate index is {params.method}, not MinHash: no sketch to export")
+    return _lean_minhashes(warehouse, params, batch_id, chunk_size)
+
+
+def _lean_minhashes(warehouse: Warehouse, params: NearDupParams, batch_id: str | None, chunk_size: int):
     from dedup_pipeline.core.near import to_lean_minhashes
 
     after = 0
-    with warehouse.engine.connect() as conn:
-        params = index.link_settings(conn)[0]
     while True:
         with warehouse.engine.connect() as conn:
             rows = index.records_after(conn, after, chunk_size, batch_id)

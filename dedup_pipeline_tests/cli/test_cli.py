@@ -393,3 +393,20 @@ def test_run_holds_a_source_s_later_batches_after_one_failed_and_shows_what_the_
     rows = {line.split()[0]: line.split() for line in table[2:6]}
     assert rows["2026-11-02-shop"][1:3] == ["10", "9"] and rows["2026-11-02-shop"][-1] == "FAILED"
     assert rows["2026-11-03-shop"][-1] == "held" and rows["2026-11-01-shop"][-1] == "ok"
+
+
+def test_a_run_over_an_index_that_cannot_serve_its_threshold_says_so(tmp_path):
+    """Breaks: an index rebuilt with bands for a higher threshold (16 x 8: a pair at 0.5 is a candidate with
+    probability 0.06) took runs at 0.5 with no word outside the rung's metadata; the rebuild said nothing either."""
+    landing = tmp_path / "landing"
+    write_batch(landing, "a", [listing(n) for n in range(3)], landed=1e9)
+    assert run_cli(["run", "--landing", str(landing)], cwd=tmp_path).returncode == 0
+    rebuilt = run_cli(["rebuild-near-index", "--json", "--config", '{"bands": 16, "rows": 8}'], cwd=tmp_path)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    figures = json.loads(rebuilt.stdout)
+    assert figures["bands_rows"] == [16, 8] and "too low for an index of 16 bands of 8 rows" in rebuilt.stderr
+    assert figures["threshold_warning"] in rebuilt.stderr
+    write_batch(landing, "b", [listing(n) for n in range(3, 6)], landed=1e9 + 60)
+    again = run_cli(["run", "--landing", str(landing)], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("dedup-pipeline run: near rung: threshold 0.5 is too low for an index of 16 bands") == 1

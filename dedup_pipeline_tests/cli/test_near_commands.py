@@ -92,6 +92,19 @@ def select_setting(name):
     return settings_table.select().with_only_columns(settings_table.c.value).where(settings_table.c.name == name)
 
 
+def test_export_refuses_a_simhash_index_and_an_unknown_batch_in_one_line(filled, tmp_path, capsys):
+    """Breaks: a SimHash index gave a traceback and left an empty --out file; an unknown --batch wrote nothing and
+    succeeded."""
+    out = tmp_path / "sketches.jsonl"
+    assert main(["export-signatures", "--out", str(out), "--batch", "nope"]) == 2
+    assert "no batch 'nope' in the warehouse" in capsys.readouterr().err and not out.exists()
+    assert main(["rebuild-near-index", "--config", '{"method": "simhash"}']) == 0
+    capsys.readouterr()
+    assert main(["export-signatures", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "index is simhash, not MinHash" in err and not out.exists()
+
+
 def test_a_run_refused_for_other_sketch_settings_names_the_rebuild_that_accepts_it(filled, tmp_path):
     """The refusal's command, run as it is given, builds the index the refused run then goes through."""
     words = NearSettings(params=make_params(shingle="word", ngram=2))
