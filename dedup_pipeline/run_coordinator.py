@@ -1,6 +1,6 @@
-"""The production instance's run coordinator: Dagster's run queue, each run tagged with the lane it belongs to.
+"""The instance's run coordinator: Dagster's run queue, each run tagged with the lane it belongs to.
 
-deploy/dagster.yaml allows one run at a time per value of the `dedup/source` tag, so that a source's batches
+deploy/dagster.yaml (and the checkout's dagster.yaml, for `make dev`) allows one run at a time per value of the `dedup/source` tag, so that a source's batches
 run in landing order, and one run of a rehash migration at a time (`dedup/migration`). The landing sensor and
 the catch-up schedule tag their runs themselves, and the rehash jobs carry their tag; a run launched any other
 way (a backfill from the UI or `dagster job backfill`, the launchpad, `dagster job launch`, an asset's own page)

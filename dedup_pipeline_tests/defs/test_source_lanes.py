@@ -44,12 +44,13 @@ OLDER, NEWER, OTHER = "2026-11-01-shop-a", "2026-11-02-shop-a", "2026-11-01-shop
 IN_PROGRESS = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 
 
-@pytest.fixture
-def workspace_context(tmp_path, monkeypatch):
-    """The production instance (deploy/dagster.yaml, a fresh PostgreSQL database) and the code location, in process."""
+@pytest.fixture(params=["deploy/dagster.yaml", "dagster.yaml"])
+def workspace_context(request, tmp_path, monkeypatch):
+    """An instance and the code location, in process: the production instance (deploy/dagster.yaml, a fresh
+    PostgreSQL database), and the checkout's local one (`make dev`'s, SQLite), whose lanes must be the same."""
     home = tmp_path / "dagster_home"
     home.mkdir()
-    config = (REPO / "deploy" / "dagster.yaml").read_text()
+    config = (REPO / request.param).read_text()
     launcher = "\nrun_launcher:\n  module: dagster._core.test_utils\n  class: MockedRunLauncher\n"
     (home / "dagster.yaml").write_text(config + launcher)
     with fresh_database("dagster_instance") as instance_db:
