@@ -1,14 +1,14 @@
 """The instance's run coordinator: Dagster's run queue, each run tagged with the lane it belongs to.
 
-deploy/dagster.yaml (and the checkout's dagster.yaml, for `make dev`) allows one run at a time per value of the `dedup/source` tag, so that a source's batches
-run in landing order, and one run of a rehash migration at a time (`dedup/migration`). The landing sensor and
-the catch-up schedule tag their runs themselves, and the rehash jobs carry their tag; a run launched any other
-way (a backfill from the UI or `dagster job backfill`, the launchpad, `dagster job launch`, an asset's own page)
-carries only its `dagster/partition` tag, if that. Every run, however launched, is submitted to the instance's
-run coordinator before it waits in the queue (`DagsterInstance.submit_run`; the daemon's backfill loop submits
-each run of an asset or job backfill the same way), so that is where the tag is added, before the daemon's
-dequeue applies the limits. Every process that loads the instance (webserver, daemon, code server, run
-workers, the `dagster` CLI) must be able to import this module.
+deploy/dagster.yaml (and the checkout's dagster.yaml, for `make dev`) allows one run at a time per value of the
+`dedup/source` tag, so that a source's batches run in landing order, and one run of a rehash migration at a time
+(`dedup/migration`). The landing sensor and the catch-up schedule tag their runs themselves, and the rehash jobs
+carry their tag; a run launched any other way (a backfill from the UI or `dagster job backfill`, the launchpad,
+`dagster job launch`, an asset's own page) carries only its `dagster/partition` tag, if that. Every run, however
+launched, is submitted to the instance's run coordinator before it waits in the queue
+(`DagsterInstance.submit_run`; the daemon's backfill loop submits each run of an asset or job backfill the same
+way), so that is where the tag is added, before the daemon's dequeue applies the limits. Every process that loads
+the instance (webserver, daemon, code server, run workers, the `dagster` CLI) must be able to import this module.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The four assets of the dedup ladder, cheapest rung first. Each is a few lines over `dedup_pipeline.ladder`."""
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 import dagster as dg
@@ -20,7 +20,7 @@ from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.exact import deduplicate_batch
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
-from dedup_pipeline.landing import BatchFileError, find_batch
+from dedup_pipeline.landing import find_batch
 from dedup_pipeline.quality.history import rate_of
 
 GROUP = "dedup_ladder"
@@ -34,15 +34,24 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError, ConnectionError, TimeoutEr
 
 
 @contextmanager
-def retried_only_if_transient() -> Iterator[None]:
+def retried_only_if_transient(context: dg.AssetExecutionContext | None = None) -> Iterator[None]:
     """Let `WAREHOUSE_RETRY` retry a transient error; any other (a corrupt file, a wrong setting, a bug) fails the
-    step at once, with the error itself, instead of after two more tries that meet it again."""
+    step at once, with the error itself, instead of after two more tries that meet it again. With an asset's
+    `context`, such a failure first records the checks the run has still to evaluate as not judged
+    (`checks_not_judged`)."""
     try:
         yield
-    except (*TRANSIENT_ERRORS, dg.Failure):
+    except TRANSIENT_ERRORS:
+        raise
+    except dg.Failure as exc:
+        if context is not None:
+            checks_not_judged(context, f"its run failed before it: {exc.description}")
         raise
     except Exception as exc:  # noqa: BLE001 - re-raised as a failure that bypasses the retry policy
-        raise dg.Failure(description=f"{type(exc).__name__}: {exc}", allow_retries=False) from exc
+        description = f"{type(exc).__name__}: {exc}"
+        if context is not None:
+            checks_not_judged(context, f"its run failed before it: {description}")
+        raise dg.Failure(description=description, allow_retries=False) from exc
 
 
 @dg.asset(
@@ -59,29 +68,29 @@ def raw_crawl_batches(
 
     See docs/canonical.md.
     """
-    try:
+    with retried_only_if_transient(context):  # a missing, ambiguous or unreadable file fails it at once
         batch = find_batch(landing.path(), context.partition_key)
-    except BatchFileError as exc:
-        checks_not_judged(context, f"its run failed before it: {exc}")
-        raise dg.Failure(description=f"BatchFileError: {exc}", allow_retries=False) from exc
-    with retried_only_if_transient():
         report = ingest_raw_batch(warehouse.get(), batch, ladder.settings().max_line_bytes)
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.parsed})
 
 
-def checks_not_judged(context: dg.AssetExecutionContext, reason: str) -> None:
-    """Record every check this run planned on the batch as not judged (a warning that says why), before the run
-    fails on a batch it cannot even find.
+def checks_not_judged(context, reason: str, skip: Collection[tuple[dg.AssetKey, str]] = ()) -> None:
+    """Record every check this run planned on the batch and has not evaluated (nor `skip`: asset key and check
+    name) as not judged, a warning that says why, before the run fails (an asset's step, or a blocking check).
 
     Dagster marks each check a failed run planned but never ran "execution failed", red on every asset of the
     ladder, as if each one had found a fault; the checks found nothing, and a warning naming the cause is
     what is true. An evaluation reported after the run's plan is the partition's latest, so it is shown.
     """
-    planned = context.instance.get_records_for_run(
-        context.run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
-    ).records
-    for record in planned:
-        check = record.event_log_entry.dagster_event.event_specific_data
+
+    def checks(event_type) -> list:
+        records = context.instance.get_records_for_run(context.run.run_id, of_type=event_type).records
+        return [record.event_log_entry.dagster_event.event_specific_data for record in records]
+
+    done = {(c.asset_key, c.check_name) for c in checks(dg.DagsterEventType.ASSET_CHECK_EVALUATION)} | set(skip)
+    for check in checks(dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED):
+        if (check.asset_key, check.check_name) in done:
+            continue
         context.instance.report_runless_asset_event(
             dg.AssetCheckEvaluation(
                 asset_key=check.asset_key,
@@ -115,7 +124,7 @@ def canonical_records(
 
     See docs/canonical.md.
     """
-    with retried_only_if_transient():
+    with retried_only_if_transient(context):
         report = canonicalise_batch(warehouse.get(), context.partition_key, ladder.settings(), context.log.info)
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.canonical})
 
@@ -141,7 +150,7 @@ def deduplicated_records(
 
     See docs/exact.md.
     """
-    with retried_only_if_transient():
+    with retried_only_if_transient(context):
         report = deduplicate_batch(
             warehouse.get(),
             context.partition_key,
@@ -180,7 +189,7 @@ def near_duplicate_clusters(
 
     See docs/near.md.
     """
-    with retried_only_if_transient():
+    with retried_only_if_transient(context):
         report = cluster_batch(
             warehouse.get(), context.partition_key, near_dup.settings(), context.run.run_id, context.log.info
         )

@@ -46,6 +46,7 @@ from dedup_pipeline.defs.assets import (
     COLLAPSE_CHECK,
     WAREHOUSE_RETRY,
     canonical_records,
+    checks_not_judged,
     deduplicated_records,
     near_duplicate_clusters,
     retried_only_if_transient,
@@ -84,6 +85,9 @@ def batch_check(**spec) -> Callable[[Callable[..., dg.AssetCheckResult]], dg.Ass
                 result = check(context, *args, **kwargs)
                 if result.passed:
                     result = result._replace(severity=passing_severity(context))
+                elif spec.get("blocking") and result.severity == _ERROR:  # the checks after it will not run
+                    this = (spec["asset"].key, spec["name"])
+                    checks_not_judged(context, f"{spec['name']} blocked the run: {result.description}", skip=[this])
                 return result
 
         return dg.asset_check(partitions_def=crawl_batches_partitions, retry_policy=WAREHOUSE_RETRY, **spec)(run)

@@ -350,4 +350,46 @@ def test_a_missing_landing_file_fails_its_run_without_turning_every_check_red(tm
         assert record.status.value == "FAILED", key  # an evaluation (a warning here), not "planned"
         evaluation = record.event.dagster_event.event_specific_data
         assert evaluation.severity == dg.AssetCheckSeverity.WARN and evaluation.partition == "b1"
-        assert evaluation.description.startswith("not judged: its run failed before it: no landing file for batch")
+        assert evaluation.description.startswith("not judged: its run failed before it: BatchFileError: no landing")
+
+
+def latest_results(instance) -> dict:
+    """(asset, check name) -> (status, severity, description) of each ladder check's latest result."""
+    keys = [key for check in ladder_checks for key in check.check_keys]
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+    results = {}
+    for key, record in latest.items():
+        evaluation = record.event.dagster_event.event_specific_data if record.event else None
+        severity = getattr(evaluation, "severity", None)
+        description = getattr(evaluation, "description", None) or ""
+        results[(key.asset_key.path[-1], key.name)] = (record.status.value, severity, description)
+    return results
+
+
+def test_an_unreadable_file_and_a_blocking_check_leave_the_checks_after_them_not_judged(tmp_path):
+    """Breaks: a `.gz` that is not gzip failed the raw rung inside its work (not at finding the file), and a
+    mostly broken batch failed the blocking quarantine check: either way the checks that never ran showed
+    "execution failed", red, as if each had found a fault. Must hold: each is a warning that says why it was
+    not judged; the blocking check itself stays the error it is."""
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    folder.mkdir()
+    (folder / "gz.jsonl.gz").write_bytes(b"not gzip at all\n")
+    write_batch(folder, "broken", [listing(n) for n in range(10)] + ["{broken"] * 20, landed=1e9)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["gz", "broken"])
+
+    assert not run(instance, url, folder, "gz").success
+    results = latest_results(instance)
+    assert len(results) == 7
+    for name, (status, severity, description) in results.items():
+        assert (status, severity) == ("FAILED", dg.AssetCheckSeverity.WARN), name
+        assert description.startswith("not judged: its run failed before it: BatchFileError:"), name
+
+    assert not run(instance, url, folder, "broken").success
+    results = latest_results(instance)
+    assert results.pop(("canonical_records", QUARANTINE_CHECK))[1] == dg.AssetCheckSeverity.ERROR  # the fault: red
+    later = {name: r for name, r in results.items() if r[0] != "SUCCEEDED"}
+    assert later, results
+    for name, (status, severity, description) in later.items():
+        assert (status, severity) == ("FAILED", dg.AssetCheckSeverity.WARN), name
+        assert description.startswith(f"not judged: {QUARANTINE_CHECK} blocked the run:"), name

@@ -185,7 +185,10 @@ def test_the_links_its_neighbours_make_again_are_counted_so_the_report_adds_up_t
     stored when they linked again, so the table shrank by less than the report said. With one link a record, both
     copies link to the original; erased, the later copy links to the earlier one instead."""
     folder = tmp_path / "landing"
-    copies = [mirror(4, "shipped today", "https://mirror.example.net/k4"), mirror(4, "fast delivery", "https://c.org/k")]
+    copies = [
+        mirror(4, "shipped today", "https://mirror.example.net/k4"),
+        mirror(4, "fast delivery", "https://c.org/k"),
+    ]
     write_batch(folder, "a", [listing(4), *copies], landed=T0)
     ingest_raw_batch(warehouse, find_batch(folder, "a"))
     canonicalise_batch(warehouse, "a", SETTINGS)
