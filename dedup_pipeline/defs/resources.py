@@ -84,7 +84,8 @@ class LadderResource(dg.ConfigurableResource):
         default=list(LadderSettings.natural_key), description="Fields that identify the same thing."
     )
     hash_versions: list[str] = Field(
-        default=list(LadderSettings.hash_versions), description="Hash versions computed per record."
+        default=list(LadderSettings.hash_versions),
+        description="Hash versions computed per record; the active one always, a retired one never.",
     )
     on_changed: str = Field(
         default=DuplicatePolicy.on_changed, description="'upsert' (keep old content in history) or 'keep_first'."

@@ -30,6 +30,7 @@ from dedup_pipeline.store.warehouse import (
     active_url_version,
     analyze_new_batch,
     lock_batch,
+    retired_hash_versions,
 )
 
 RUNG = "canonical"
@@ -123,7 +124,8 @@ def canonicalise_batch(
         lock_batch(conn, batch_id)  # a second run of this partition waits, then rewrites it whole
         active = active_hash_version(conn)
         url_version = active_url_version(conn)
-        versions = tuple(dict.fromkeys((active, *settings.hash_versions)))
+        retired = retired_hash_versions(conn)  # dropped by the migration: not computed again
+        versions = tuple(dict.fromkeys((active, *(v for v in settings.hash_versions if v not in retired))))
         conn.execute(delete(canonical_records).where(canonical_records.c.batch_id == batch_id))
         clear_quarantine(conn, batch_id, RUNG)
         bad = QuarantineWriter(conn, batch_id, RUNG)

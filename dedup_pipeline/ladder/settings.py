@@ -27,7 +27,8 @@ class LadderSettings:
 
     - ``chunk_size``: records per chunk and per set-based statement (`CHUNK_SIZE`); memory is bounded by it.
     - ``natural_key``: fields that identify "the same thing" (the canonical URL by default).
-    - ``hash_versions``: versions computed for every record (the active one is always required).
+    - ``hash_versions``: versions computed for every record; the active one is computed whether listed or not,
+      and one the rehash migration retired is not (`retired_hash_versions`).
     - ``policy``: what to do per duplicate class.
     - ``canonical_workers``: processes that canonicalise a large batch's chunks (0: one per CPU; 1: inline).
     - ``max_line_bytes``: longest landing line read as a record; a longer one is quarantined with its length.

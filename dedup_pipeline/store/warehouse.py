@@ -19,7 +19,7 @@ from dedup_pipeline.core.errors import ConfigurationError
 from dedup_pipeline.core.hashing import HASH_RULES, INITIAL_ACTIVE_VERSION
 from dedup_pipeline.core.url import URL_VERSION, URL_VERSIONS
 from dedup_pipeline.store import json_text
-from dedup_pipeline.store.schema import crawl_batches, metadata, records, settings
+from dedup_pipeline.store.schema import crawl_batches, hash_version_events, metadata, records, settings
 from dedup_pipeline.store.tombstones import use_key
 
 log = logging.getLogger(__name__)
@@ -235,6 +235,19 @@ def batch_registered(conn: Connection, batch_id: str) -> bool:
     """Whether the raw rung registered `batch_id` (its file landed and was read)."""
     found = conn.execute(select(crawl_batches.c.batch_id).where(crawl_batches.c.batch_id == batch_id)).first()
     return found is not None
+
+
+def retired_hash_versions(conn: Connection) -> set[str]:
+    """Versions retired (`retire_hash_version`) and not made active again since: the ladder computes them no more."""
+    e = hash_version_events.c
+    retired: set[str] = set()
+    events = select(e.action, e.from_version, e.to_version).where(e.action.in_(["retire", "switch"]))
+    for action, from_version, to_version in conn.execute(events.order_by(e.event_id)):
+        if action == "retire":
+            retired.add(from_version)
+        else:
+            retired.discard(to_version)
+    return retired
 
 
 def active_hash_version(conn: Connection) -> str:
