@@ -141,12 +141,12 @@ def deduplicated_records(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ladder: LadderResource, seen_set: SeenSetResource
 ) -> dg.MaterializeResult:
     """The warehouse table `records`: one current row per natural key and per content, the UNIQUE index on
-    (hash_version, content_hash) the authority. Each record of the batch is `new`, `changed` (its old content
-    kept in `record_history`) or an `exact_duplicate` (rarer: `change_ignored`, `stale`, `erased`), every decision
-    in `dedup_decisions`. Read `records_in` -> `survivors`, one count per decision, `collapse_rate` (the batch's
-    first run, as the collapse check judges it), and in `figures` `collapse_rate/this_run` (a replay shows 1.0).
-    Checks: `collapse_rate_in_band`, `warehouse_integrity` (blocks the near rung), `great_expectations_suite`,
-    `seen_set_healthy`.
+    (hash_version, content_hash) the authority. Each record of the batch is `new`, `changed` (its old content kept in
+    `record_history`) or an `exact_duplicate` (rarer: `change_ignored`, `stale`, `erased`), every decision in
+    `dedup_decisions`. Read `records_in` -> `survivors`, one count per decision, `collapse_rate` (the batch's first
+    run, as the collapse check judges it), and in `figures` `collapse_rate/this_run` (a replay shows 1.0 but for its
+    lines a later batch made `stale`). Checks: `collapse_rate_in_band`, `warehouse_integrity` (blocks the near
+    rung), `great_expectations_suite`, `seen_set_healthy`.
 
     See docs/exact.md.
     """

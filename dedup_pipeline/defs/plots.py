@@ -66,7 +66,7 @@ def cluster_table(rows: Sequence[Mapping]) -> dg.MetadataValue:
 
 
 #: The figures of `deduplicated_records` the UI plots over the batches: what reaches the rung and survives it, the
-#: rate, the decisions an operator reads, and the seen-set's fallbacks. Every other figure is in its `figures` entry.
+#: rate, a count per decision, and the seen-set's fallbacks. Every other figure is in its `figures` entry.
 PLOTTED_EXACT_FIGURES = (
     "records_in",
     "survivors",
@@ -74,6 +74,9 @@ PLOTTED_EXACT_FIGURES = (
     "new",
     "changed",
     "exact_duplicate",
+    "stale",
+    "change_ignored",
+    "erased",
     "seen_set_fallbacks",
 )
 #: Decimal places of a float figure: enough for a rate, none of binary floating point's noise.

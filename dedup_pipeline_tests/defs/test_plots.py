@@ -33,7 +33,7 @@ def test_deduplicated_records_plots_few_figures_and_a_replay_keeps_its_first_run
     assert meta["collapse_rate"].value == 0.75  # 3 of 4 exact duplicates
     figures = meta["figures"].value
     assert figures["scraper_records_seen_total"] == 4 and figures['scraper_duplicates_skipped_total{type="exact"}'] == 3
-    assert figures["stale"] == 0 and figures["collapse_rate/this_run"] == 0.75
+    assert meta["stale"].value == 0 and figures["collapse_rate/this_run"] == 0.75  # a count per decision, plotted
     assert meta["first_run"].value == {"exact_duplicate": 3, "new": 1, "collapse_rate": 0.75}
     near = next(iter(first.asset_materializations_for_node("near_duplicate_clusters"))).metadata
     assert near["scraper_near_duplicates_flagged_total"].value == near["near_duplicates"].value
