@@ -272,6 +272,7 @@ def _find(conn: Connection, subject: Subject) -> _Found:
                 absorb(row.hash_version, row.content_hash)
                 for version, digest in core.payload_digests(row.payload).items():
                     absorb(version, digest)
+        staged_names: set[tuple[str, str]] = set()
         for batch_id, lines in _group_lines(new_staged).items():
             for part in chunked(lines):
                 for row in conn.execute(
@@ -282,10 +283,17 @@ def _find(conn: Connection, subject: Subject) -> _Found:
                         canonical_records.c.payload,
                     ).where(canonical_records.c.batch_id == batch_id, canonical_records.c.line_no.in_(part))
                 ):
-                    found.keys.add(row.natural_key)  # a listing not deduplicated yet is erased like a stored one
-                    found.urls.add(row.canonical_url)
+                    staged_names.add((row.natural_key, row.canonical_url))
                     for version, digest in {**core.payload_digests(row.payload), **row.hashes}.items():
                         absorb(version, digest)
+        # A staged listing not stored yet is erased like a stored one: its key and URL name the subject. One whose
+        # key a current row holds that is not erased (the listing changed hands since) does not: the subject's
+        # decision rows and copies go by their digests, the new owner's stay.
+        held = _stored_keys(conn, {key for key, _ in staged_names}) - found.keys
+        for key, url in staged_names:
+            if key not in held:
+                found.keys.add(key)
+                found.urls.add(url)
         # Every other copy of a content just found: current rows holding it under any version,
         # history rows of erased records or of that content, staged lines hashed to it.
         new_record_ids = (
@@ -332,6 +340,15 @@ def _group_lines(pairs: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
     for batch_id, line_no in sorted(pairs):
         grouped[batch_id].append(line_no)
     return grouped
+
+
+def _stored_keys(conn: Connection, keys: set[str]) -> set[str]:
+    """The natural keys among `keys` that a current row holds."""
+    return {
+        key
+        for part in chunked(sorted(keys))
+        for key in conn.execute(select(records.c.natural_key).where(records.c.natural_key.in_(part))).scalars()
+    }
 
 
 def _remove_decisions(conn: Connection, found: _Found) -> int:

@@ -114,6 +114,13 @@ def test_erasure_by_field_reaches_history_but_spares_the_listing_now_held_by_som
     assert report.removed["records"] == 1 and report.removed["record_history"] == 1
     assert record_id(warehouse, "https://shop.example.com/p/1") is None
     assert record_id(warehouse, "https://shop.example.com/p/2") is not None  # now s-Y's: kept
+    # Breaks: the staged line of s-X's old p/2 put the listing's key among the erased ones, so the new owner's
+    # decision went too, and quarantined lines naming the live listing would have been withheld. Only the
+    # decisions naming s-X's contents go.
+    with warehouse.engine.connect() as conn:
+        kept = conn.execute(select(dedup_decisions.c.batch_id, dedup_decisions.c.natural_key)).all()
+    assert ("b", "https://shop.example.com/p/2") in kept and ("a", "https://shop.example.com/p/2") not in kept
+    assert report.removed["dedup_decisions"] == 2  # s-X's p/1 and p/2 lines of batch a
     with warehouse.engine.connect() as conn:
         sellers = [p["seller_id"] for p in conn.execute(select(records.c.payload)).scalars()]
     assert sorted(sellers) == ["s-Y", "s-Y"]
