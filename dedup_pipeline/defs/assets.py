@@ -193,6 +193,12 @@ def near_duplicate_clusters(
         report = cluster_batch(
             warehouse.get(), context.partition_key, near_dup.settings(), context.run.run_id, context.log.info
         )
+    if report.already_indexed and not report.sketched:
+        context.log.info(
+            f"nothing to index: the batch's {report.already_indexed} records were indexed and linked by an earlier "
+            "run; a new threshold or link setting applies to records linked from now on (rebuild-near-index "
+            "links every record again)"
+        )
     if report.capped:
         context.log.warning(
             f"{len(report.capped)} record(s) met more than {near_dup.max_candidates} records sharing a band with them "

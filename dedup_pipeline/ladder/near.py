@@ -73,6 +73,7 @@ class NearReport:
     max_candidates: int | None = None
     sketched: int = 0
     kept_sketches: int = 0  # records with new content and the same text: their sketch, links and cluster stay
+    already_indexed: int = 0  # a batch run again: its records were indexed and linked by an earlier run
     candidate_pairs: int = 0
     pairs: int = 0
     apart_by_codes: int = 0  # pairs similar enough, kept apart by `require_shared_code`
@@ -94,6 +95,7 @@ class NearReport:
             "verify": self.verify,
             "sketched": self.sketched,
             "kept_sketches": self.kept_sketches,
+            "already_indexed": self.already_indexed,
             "candidate_pairs": self.candidate_pairs,
             "pairs": self.pairs,
             "require_shared_code": self.require_shared_code,
@@ -163,6 +165,9 @@ def cluster_batch(
             analyze_grown(conn, {table: () for table in index.INDEX_TABLES}, index.STATISTICS_TARGET)
         done.advance(len(rows))
     done.finish()
+    if after == 0:  # nothing to index: say whether the batch's records are in the index already (a run again)
+        with warehouse.engine.connect() as conn:
+            report.already_indexed = index.indexed_in_batch(conn, batch_id)
     with warehouse.engine.begin() as conn:
         report.clusters = index.cluster_sizes(conn, report.clusters)  # a cluster merged into another since is gone
         record_rung_run(conn, near_rung_runs, batch_id, run_id or f"local-{uuid.uuid4().hex}", report.as_metadata())

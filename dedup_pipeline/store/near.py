@@ -268,6 +268,13 @@ def order_of(first_landed, first_seen, natural_key: str) -> tuple[int, int, int]
     return (int(first_landed.timestamp() * _US), int(first_seen.timestamp() * _US), key_order(natural_key))
 
 
+def indexed_in_batch(conn: Connection, batch_id: str) -> int:
+    """Records dated to the batch that have their index row."""
+    joined = records.join(near_index, near_index.c.record_id == records.c.record_id)
+    query = select(func.count()).select_from(joined).where(records.c.last_batch_id == batch_id)
+    return conn.execute(query).scalar_one()
+
+
 def records_to_index(conn: Connection, batch_id: str, after_id: int, limit: int, bands: int) -> list:
     """Records dated to this batch (stored or re-crawled by it) not yet indexed as they are: no index row, a row of
     other content, or a row not linked yet (its chunk stopped between its two transactions); and the records this

@@ -467,6 +467,12 @@ def test_a_new_threshold_runs_on_an_index_built_at_another_and_warns_when_it_los
     with pytest.raises(IndexMismatch, match="rebuild-near-index"):
         cluster_batch(warehouse, "b2", NearSettings(params=NearDupParams(bands=20, rows=4), from_index=frozenset()))
 
+    # A batch run again at another threshold indexes nothing: it says its records were indexed already, not 0s
+    # that read as "no near duplicates".
+    again = cluster_batch(warehouse, "b1", NearSettings(params=NearDupParams(threshold=0.4))).as_metadata()
+    assert (again["sketched"], again["already_indexed"]) == (0, 6)
+    assert strict.as_metadata()["already_indexed"] == 0
+
 
 def test_a_warehouse_whose_near_rung_never_ran_changes_its_index_with_the_rungs_defaults(warehouse):
     """Erasure, the retire step and the URL migration link with the settings the rung last used, else the rung's
