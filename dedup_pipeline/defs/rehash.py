@@ -26,6 +26,7 @@ from dedup_pipeline.ladder.rehash import DEFAULT_CHUNK_SIZE, Comparison, ShardRe
 from dedup_pipeline.ladder.rehash_switch import MigrationRefused, retire_hash_version, switch_hash_version
 from dedup_pipeline.ladder.url_migration import migrate_url_version
 from dedup_pipeline.store.rehash import SHARDS
+from dedup_pipeline.store.rehash import progress as rehash_progress
 
 #: The run tag of a migration's lane, `dedup/migration=<target version>` (`migration_lane` gives it for a run).
 MIGRATION_TAG = "dedup/migration"
@@ -269,8 +270,8 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and complete "
         f"and no run of this migration (`dedup/migration={target}`) is queued or running.",
     )
-    def sensor(context: dg.SensorEvaluationContext):
-        return comparison_request(context, hashes.key, target, name)
+    def sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseResource):
+        return comparison_request(context, hashes.key, target, name, warehouse)
 
     return RehashMigration(source, target, hashes, comparison, backfill_job, compare_job, sensor)
 
@@ -295,9 +296,16 @@ def _unfinished_shards(instance: dg.DagsterInstance, hashes_key: dg.AssetKey) ->
     return unfinished
 
 
-def comparison_request(context: dg.SensorEvaluationContext, hashes_key: dg.AssetKey, target: str, name: str):
-    """A comparison run after the latest shard materialisation, once every shard is complete and no migration run
-    is active."""
+def comparison_request(
+    context: dg.SensorEvaluationContext,
+    hashes_key: dg.AssetKey,
+    target: str,
+    name: str,
+    warehouse: WarehouseResource | None = None,
+):
+    """A comparison run after the latest shard materialisation, once every shard is complete, no migration run is
+    active and, in the `warehouse` (last, as the one query), no row lacks the target: a shard's latest run may
+    predate rows written since without it."""
     instance = context.instance
     missing = set(SHARDS) - instance.get_materialized_partitions(hashes_key)
     if missing:
@@ -312,6 +320,14 @@ def comparison_request(context: dg.SensorEvaluationContext, hashes_key: dg.Asset
     latest = instance.fetch_materializations(hashes_key, limit=1).records[0].storage_id
     if context.cursor and int(context.cursor) >= latest:
         return dg.SkipReason("already compared after the latest shard")
+    if warehouse is not None:
+        with warehouse.get().engine.connect() as conn:
+            left = rehash_progress(conn, target).left
+        if left:
+            return dg.SkipReason(
+                f"{left} rows have no {target} digest although every shard's latest run completed (rows written "
+                "since without it): backfill the shards again"
+            )
     return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"{name}-after-{latest}")], cursor=str(latest))
 
 
