@@ -72,7 +72,7 @@ def _key_or_reason(name: str) -> tuple[str | None, str]:
     for suffix in BATCH_SUFFIXES:
         if name.endswith(suffix):
             key = name[: -len(suffix)]
-            return (key, "") if _KEY_PATTERN.match(key) else (None, BAD_KEY)
+            return (key, "") if _KEY_PATTERN.fullmatch(key) else (None, BAD_KEY)
     return None, NOT_A_BATCH
 
 

@@ -207,7 +207,12 @@ def _metadata(result: ExecutionResult, asset_name: str) -> dict:
 
 
 def _failure_reason(result: ExecutionResult) -> str:
-    """What failed the run, on one line: the step and its innermost error, as the failure alert says it."""
+    """What failed the run, on one line: the blocking check that failed, with what it found; else the step and its
+    innermost error, as the failure alert says it."""
+    for evaluation in result.get_asset_check_evaluations():
+        if not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.ERROR and evaluation.description:
+            found = " ".join(evaluation.description.split("\n")[0].split())
+            return f"{evaluation.asset_key.to_user_string()} / {evaluation.check_name} blocked the run: {found}"
     for event in result.get_step_failure_events():
         if event.step_failure_data.error is not None:
             return f"{event.step_key}: {error_summary(event.step_failure_data.error)}"

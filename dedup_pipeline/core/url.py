@@ -259,14 +259,18 @@ def without_userinfo(url: str) -> str:
 
 
 # The userinfo of an http(s) URL in raw text (a quarantined line that may not parse): after "://" (or JSON's
-# ":\/\/"), a run of characters no URL delimiter or JSON string end, JSON's \uXXXX escapes included, up to its
-# last "@".
-_USERINFO_IN_TEXT = re.compile(rb"(https?:(?:\\?/){2})(?:[^\s/?#\"'<>\\]|\\u[0-9A-Fa-f]{4})*@", re.IGNORECASE)
+# ":\/\/", or its ":" and "/" written as \u escapes), a run of characters no URL delimiter or JSON string end,
+# JSON's \uXXXX escapes included (but those of "/", "?" and "#", which end it), up to its last "@" (or "\u0040").
+_USERINFO_IN_TEXT = re.compile(
+    rb"(https?(?::|\\u003a)(?:\\?/|\\u002f){2})"
+    rb"(?:[^\s/?#\"'<>\\]|\\u(?!002f|003f|0023)[0-9a-f]{4})*(?:@|\\u0040)",
+    re.IGNORECASE,
+)
 
 
 def userinfo_redacted(raw: bytes) -> bytes:
     """*raw* (a line of text, any encoding that is ASCII-compatible) with the userinfo of every http(s) URL dropped."""
-    return _USERINFO_IN_TEXT.sub(rb"\1", raw) if b"@" in raw else raw
+    return _USERINFO_IN_TEXT.sub(rb"\1", raw) if b"@" in raw or b"u0040" in raw else raw
 
 
 def _canonicalise(url: str, v2: bool) -> str:

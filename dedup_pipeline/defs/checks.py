@@ -235,7 +235,10 @@ def quarantine_rate_under_bound(
             metadata,
         )
     if mostly_quarantined:
-        note = f"mostly quarantined (over {checks.blocking_quarantine_rate:.0%}): the warehouse write is blocked"
+        note = (
+            f"mostly quarantined (over {checks.blocking_quarantine_rate:.0%}, the checks resource's "
+            "blocking_quarantine_rate): the warehouse write is blocked, its good lines stay staged and undecided"
+        )
     else:
         note = "under the bound" if passed else "over the bound"
     return dg.AssetCheckResult(

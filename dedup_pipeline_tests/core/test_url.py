@@ -931,3 +931,19 @@ def test_url2_is_url1_without_userinfo_and_with_compressed_ipv6(url):
     if "[" not in expected:
         assert result == expected
     assert strict2(expected) == result
+
+
+@pytest.mark.parametrize(
+    "raw, kept",
+    [
+        (rb'{"url":"https://admin:pw@r.example/f"', rb'{"url":"https://r.example/f"'),
+        (rb'{"url":"https:\/\/admin:pw@r.example/f"', rb'{"url":"https:\/\/r.example/f"'),
+        # Breaks: JSON may write "/" (and ":", "@") as \u escapes; the credentials stayed in quarantined bytes.
+        (rb'{"url":"https:\u002f\u002fadmin:pw@r.example/f"', rb'{"url":"https:\u002f\u002fr.example/f"'),
+        (rb'{"u":"http\u003A\u002F\u002Fa:b\u0040x.ex\u002Fp"}', rb'{"u":"http\u003A\u002F\u002Fx.ex\u002Fp"}'),
+        # An escaped "/" ends the authority: an "@" in the path is no userinfo.
+        (rb'{"u":"https:\u002f\u002fhost\u002fpath@x"}', rb'{"u":"https:\u002f\u002fhost\u002fpath@x"}'),
+    ],
+)
+def test_the_userinfo_of_a_url_in_raw_bytes_is_dropped_however_json_escapes_it(raw, kept):
+    assert url_module.userinfo_redacted(raw) == kept
