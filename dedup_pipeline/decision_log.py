@@ -78,6 +78,17 @@ def emit(decisions: Iterable, version: str, batch_id: str, run_id: str, seen_set
         )
 
 
+def runs_named(conn: Connection, run_id: str) -> list[str]:
+    """The run ids of the decision log that are `run_id` or start with it (the UI shows the first 8 characters):
+    `run_id` alone when it is one, else at most two."""
+    d = dedup_decisions.c
+    if conn.execute(select(d.run_id).where(d.run_id == run_id).limit(1)).first() is not None:
+        return [run_id]
+    prefix = run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    query = select(d.run_id).where(d.run_id.like(f"{prefix}%", escape="\\")).distinct().limit(2)
+    return list(conn.execute(query).scalars())
+
+
 def iter_events(
     conn: Connection, batch_id: str | None = None, run_id: str | None = None, chunk: int = 5000
 ) -> Iterator[dict]:

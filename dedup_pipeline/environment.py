@@ -17,6 +17,7 @@ there, and the function here returns None when the variable is unset (noted "the
 | ``DEDUP_BLOOM_ERROR_RATE`` | 0.001 | `bloom_error_rate` |
 | ``DEDUP_TOMBSTONE_KEY`` | a key file beside a SQLite warehouse (PostgreSQL: an error) | `tombstone_key` |
 | ``DEDUP_AUTOMATION`` | off (``1``, ``on``, ``true``, ``yes`` turn it on) | `automation_enabled` |
+| ``DEDUP_ON_CHANGED`` | the `ladder` resource's `on_changed` default (``upsert``) | `resource_variables` |
 | ``DEDUP_CELERY_BROKER_URL`` | ``pyamqp://guest@127.0.0.1:5672//`` | `celery_broker_url` |
 | ``DEDUP_CELERY_BACKEND_URL`` | ``rpc://`` | `celery_backend_url` |
 | ``DEDUP_CELERY_QUEUE`` | ``dagster`` | `celery_queue` |
@@ -50,6 +51,7 @@ BLOOM_CAPACITY_ENV = "DEDUP_BLOOM_CAPACITY"
 BLOOM_ERROR_RATE_ENV = "DEDUP_BLOOM_ERROR_RATE"
 TOMBSTONE_KEY_ENV = "DEDUP_TOMBSTONE_KEY"
 AUTOMATION_ENV = "DEDUP_AUTOMATION"
+ON_CHANGED_ENV = "DEDUP_ON_CHANGED"  # the duplicate policy of every run of the deployment, CLI and sensors alike
 CELERY_BROKER_ENV = "DEDUP_CELERY_BROKER_URL"
 CELERY_BACKEND_ENV = "DEDUP_CELERY_BACKEND_URL"
 CELERY_QUEUE_ENV = "DEDUP_CELERY_QUEUE"
@@ -106,6 +108,7 @@ def resource_variables() -> dict[str, str]:
         "landing.folder": LANDING_DIR_ENV,
         "seen_set.redis_url": REDIS_URL_ENV,
         "seen_set.ttl_seconds": SEEN_TTL_ENV,
+        "ladder.on_changed": ON_CHANGED_ENV,
     }
     return {field: name for field, name in fields.items() if _set(name)}
 

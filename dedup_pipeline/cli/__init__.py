@@ -117,7 +117,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    from dedup_pipeline.decision_log import iter_events
+    from dedup_pipeline.decision_log import iter_events, runs_named
     from dedup_pipeline.store.warehouse import Warehouse, batch_registered
 
     with Warehouse.existing().engine.connect() as conn:
@@ -128,7 +128,15 @@ def cmd_decisions(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2  # a wrong argument, as argparse's own errors
-        for event in iter_events(conn, args.batch, args.run):
+        run = args.run
+        if run:
+            runs = runs_named(conn, run)
+            if len(runs) != 1:
+                why = "names several runs: give more of it" if runs else "names no run of the decision log"
+                print(f"dedup-pipeline decisions: error: --run {run!r} {why}", file=sys.stderr)
+                return 2
+            run = runs[0]
+        for event in iter_events(conn, args.batch, run):
             print(json.dumps(event, ensure_ascii=False))
     return 0
 
@@ -223,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_near_commands(commands)
     decisions = commands.add_parser("decisions", help="print the decision log as JSON Lines (dedup_decision events)")
     decisions.add_argument("--batch", help="only this batch")
-    decisions.add_argument("--run", help="only this Dagster run id")
+    decisions.add_argument("--run", help="only this Dagster run (its id, or the first characters of it)")
     decisions.set_defaults(func=cmd_decisions)
     metrics = commands.add_parser("metrics", help="print the dedup counters in the Prometheus text format")
     output = metrics.add_mutually_exclusive_group()

@@ -318,7 +318,7 @@ def default_resources() -> dict:
     return {
         "warehouse": WarehouseResource(**env.get("warehouse", {})),
         "landing": LandingResource(**env.get("landing", {})),
-        "ladder": LadderResource(),
+        "ladder": LadderResource(**env.get("ladder", {})),
         "near_dup": NearDupResource(),
         "seen_set": SeenSetResource(**env.get("seen_set", {})),
         "checks": ChecksResource(),

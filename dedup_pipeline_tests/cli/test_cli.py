@@ -348,6 +348,12 @@ def test_decisions_of_an_unknown_batch_is_an_error_naming_it(tmp_path):
     unknown = run_cli(["decisions", "--batch", "2026-11-01-shpo"], cwd=tmp_path)
     assert unknown.returncode == 2 and unknown.stdout == ""  # a wrong argument
     assert unknown.stderr.startswith("dedup-pipeline decisions: error: no batch '2026-11-01-shpo' in the warehouse")
+    # Breaks: `--run` with the 8 characters the UI shows, or a typo, printed nothing and exited 0.
+    run_id = json.loads(known.stdout.splitlines()[0])["run_id"]
+    short = run_cli(["decisions", "--run", run_id[:8]], cwd=tmp_path)
+    assert short.returncode == 0 and len(short.stdout.splitlines()) == 3
+    typo = run_cli(["decisions", "--run", "zz" + run_id[2:8]], cwd=tmp_path)
+    assert typo.returncode == 2 and "names no run of the decision log" in typo.stderr
 
 
 def test_version_prints_the_installed_version():
@@ -410,3 +416,18 @@ def test_a_run_over_an_index_that_cannot_serve_its_threshold_says_so(tmp_path):
     again = run_cli(["run", "--landing", str(landing)], cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("dedup-pipeline run: near rung: threshold 0.5 is too low for an index of 16 bands") == 1
+
+
+def test_the_deployment_s_policy_reaches_every_command_line_run(tmp_path):
+    """Breaks: `dedup-pipeline run` always decided under `upsert`: a warehouse run under `keep_first` (from the
+    launchpad) had its kept versions overwritten by the next command-line run, which had no way to take the
+    policy. `DEDUP_ON_CHANGED` sets it for every run of the deployment."""
+    landing = tmp_path / "landing"
+    write_batch(landing, "2026-11-01-shop", [listing(1, price="9.90")], landed=1e9)
+    write_batch(landing, "2026-11-02-shop", [listing(1, price="10.00")], landed=1e9 + 60)
+    result = run_cli(["run", "--landing", str(landing), "--json"], cwd=tmp_path, DEDUP_ON_CHANGED="keep_first")
+    assert result.returncode == 0, result.stderr
+    later = json.loads(result.stdout)["batches"][1]
+    assert (later["change_ignored"], later["changed"]) == (1, 0)
+    wrong = run_cli(["run", "--landing", str(landing)], cwd=tmp_path, DEDUP_ON_CHANGED="keep_last")
+    assert wrong.returncode == 1 and "on_changed" in wrong.stderr
