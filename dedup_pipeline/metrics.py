@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sqlalchemy import Connection, Engine, select
 
 from dedup_pipeline.core.exact import Decision
-from dedup_pipeline.store.schema import exact_rung_runs, near_rung_runs
+from dedup_pipeline.store.schema import REBUILD_RUN_PREFIX, exact_rung_runs, near_rung_runs
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,11 @@ def seed_figures(records_seen: int, decisions: Mapping[str, int]) -> dict:
     return figures
 
 
-def _runs_summed(conn: Connection, table) -> tuple[Counter, dict]:
-    """The numeric figures of every run in `table`, summed; and the figures of the latest run."""
+def _runs_summed(conn: Connection, table, *where) -> tuple[Counter, dict]:
+    """The numeric figures of every run in `table` (those `where` keeps), summed; and the figures of the latest run."""
     summed: Counter = Counter()
     latest: dict = {}
-    for (stats,) in conn.execute(select(table.c.stats).order_by(table.c.finished_at)):
+    for (stats,) in conn.execute(select(table.c.stats).where(*where).order_by(table.c.finished_at)):
         summed.update({k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
         latest = stats
     return summed, latest
@@ -66,7 +66,8 @@ def totals(conn: Connection) -> dict:
     the exact rung over a batch counts its lines again, as the decision log does.
     """
     exact, latest = _runs_summed(conn, exact_rung_runs)
-    near, _ = _runs_summed(conn, near_rung_runs)
+    # A rebuild of the index (`rebuild-near-index`, runs `rebuild-...`) links again what was flagged: no new flags.
+    near, _ = _runs_summed(conn, near_rung_runs, near_rung_runs.c.run_id.not_like(f"{REBUILD_RUN_PREFIX}%"))
     return {
         "decisions": Counter({d.value: int(exact[d.value]) for d in Decision if d != Decision.QUARANTINED}),
         "quarantined": int(exact["quarantined"]),
@@ -144,10 +145,19 @@ class _Read:
         return iter(self.found)
 
 
-def registry(conn: Connection) -> CollectorRegistry:
-    """A registry holding the counters as read now, ready to print or write."""
+def _up(read: bool) -> GaugeMetricFamily:
+    up = GaugeMetricFamily(
+        "dedup_warehouse_up", "1 if the figures were read from the warehouse, 0 if it could not be read."
+    )
+    up.add_metric([], 1 if read else 0)
+    return up
+
+
+def registry(conn: Connection | None) -> CollectorRegistry:
+    """A registry holding `dedup_warehouse_up` and the counters as read now, ready to print or write; without a
+    connection (the warehouse could not be read), `dedup_warehouse_up` 0 alone."""
     reg = CollectorRegistry()
-    reg.register(_Read(families(conn)))
+    reg.register(_Read([_up(conn is not None), *(families(conn) if conn is not None else [])]))
     return reg
 
 
@@ -155,8 +165,9 @@ def prometheus_text(conn: Connection) -> str:
     return generate_latest(registry(conn)).decode("utf-8")
 
 
-def write_textfile(conn: Connection, path: str) -> None:
-    """Write the counters to `path` atomically (a temporary file beside it, then a rename), as node_exporter expects."""
+def write_textfile(conn: Connection | None, path: str) -> None:
+    """Write the counters to `path` atomically (a temporary file beside it, then a rename), as node_exporter expects;
+    without a connection, `dedup_warehouse_up` 0 alone, so that no stale count stays served as current."""
     try:
         write_to_textfile(path, registry(conn))
     except OSError as exc:  # its message names the temporary file; the operator gave `path`
@@ -187,15 +198,12 @@ class WarehouseCollector:
                     with self.engine.connect() as conn:
                         self._families = families(conn)
                     self._read_at = time.monotonic()
-                except Exception:  # noqa: BLE001 - any failure to read is reported as the warehouse being down
-                    log.exception("metrics: could not read the warehouse")
+                except Exception as exc:  # noqa: BLE001 - any failure to read is reported as the warehouse being down
+                    reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+                    log.warning("dedup-pipeline metrics: could not read the warehouse: %s", reason)
                     self._families, self._read_at = [], -float("inf")
             found = self._families
-        up = GaugeMetricFamily(
-            "dedup_warehouse_up", "1 if the figures were read from the warehouse, 0 if it could not be read."
-        )
-        up.add_metric([], 1 if found else 0)
-        return iter([up, *found])
+        return iter([_up(bool(found)), *found])
 
 
 def serve(engine: Engine, port: int, address: str = "0.0.0.0", max_age: float = 30.0) -> WSGIServer:

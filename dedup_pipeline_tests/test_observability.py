@@ -29,7 +29,7 @@ from dedup_pipeline.environment import TOMBSTONE_KEY_ENV
 from dedup_pipeline.ladder.canonical import canonicalise_batch
 from dedup_pipeline.ladder.erasure import erase_subject
 from dedup_pipeline.ladder.exact import deduplicate_batch
-from dedup_pipeline.ladder.near import cluster_batch
+from dedup_pipeline.ladder.near import cluster_batch, rebuild_index
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.retention import RetentionSettings, prune_retention
 from dedup_pipeline.ladder.settings import LadderSettings, NearSettings
@@ -217,6 +217,29 @@ def test_counters_never_go_down_when_retention_and_erasure_delete_rows(warehouse
         "near_duplicate_links": 0,
     }
     assert _counters(warehouse) == before
+    # Breaks: a rebuild's figures (rebuild-... runs) were summed too, so rebuilding the index flagged every
+    # linked record again.
+    rebuild_index(warehouse, NearSettings(params=NearDupParams(threshold=0.5)))
+    assert _counters(warehouse) == before
+
+
+@pytest.mark.parametrize("warehouse_url", ["sqlite"], indirect=True)
+def test_the_textfile_says_the_warehouse_is_down_rather_than_keep_the_last_counts(
+    warehouse, warehouse_url, tmp_path, monkeypatch, capsys
+):
+    """Breaks: `metrics --textfile` wrote no `dedup_warehouse_up`, and a failed read left the last file in place,
+    so node_exporter kept serving its counts as current and the documented alert could not fire."""
+    from dedup_pipeline.cli import main
+
+    _ladder(warehouse, tmp_path, "b1", [listing(n) for n in range(3)])
+    path = tmp_path / "dedup.prom"
+    monkeypatch.setenv("DEDUP_DATABASE_URL", warehouse_url)
+    assert main(["metrics", "--textfile", str(path)]) == 0
+    assert "dedup_warehouse_up 1.0" in path.read_text() and "scraper_records_seen_total 3.0" in path.read_text()
+    monkeypatch.setenv("DEDUP_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:1/nowhere?connect_timeout=2")
+    assert main(["metrics", "--textfile", str(path)]) == 1
+    assert path.read_text().splitlines()[-1] == "dedup_warehouse_up 0.0" and "scraper_" not in path.read_text()
+    assert capsys.readouterr().err.startswith("dedup-pipeline metrics: error:")
 
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -254,7 +277,7 @@ def test_the_shipped_alert_rules_parse_and_name_only_metrics_the_exporter_serves
         for group in yaml.safe_load((DEPLOY / "prometheus" / "dedup-alerts.yml").read_text())["groups"]
         for rule in group["rules"]
     ]
-    assert len(rules) == 6
+    assert len(rules) == 7
     for rule in rules:
         _check_expression(rule["expr"], served_metric_names)
         assert rule["labels"]["severity"] in {"warning", "critical"}

@@ -8,6 +8,7 @@ crawl (`demo`). `python -m dedup_pipeline.cli` runs `main` too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sqlite3
@@ -80,13 +81,14 @@ def format_summary(summary: LadderSummary) -> str:
 def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = DEFAULT_WORKERS) -> int:
     from dedup_pipeline import heap
     from dedup_pipeline.cli.progress import progress_for
-    from dedup_pipeline.cli.runner import ensure_dagster_home, run_landing_folder
+    from dedup_pipeline.cli.runner import ensure_dagster_home, one_run_per_landing_folder, run_landing_folder
 
     heap.settle()  # what the imports left alive lives as long as this process
-    ensure_dagster_home()
-    summary = run_landing_folder(
-        landing, settle_seconds=settle_seconds, workers=workers, progress=progress_for(sys.stderr, as_json)
-    )
+    home = ensure_dagster_home()
+    with one_run_per_landing_folder(home, landing):
+        summary = run_landing_folder(
+            landing, settle_seconds=settle_seconds, workers=workers, progress=progress_for(sys.stderr, as_json)
+        )
     for notice in summary.notices:
         print(f"dedup-pipeline run: {notice}", file=sys.stderr)
     for batch, error in summary.failed.items():
@@ -142,10 +144,20 @@ def cmd_decisions(args: argparse.Namespace) -> int:
 
 
 def _workers(value: str) -> int:
-    workers = int(value)
-    if workers < 0:
-        raise argparse.ArgumentTypeError("must be 0 (one per CPU) or more")
-    return workers
+    if not value.strip().isdecimal():
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 (one per CPU) or more, got {value!r}")
+    return int(value)
+
+
+def _seconds(value: str) -> float:
+    """A time in seconds: a finite number, 0 or more (argparse's float takes nan, inf and negatives)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {value!r}")
+    return seconds
 
 
 def _listen_address(value: str) -> tuple[str, int]:
@@ -154,6 +166,10 @@ def _listen_address(value: str) -> tuple[str, int]:
     if not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected PORT or HOST:PORT, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+#: `metrics --serve`: scrapes are answered from a read of the warehouse at most this many seconds old.
+MAX_AGE = 30.0
 
 
 def _serve_metrics(warehouse, address: tuple[str, int], max_age: float) -> int:
@@ -183,14 +199,22 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from dedup_pipeline.metrics import prometheus_text, write_textfile
     from dedup_pipeline.store.warehouse import Warehouse
 
-    warehouse = Warehouse.existing()
     if args.serve:
-        return _serve_metrics(warehouse, args.serve, args.max_age)
-    with warehouse.engine.connect() as conn:
-        if args.textfile:
-            write_textfile(conn, args.textfile)
-        else:
-            print(prometheus_text(conn), end="")
+        return _serve_metrics(Warehouse.existing(), args.serve, MAX_AGE if args.max_age is None else args.max_age)
+    if args.max_age is not None:
+        print("dedup-pipeline metrics: error: --max-age goes with --serve", file=sys.stderr)
+        return 2
+    try:
+        with Warehouse.existing().engine.connect() as conn:
+            if args.textfile:
+                write_textfile(conn, args.textfile)
+            else:
+                print(prometheus_text(conn), end="")
+    except (OSError, DBAPIError, ConfigurationError):
+        if args.textfile:  # node_exporter would go on serving the last counts as current: say the warehouse is down
+            with contextlib.suppress(OSError):
+                write_textfile(None, args.textfile)
+        raise
     return 0
 
 
@@ -207,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     run.add_argument(
         "--settle-seconds",
-        type=float,
+        type=_seconds,
         default=DEFAULT_SETTLE_SECONDS,
         metavar="S",
         help="leave alone files modified in the last S seconds, still being written "
@@ -244,10 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     metrics.add_argument(
         "--max-age",
-        type=float,
-        default=30.0,
+        type=_seconds,
+        default=None,
         metavar="SECONDS",
-        help="with --serve: answer scrapes from a read of the warehouse at most this old (default 30)",
+        help=f"with --serve: answer scrapes from a read of the warehouse at most this old (default {MAX_AGE:g})",
     )
     metrics.set_defaults(func=cmd_metrics)
     return parser

@@ -10,7 +10,9 @@ the UI can re-execute a failed one.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -218,6 +220,28 @@ def _failure_reason(result: ExecutionResult) -> str:
             return f"{event.step_key}: {error_summary(event.step_failure_data.error)}"
     failure = result.get_run_failure_event()
     return failure.message if failure is not None else "the run failed"
+
+
+@contextmanager
+def one_run_per_landing_folder(home: Path, landing: Path) -> Iterator[None]:
+    """Hold, for the command's life, a lock per landing folder in the Dagster home `home`: a second `run` over the
+    same folder (a cron entry overlapping the last one) is refused, instead of running the source's batches beside
+    the first's, out of landing order, and counting every one twice."""
+    name = hashlib.sha256(str(landing.resolve()).encode()).hexdigest()[:16]
+    with open(home / f".dedup-run-{name}.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise ConfigurationError(
+                f"another `dedup-pipeline run` (pid {holder}) is running over {landing.resolve()}: it runs every "
+                "batch of the folder; let it end"
+            ) from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 def _local_instance() -> dg.DagsterInstance:

@@ -30,7 +30,7 @@ from dedup_pipeline.ladder.progress import ChunkProgress, ProgressLog
 from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.store import near as index
 from dedup_pipeline.store import near_graph as graph
-from dedup_pipeline.store.schema import near_rung_runs
+from dedup_pipeline.store.schema import REBUILD_RUN_PREFIX, near_rung_runs
 from dedup_pipeline.store.tombstones import lock_for_ingestion
 from dedup_pipeline.store.warehouse import Warehouse, analyze_grown, record_rung_run
 
@@ -185,7 +185,7 @@ def rebuild_index(warehouse: Warehouse, settings: NearSettings) -> list[NearRepo
         index.drop_index(conn)
     with warehouse.engine.connect() as conn:
         batches = index.batches_in_landing_order(conn)
-    run_id = f"rebuild-{uuid.uuid4().hex}"
+    run_id = f"{REBUILD_RUN_PREFIX}{uuid.uuid4().hex}"
     return [cluster_batch(warehouse, batch, settings, run_id) for batch in batches]
 
 

@@ -103,6 +103,18 @@ def grant_roles(engine: Engine, names: RoleNames = RoleNames()) -> list[str]:
     if engine.dialect.name != "postgresql":
         raise RuntimeError("roles exist on PostgreSQL only; the embedded SQLite warehouse is a local file")
     with engine.begin() as conn:
+        # The statements revoke before they grant: on a login (this one, or anyone's), they would strip its rights.
+        logins = conn.execute(
+            text(
+                "SELECT rolname FROM pg_roles WHERE rolname = ANY(:names) AND (rolcanlogin OR rolname = current_user)"
+            ),
+            {"names": names.all()},
+        ).scalars()
+        if taken := sorted(logins):
+            raise ValueError(
+                f"{', '.join(taken)} can log in (or is this session's role): the four roles are group roles of "
+                "their own, which logins are then granted; choose other names"
+            )
         for statement in roles_sql(engine, names):
             conn.execute(text(statement))
     return names.all()

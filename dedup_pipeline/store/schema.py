@@ -221,6 +221,10 @@ near_duplicate_clusters = Table(
 )
 
 
+#: The run id of a near-index rebuild's figures in `near_rung_runs`, before a uuid: it links again what runs linked.
+REBUILD_RUN_PREFIX = "rebuild-"
+
+
 def _rung_runs(name: str) -> Table:
     """Figures (counts, no keys or values) of each run of a rung over a batch, kept for the warehouse's life."""
     return Table(

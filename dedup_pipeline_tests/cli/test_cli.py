@@ -431,3 +431,35 @@ def test_the_deployment_s_policy_reaches_every_command_line_run(tmp_path):
     assert (later["change_ignored"], later["changed"]) == (1, 0)
     wrong = run_cli(["run", "--landing", str(landing)], cwd=tmp_path, DEDUP_ON_CHANGED="keep_last")
     assert wrong.returncode == 1 and "on_changed" in wrong.stderr
+
+
+def test_wrong_numbers_on_the_command_line_are_refused_in_one_line(tmp_path):
+    """Breaks: `--settle-seconds -5` or `nan` took every file, `inf` none, both silently; `--workers abc` named an
+    internal function; `--max-age` without `--serve` was ignored."""
+    for args in (
+        ["run", "--settle-seconds", "-5"],
+        ["run", "--settle-seconds", "nan"],
+        ["run", "--settle-seconds", "inf"],
+        ["run", "--workers", "abc"],
+        ["metrics", "--max-age", "5"],
+    ):
+        result = run_cli(args, cwd=tmp_path)
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) <= 3, (args, result.stderr)
+        assert "_workers" not in result.stderr and "Traceback" not in result.stderr
+        assert not (tmp_path / ".dedup").exists()  # refused before anything was created
+
+
+def test_a_second_run_over_the_same_landing_folder_is_refused_while_the_first_runs(tmp_path):
+    """Breaks: two `run`s over one folder (a cron entry overlapping the last) both ran every batch, a source's
+    batches of one beside the other's, out of landing order, and counted every decision twice."""
+    from dedup_pipeline.cli.runner import one_run_per_landing_folder
+
+    landing = tmp_path / "landing"
+    write_batch(landing, "2026-11-01-shop", [listing(1)], landed=1e9)
+    home = tmp_path / ".dagster_home"
+    home.mkdir()
+    with one_run_per_landing_folder(home, landing):  # the first run, as far as the second can tell
+        second = run_cli(["run", "--landing", str(landing)], cwd=tmp_path)
+    assert second.returncode == 1, second.stderr
+    assert f"another `dedup-pipeline run` (pid {os.getpid()}) is running over {landing.resolve()}" in second.stderr
+    assert run_cli(["run", "--landing", str(landing)], cwd=tmp_path).returncode == 0  # once it ended

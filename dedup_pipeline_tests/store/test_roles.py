@@ -129,6 +129,19 @@ def test_group_roles_cannot_log_in_and_the_sql_holds_no_credential(database):
     assert not any("PASSWORD" in statement.upper() for statement in roles_sql(database.owner.engine, database.names))
 
 
+def test_a_login_is_never_taken_for_a_group_role(database):
+    """Breaks: `grant-roles --writer postgres` (or any login's name) revoked that login's rights on every table."""
+    login = database.login(database.names.analyst)
+    own = database.owner.engine.url.username
+    for taken in (own, database.logins[database.names.analyst]):
+        names = RoleNames(taken, *database.names.all()[1:])
+        with pytest.raises(ValueError, match=f"{taken} can log in"):
+            grant_roles(database.owner.engine, names)
+    with database.owner.engine.connect() as conn:  # the owner kept every right
+        assert conn.execute(text("SELECT has_table_privilege('records', 'TRUNCATE')")).scalar_one()
+    login.dispose()
+
+
 def test_writer_runs_the_ladder_and_retention_but_cannot_touch_tombstones(database, tmp_path):
     writer = database.login(database.names.writer)
     writer.create_schema()  # every run does this; on an existing schema it needs no DDL right
