@@ -85,10 +85,18 @@ def _run(landing: Path, as_json: bool, settle_seconds: float, workers: int = DEF
 
     heap.settle()  # what the imports left alive lives as long as this process
     home = ensure_dagster_home()
-    with one_run_per_landing_folder(home, landing):
-        summary = run_landing_folder(
-            landing, settle_seconds=settle_seconds, workers=workers, progress=progress_for(sys.stderr, as_json)
+    try:
+        with one_run_per_landing_folder(home, landing):
+            summary = run_landing_folder(
+                landing, settle_seconds=settle_seconds, workers=workers, progress=progress_for(sys.stderr, as_json)
+            )
+    except KeyboardInterrupt:
+        print(
+            "\ndedup-pipeline run: interrupted (Ctrl-C): no batch started after it; one in flight finished or is "
+            "marked failed, as its line above says; run it again to finish",
+            file=sys.stderr,
         )
+        return 130
     for notice in summary.notices:
         print(f"dedup-pipeline run: {notice}", file=sys.stderr)
     for batch, error in summary.failed.items():

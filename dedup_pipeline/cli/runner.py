@@ -9,13 +9,15 @@ the UI can re-execute a failed one.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import multiprocessing
 import os
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -206,6 +208,54 @@ def _metadata(result: ExecutionResult, asset_name: str) -> dict:
     if not materializations:
         return {}
     return {key: value.value for key, value in materializations[-1].metadata.items()}
+
+
+@contextmanager
+def interrupt_watch() -> Iterator[Callable[[], bool]]:
+    """A function telling whether a Ctrl-C (SIGINT) reached this process since the watch began, whoever handled it.
+
+    A Dagster run swallows a SIGINT that lands outside a step, and one that lands in a query becomes a cancelled
+    query, which the step's retry runs again: the batch then ends `ok` and the next one would start. The wakeup
+    fd of `signal` hears every signal whatever handler is installed, so it is read between batches. Off the main
+    thread (where no handler runs), it hears nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write)
+    heard = []
+
+    def interrupted() -> bool:
+        with contextlib.suppress(BlockingIOError):
+            heard.extend(os.read(read, 4096))
+        return signal.SIGINT in heard
+
+    try:
+        yield interrupted
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
+
+
+#: The failure reason of a batch whose run Ctrl-C (SIGINT) stopped.
+INTERRUPTED = "interrupted (Ctrl-C): its run stopped and is marked failed; the next run does it again"
+
+
+def _interrupted(result: ExecutionResult) -> bool:
+    """Whether the run ended because the process was interrupted (Dagster turns SIGINT into a failure)."""
+    names = {"DagsterExecutionInterruptedError", "KeyboardInterrupt"}
+    for event in result.get_step_failure_events():
+        error = event.step_failure_data.error
+        while error is not None:
+            if error.cls_name in names:
+                return True
+            error = error.cause
+    failure = result.get_run_failure_event()
+    return failure is not None and "interrupted" in (failure.message or "")
 
 
 def _failure_reason(result: ExecutionResult) -> str:
@@ -407,24 +457,27 @@ def run_batches(
     origin = remote_job_origin(job.name, defs.get_repository_def().name)
     summary = LadderSummary()
     failed_sources: dict[str, str] = {}  # source -> its batch that failed
-    for key in keys:
-        summary.order.append(key)
-        source = batch_source(key)
-        if source in failed_sources:
-            summary.held[key] = (
-                f"held: batch {failed_sources[source]} of source {source!r} failed before it; a source's batches "
-                "are stored in landing order, so it runs once that one succeeds"
-            )
-            progress.batch_done(key, "held", 0.0)
-            continue
-        progress.batch_started(key)
-        started = time.monotonic()
-        ok = _run_batch(job, key, instance, origin, warehouse, run_config_for(landing, canonical_workers), summary)
-        if not ok:
-            failed_sources[source] = key
-        progress.batch_done(key, "ok" if ok else "FAILED", time.monotonic() - started)
-        # What the batch imported on first use (the MinHash kernels, redis, matplotlib) and cached lives on.
-        heap.settle()
+    with interrupt_watch() as interrupted:
+        for key in keys:
+            summary.order.append(key)
+            source = batch_source(key)
+            if source in failed_sources:
+                summary.held[key] = (
+                    f"held: batch {failed_sources[source]} of source {source!r} failed before it; a source's batches "
+                    "are stored in landing order, so it runs once that one succeeds"
+                )
+                progress.batch_done(key, "held", 0.0)
+                continue
+            progress.batch_started(key)
+            started = time.monotonic()
+            ok = _run_batch(job, key, instance, origin, warehouse, run_config_for(landing, canonical_workers), summary)
+            if not ok:
+                failed_sources[source] = key
+            progress.batch_done(key, "ok" if ok else "FAILED", time.monotonic() - started)
+            if interrupted() or summary.failed.get(key) == INTERRUPTED:  # Ctrl-C: no batch after this one starts
+                raise KeyboardInterrupt
+            # What the batch imported on first use (the MinHash kernels, redis, matplotlib) and cached lives on.
+            heap.settle()
     return summary
 
 
@@ -448,6 +501,6 @@ def _run_batch(
     if result.success:
         summary.batches.append(_summary_of(key, result, warehouse))
     else:
-        summary.failed[key] = _failure_reason(result)
+        summary.failed[key] = INTERRUPTED if _interrupted(result) else _failure_reason(result)
         summary.stored_before_failing[key] = _summary_of(key, result, warehouse)
     return result.success

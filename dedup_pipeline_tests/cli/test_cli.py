@@ -463,3 +463,38 @@ def test_a_second_run_over_the_same_landing_folder_is_refused_while_the_first_ru
     assert second.returncode == 1, second.stderr
     assert f"another `dedup-pipeline run` (pid {os.getpid()}) is running over {landing.resolve()}" in second.stderr
     assert run_cli(["run", "--landing", str(landing)], cwd=tmp_path).returncode == 0  # once it ended
+
+
+def test_ctrl_c_stops_a_run_before_its_next_batch(tmp_path):
+    """Breaks: Ctrl-C during a batch failed it (or, landing in a query or between steps, was swallowed and the
+    batch ended ok), and `run` went on with every batch after it. Must hold: no batch starts after the
+    interrupt, and the command says so, exit status 130."""
+    import signal
+    import time
+
+    landing = tmp_path / "landing"
+    for day in range(4):
+        rows = [listing(n, price=f"{day}.50") for n in range(2500)]
+        write_batch(landing, f"2026-11-0{day + 1}-shop", rows, landed=1e9 + 60 * day)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("DEDUP_", "DAGSTER_HOME"))}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dedup_pipeline.cli", "run", "--landing", str(landing), "--settle-seconds", "0"],
+        cwd=tmp_path,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job: Ctrl-C reaches them all
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job inherits it ignored
+    )
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if "batch 1/4" in line and "ok in" in line:
+            os.killpg(process.pid, signal.SIGINT)
+            break
+    time.sleep(0.1)
+    rest = process.communicate(timeout=300)[1]
+    err = "".join(lines) + rest
+    assert process.returncode == 130, err
+    assert "interrupted (Ctrl-C): no batch started after it" in err and "batch 4/4" not in err
