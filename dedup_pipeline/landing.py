@@ -209,6 +209,8 @@ def _head(raw: bytes) -> bytes:
 
 #: The UTF-8 byte-order mark some writers put at the start of a file (never part of the first record).
 BOM = b"\xef\xbb\xbf"
+#: The byte-order marks of UTF-16 (and UTF-32) text, little- and big-endian.
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")
 
 
 class TruncatedBatch(Exception):
@@ -327,6 +329,11 @@ def iter_lines(path: Path, digest: FileDigest | None = None, max_line_bytes: int
                     skipped, block = None, block[end + 1 :]
                 pending += block
                 if at_start and (len(pending) >= len(BOM) or not block):
+                    if pending.startswith(UTF16_BOMS):  # every line would be quarantined as not UTF-8
+                        raise BatchFileError(
+                            f"batch file {path} is UTF-16 (or UTF-32) text, by its byte-order mark: batches are "
+                            "UTF-8; re-encode it (iconv -f UTF-16 -t UTF-8)"
+                        )
                     pending, at_start = pending.removeprefix(BOM), False
                 if not block:
                     break

@@ -90,7 +90,8 @@ def parse_line(raw: bytes) -> dict[str, Any]:
         raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
     try:
         if text.startswith("\ufeff"):  # json.loads refuses a byte-order mark; the decoder alone would not
-            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+            message = "a byte-order mark starts the line (only the file's first line may have one)"
+            raise json.JSONDecodeError(message, text, 0)
         value = _DECODER.decode(text)
     except RecordError:
         raise

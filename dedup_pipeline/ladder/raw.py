@@ -105,7 +105,7 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile, max_line_bytes: int
                     bad.add(line.number, str(exc), line.raw)
         except TruncatedBatch as exc:
             lines += 1
-            bad.add(exc.line_no, f"truncated batch file: {exc.reason}", exc.tail)
+            bad.add(exc.line_no, f"batch file cut short or damaged at its end: {exc.reason}", exc.tail)
         bad.flush()
         sha256 = read.hexdigest()
         landed_at = _first_landed_at(conn, batch, sha256)

@@ -65,7 +65,7 @@ def test_a_byte_order_mark_at_the_start_of_a_file_costs_no_record(warehouse, tmp
     raw, canonical, exact, _ = run_batch(warehouse, folder, "2026-11-01-shop")
     assert (raw.lines, raw.parsed, raw.quarantined) == (3, 2, 1)
     assert list(_quarantined(warehouse)) == [3]
-    assert "Unexpected UTF-8 BOM" in _quarantined(warehouse)[3][0]
+    assert "a byte-order mark starts the line" in _quarantined(warehouse)[3][0]
     assert exact.survivors == 2
     with warehouse.engine.connect() as conn:
         keys = set(conn.execute(select(records.c.natural_key)).scalars())

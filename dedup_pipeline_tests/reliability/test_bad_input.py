@@ -123,7 +123,7 @@ def test_a_truncated_gzip_keeps_every_line_before_the_damage(warehouse, tmp_path
     ((line, (rung, reason, tail)),) = quarantined.items()
     assert rung == "raw"
     assert reason == (
-        "truncated batch file: compressed stream damaged: "
+        "batch file cut short or damaged at its end: compressed stream damaged: "
         "Compressed file ended before the end-of-stream marker was reached"
     )
     good = line - 1
@@ -154,6 +154,23 @@ def test_a_gzip_batch_nobody_can_read_is_refused_whole(warehouse, tmp_path, dama
     with pytest.raises(BatchFileError, match=r"cannot be read \(Not a gzipped file.*not one line could be"):
         ingest_raw_batch(warehouse, find_batch(folder, "unreadable"))
     assert count(warehouse.engine, crawl_batches) == 0 and not quarantined_lines(warehouse.engine, "unreadable")
+
+
+@pytest.mark.parametrize("encoding, suffix", [("utf-16", ".jsonl"), ("utf-16-be", ".jsonl.gz")])
+def test_a_utf16_batch_is_refused_whole_with_what_to_do(warehouse, tmp_path, encoding, suffix):
+    """Breaks: a batch saved as UTF-16 (a Windows export) quarantined every line as "invalid UTF-8" or malformed
+    JSON, reasons that never named the encoding, and a mostly quarantined batch then blocked its run."""
+    from dedup_pipeline.ladder.raw import ingest_raw_batch
+    from dedup_pipeline.landing import BatchFileError, find_batch
+
+    folder = tmp_path / "landing"
+    folder.mkdir()
+    text = "".join(json.dumps(listing(n)) + "\n" for n in range(5))
+    data = ("\ufeff" + text).encode(encoding) if encoding == "utf-16-be" else text.encode(encoding)  # BOM first
+    (folder / f"wide{suffix}").write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    with pytest.raises(BatchFileError, match=r"is UTF-16 \(or UTF-32\) text.*re-encode it"):
+        ingest_raw_batch(warehouse, find_batch(folder, "wide"))
+    assert count(warehouse.engine, crawl_batches) == 0 and not quarantined_lines(warehouse.engine, "wide")
 
 
 @pytest.mark.parametrize("level", [0, 6], ids=["stored", "deflated"])
