@@ -24,7 +24,7 @@ import re
 import threading
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -418,8 +418,22 @@ def simhash_links(shingles: Sequence[Sequence[bytes]], params: NearDupParams) ->
     return list(zip(usable[i].tolist(), usable[j].tolist(), sims.tolist()))
 
 
+def as_texts(texts: Iterable[str]) -> list[str]:
+    """`texts` as a list of strings, positions 0..n-1 (a pandas Series by position, not by its index labels); a
+    TypeError naming the first item that is not a string, or saying that one string was given for many."""
+    if isinstance(texts, str | bytes):
+        raise TypeError("texts is one string: give a sequence of texts (a list, a pandas Series...)")
+    texts = list(texts)
+    for position, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts must be strings: item {position} is {type(text).__name__} ({text!r:.40})")
+    return texts
+
+
 def near_duplicate_links(texts: Sequence[str], params: NearDupParams | None = None) -> list[Link]:
-    """Verified near-duplicate links ``(i, j, similarity)``, ``i < j``, sorted."""
+    """Verified near-duplicate links ``(i, j, similarity)``, ``i < j``, sorted; `texts` any sequence of strings
+    (:func:`as_texts`)."""
+    texts = as_texts(texts)
     params = params or NearDupParams()
     if params.method == "simhash":
         links = simhash_links(shingle_texts(texts, params.normaliser), params)
@@ -441,6 +455,7 @@ def to_lean_minhashes(texts: Sequence[str], params: NearDupParams | None = None)
     ``MinHashLSHForest`` or ``MinHashLSHEnsemble`` beside sketches datasketch made itself. An empty text gives
     datasketch's empty sketch.
     """
+    texts = as_texts(texts)
     params = params or NearDupParams()
     if params.method != "minhash":
         raise ValueError("LeanMinHash sketches need method='minhash'")
@@ -504,9 +519,11 @@ def cluster_near_duplicates(
     Deterministic for a given input. ``options`` are :class:`NearDupParams`
     fields (``num_perm``, ``verify="exact"``, ``representative="longest"``,
     ``simhash_max_distance``...) or :class:`TextNormaliser` fields
-    (``ngram``, ``shingle``...). Empty texts are always singletons.
+    (``ngram``, ``shingle``...). Empty texts are always singletons. `texts` is any sequence of strings
+    (:func:`as_texts`); labels are positions.
     """
     params = make_params(threshold, method, **options)
+    texts = as_texts(texts)
     links = near_duplicate_links(texts, params)
     lengths = [len(text) for text in texts] if params.representative == "longest" else None
     return cluster_labels(len(texts), links, params.representative, lengths).tolist()
