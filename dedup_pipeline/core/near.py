@@ -26,6 +26,7 @@ import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from numbers import Integral
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -224,7 +225,16 @@ def threshold_recall(threshold: float, bands: int, rows: int) -> float:
     :func:`~dedup_pipeline.core.lsh.candidate_probability` at the threshold: pairs above it fare better, so
     this is the worst recall banding allows among the pairs verification would keep.
     """
+    _check_banding(bands, rows, threshold)
     return candidate_probability(threshold, bands, rows)
+
+
+def _check_banding(bands: int, rows: int, threshold: float | None = None) -> None:
+    """ValueError for bands or rows under 1, or a threshold outside (0, 1] (the formulas would answer anyway)."""
+    if not (isinstance(bands, Integral) and isinstance(rows, Integral) and bands >= 1 and rows >= 1):
+        raise ValueError(f"bands and rows must be whole numbers of at least 1, got {bands!r} and {rows!r}")
+    if threshold is not None and not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
 
 
 def lowest_threshold(bands: int, rows: int, min_recall: float = MIN_THRESHOLD_RECALL) -> float:
@@ -234,6 +244,7 @@ def lowest_threshold(bands: int, rows: int, min_recall: float = MIN_THRESHOLD_RE
     """
     if not 0.0 < min_recall < 1.0:
         raise ValueError("min_recall must be in (0, 1)")
+    _check_banding(bands, rows)
     return float((1.0 - (1.0 - min_recall) ** (1.0 / bands)) ** (1.0 / rows))
 
 

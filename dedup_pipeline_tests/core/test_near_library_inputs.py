@@ -40,3 +40,20 @@ def test_what_is_not_a_sequence_of_strings_is_refused_in_one_line(texts, says):
     for call in (cluster_near_duplicates, near_duplicate_links, to_lean_minhashes):
         with pytest.raises(TypeError, match=says):
             call(texts)
+
+
+@pytest.mark.parametrize(
+    "call, args",
+    [
+        ("threshold_recall", (2, 26, 3)),
+        ("threshold_recall", (-1, 26, 3)),
+        ("threshold_warning", (0, 26, 3)),
+        ("lowest_threshold", (0, 3)),
+    ],
+)
+def test_the_banding_helpers_refuse_what_has_no_meaning(call, args):
+    """Breaks: threshold_recall(2, 26, 3) answered -9.4e21, lowest_threshold(0, 3) divided by zero."""
+    from dedup_pipeline.core import near
+
+    with pytest.raises(ValueError, match="must be"):
+        getattr(near, call)(*args)
