@@ -12,7 +12,7 @@ Every figure is the median of ``--repeat`` runs.
 
 Documents: ``--docs`` synthetic English-like texts of about 2 KB (seeded
 Zipf vocabulary, capitals and punctuation, so normalisation has work to do),
-shingled with the default normaliser (`text/2`, `auto`: these texts are long, so
+shingled with the default normaliser (`text/3`, `auto`: these texts are long, so
 word 3-grams, about 340 shingles per document). Signatures: 128 permutations, seed 1, affine32, xxh32.
 
 Two ways of counting, both printed:

@@ -476,12 +476,14 @@ def to_lean_minhashes(texts: Sequence[str], params: NearDupParams | None = None)
 
 #: The settings that make an index's keys (:meth:`NearDupParams.identity`), named as the `near_dup` resource names
 #: them; the threshold, verification and representative rule are not among them.
-SKETCH_SETTINGS = ("method", "num_perm", "shingle", "ngram", "bands", "rows", "simhash_max_distance")
+SKETCH_SETTINGS = ("method", "num_perm", "shingle", "ngram", "marks", "bands", "rows", "simhash_max_distance")
+#: The text settings among them (`TextNormaliser` fields); an index built before ``marks`` was one is ``"strip"``.
+TEXT_SETTINGS = ("shingle", "ngram", "marks")
 
 
 def sketch_config(params: NearDupParams) -> dict:
     """The sketch settings of `params` (those of :data:`SKETCH_SETTINGS` its method uses), as plain values."""
-    text = {"shingle": params.normaliser.shingle, "ngram": params.normaliser.ngram}
+    text = {name: getattr(params.normaliser, name) for name in TEXT_SETTINGS}
     if params.method == "simhash":
         return {"method": "simhash", **text, "simhash_max_distance": params.simhash_max_distance}
     return {"method": "minhash", "num_perm": params.num_perm, **text, "bands": params.bands, "rows": params.rows}
@@ -494,7 +496,7 @@ def with_sketch_config(params: NearDupParams, config: Mapping) -> NearDupParams:
     """
     method = config.get("method", params.method)
     normaliser = params.normaliser if method == params.method else DEFAULT_NORMALISERS[method]
-    text = {name: config[name] for name in ("shingle", "ngram") if name in config}
+    text = {name: config[name] for name in TEXT_SETTINGS if name in config}
     numbers = {name: config[name] for name in ("num_perm", "bands", "rows", "simhash_max_distance") if name in config}
     return replace(params, method=method, normaliser=replace(normaliser, **text), **numbers)
 

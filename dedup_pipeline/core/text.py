@@ -16,6 +16,12 @@ Rules, in order:
    shingles, while the shape of the number stays).
 4. ``strip_punctuation``: every run of characters that are neither letters nor
    digits (punctuation, symbols, underscores, whitespace) becomes one space.
+   A script's combining marks (the vowel signs of Devanagari or Tamil,
+   Arabic's harakat) belong to their word (``marks="keep"``, ``text/3``);
+   ``marks="strip"`` makes them punctuation too, as ``text/2`` did, which
+   breaks the words of those scripts into bare consonants. The
+   script-neutral diacritics that NFKC leaves (a spacing accent's) are
+   punctuation under both.
 5. Whitespace is always collapsed to single spaces and trimmed.
 
 Shingles are word n-grams (tokens joined by one space) or character n-grams
@@ -49,13 +55,37 @@ import numpy as np
 #: Version of the rule *implementations* below. Bump it (``text/2``...) when
 #: the code of a rule changes what it outputs for some input; the golden test
 #: in ``test_text.py`` fails when that happens without a bump.
-RULES_VERSION = "text/2"
+RULES_VERSION = "text/3"
 
-#: The version before ``shingle="auto"``: its rules 1-5 and its word and char shingles are those of today, so an
-#: identity under it names the same shingles as today's (see :meth:`TextNormaliser.identities`).
+#: The rules of ``marks="strip"``: ``text/3`` but for combining marks, which it counted as punctuation. An index
+#: built under it keeps its name (:meth:`TextNormaliser.identity`).
+MARKS_STRIPPED_VERSION = "text/2"
+
+#: The version before ``shingle="auto"``: its rules 1-5 and its word and char shingles are those of ``text/2``, so
+#: an identity under it names the same shingles as ``marks="strip"`` (see :meth:`TextNormaliser.identities`).
 PREVIOUS_RULES_VERSION = "text/1"
 
 _UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
+_MARK_POLICIES = ("keep", "strip")
+_MARK_CATEGORIES = ("Mn", "Mc", "Me")
+#: The script-neutral combining diacritics (accents, tildes, dots for any Latin, Greek or Cyrillic letter). NFKC
+#: composes them with the letter before them where Unicode can, so those left are a spacing accent's ("´" becomes
+#: " " and U+0301) or stacked ones: punctuation, as before, so that "Men´s" stays "men s".
+_GENERIC_MARKS = ((0x0300, 0x036F), (0x1AB0, 0x1AFF), (0x1DC0, 0x1DFF), (0x20D0, 0x20FF), (0xFE20, 0xFE2F))
+
+
+def _is_word_char(char: str, marks: bool) -> bool:
+    """Rule 4's letters and digits: ``str.isalnum``, and with `marks` the combining marks of a script (categories
+    Mn, Mc, Me but the script-neutral diacritics of :data:`_GENERIC_MARKS`): Devanagari's vowel signs, Arabic's
+    harakat."""
+    if char.isalnum():
+        return True
+    if not marks or unicodedata.category(char) not in _MARK_CATEGORIES:
+        return False
+    code = ord(char)
+    return not any(low <= code <= high for low, high in _GENERIC_MARKS)
+
+
 _DIGIT_POLICIES = ("keep", "mask")
 _SHINGLE_KINDS = ("word", "char", "auto")
 
@@ -98,10 +128,11 @@ _SEPARATOR = "\x1f"
 _SEPARATOR_BYTE = _SEPARATOR.encode()
 
 
-@lru_cache(maxsize=1)
-def _bmp_alnum() -> np.ndarray:
-    """One flag per BMP code point: is it alphanumeric (``str.isalnum``, which is what re's ``\\w`` is, but ``_``)?"""
-    return np.frombuffer(bytes(chr(c).isalnum() for c in range(0x10000)), dtype=np.uint8)
+@lru_cache(maxsize=2)
+def _bmp_word(marks: bool) -> np.ndarray:
+    """One flag per BMP code point: does rule 4 keep it (:func:`_is_word_char`: ``str.isalnum``, which is what
+    re's ``\\w`` is but ``_``, and with `marks` the combining marks)?"""
+    return np.frombuffer(bytes(_is_word_char(chr(c), marks) for c in range(0x10000)), dtype=np.uint8)
 
 
 @lru_cache(maxsize=1)
@@ -122,21 +153,25 @@ def _ascii_strip_table() -> np.ndarray:
     return table
 
 
-def _strip_non_alnum(text: str) -> str:
-    """Rule 4 for non-ASCII text: every run of characters that are neither letters nor digits becomes a space.
+def _strip_non_alnum(text: str, marks: bool) -> str:
+    """Rule 4 for non-ASCII text: every run of characters that are neither letters nor digits (nor, with `marks`,
+    combining marks) becomes a space.
 
-    The same as ``re.sub(r"[\\W_]+", " ", text)`` up to the length of the runs (rule 5 collapses them anyway).
+    With `marks` off, the same as ``re.sub(r"[\\W_]+", " ", text)`` up to the length of the runs (rule 5 collapses
+    them anyway).
     """
-    return _strip_only(text.encode("utf-8", "surrogatepass"), _ascii_strip_table()).decode("utf-8", "surrogatepass")
+    data = text.encode("utf-8", "surrogatepass")
+    return _strip_only(data, _ascii_strip_table(), marks).decode("utf-8", "surrogatepass")
 
 
-def _strip_only(data: bytes, ascii_table: np.ndarray) -> bytes:
+def _strip_only(data: bytes, ascii_table: np.ndarray, marks: bool) -> bytes:
     """Rule 4 alone of UTF-8 ``data``, by the compiled pass of rules 2-4 with rules 2 and 3 off; ASCII bytes go
     through ``ascii_table`` (:func:`_ascii_strip_table`, or :func:`_separator_table` to keep the separator)."""
     from dedup_pipeline.core.xxh32 import fold_and_strip
 
-    # Without casefolding every row is one code point (the table is never None): itself when alphanumeric, else a space.
-    return fold_and_strip(data, ascii_table, _bmp_folds(False, "keep"), _strip_wide)
+    # Without casefolding every row is one code point (the table is never None): itself when kept, else a space.
+    wide = partial(_wide_rules, casefold=False, digits="keep", marks=marks)
+    return fold_and_strip(data, ascii_table, _bmp_folds(False, "keep", marks), wide)
 
 
 #: Marks where one text ends in a buffer of many: a byte that UTF-8 never uses.
@@ -144,7 +179,7 @@ _TEXT_END = b"\xff"
 
 
 @cache
-def _bmp_folds(casefold: bool, digits: str) -> np.ndarray | None:
+def _bmp_folds(casefold: bool, digits: str, marks: bool) -> np.ndarray | None:
     """Rules 2-4 for each BMP code point beyond ASCII: the code points it becomes, up to three (0 after the last).
 
     Row ``c`` holds ``chr(c)`` casefolded (when ``casefold``), its decimal digits masked (when ``digits="mask"``),
@@ -157,13 +192,13 @@ def _bmp_folds(casefold: bool, digits: str) -> np.ndarray | None:
     code = np.zeros(0x10000, dtype=np.int64)
     code[single] = np.fromiter(map(ord, itertools.compress(folded, single)), dtype=np.int64)
     folds = np.zeros((0x10000, 3), dtype=np.uint16)
-    keep = _bmp_alnum()[code].astype(bool)
+    keep = _bmp_word(marks)[code].astype(bool)
     folds[:, 0] = np.where(keep, code, 0x20)
     if digits == "mask":
         folds[_bmp_decimal()[code].astype(bool), 0] = ord("0")
     for c in np.flatnonzero(~single).tolist():  # the few characters that casefold to several (ß, ŉ, ΐ...)
         text = _DIGIT.sub("0", folded[c]) if digits == "mask" else folded[c]
-        out = [ord(char) if char.isalnum() else 0x20 for char in text]
+        out = [ord(char) if _is_word_char(char, marks) else 0x20 for char in text]
         width = sum(1 if o < 0x80 else 2 if o < 0x800 else 3 for o in out)
         if len(out) > 3 or max(out) > 0xFFFF or width > 3 * (2 if c < 0x800 else 3):
             return None
@@ -180,15 +215,12 @@ def _bmp_decimal() -> np.ndarray:
 
 
 @lru_cache(maxsize=4096)
-def _wide_rules(char: bytes, casefold: bool, digits: str) -> bytes:
+def _wide_rules(char: bytes, casefold: bool, digits: str, marks: bool) -> bytes:
     """Rules 2-4 of one character beyond the BMP, as UTF-8 (the per-character rule :func:`_bmp_folds` tabulates)."""
     text = char.decode("utf-8")
     text = text.casefold() if casefold else text
     text = _DIGIT.sub("0", text) if digits == "mask" else text
-    return "".join(c if c.isalnum() else " " for c in text).encode("utf-8")
-
-
-_strip_wide = partial(_wide_rules, casefold=False, digits="keep")
+    return "".join(c if _is_word_char(c, marks) else " " for c in text).encode("utf-8")
 
 
 @cache
@@ -234,6 +266,7 @@ class TextNormaliser:
     short_below: int = 75
     short_words: int = 1
     short_chars: int = 4
+    marks: str = "keep"
 
     version: ClassVar[str] = RULES_VERSION
 
@@ -242,6 +275,8 @@ class TextNormaliser:
             raise ValueError(f"unicode_form must be one of {_UNICODE_FORMS}, got {self.unicode_form!r}")
         if self.digits not in _DIGIT_POLICIES:
             raise ValueError(f"digits must be one of {_DIGIT_POLICIES}, got {self.digits!r}")
+        if self.marks not in _MARK_POLICIES:
+            raise ValueError(f"marks must be one of {_MARK_POLICIES}, got {self.marks!r}")
         if self.shingle not in _SHINGLE_KINDS:
             raise ValueError(f"shingle must be one of {_SHINGLE_KINDS}, got {self.shingle!r}")
         for name in ("ngram", "short_below", "short_words", "short_chars"):
@@ -253,18 +288,23 @@ class TextNormaliser:
         if self.shingle == "auto" and self.short_below and not (self.short_words or self.short_chars):
             raise ValueError("shingle='auto' needs short_words or short_chars for texts shorter than short_below")
 
+    @property
+    def _keep_marks(self) -> bool:
+        return self.marks == "keep"
+
     def identity(self) -> str:
-        """A stable string naming the rule version and every setting that shapes the shingles."""
-        return self._identity(self.version)
+        """A stable string naming the rule version and every setting that shapes the shingles: ``marks="strip"``
+        is named by its own version, ``text/2``, as the indexes built under it are."""
+        return self._identity(self.version if self._keep_marks else MARKS_STRIPPED_VERSION)
 
     def identities(self) -> tuple[str, ...]:
         """:meth:`identity`, then the identities that earlier rule versions gave these same shingles.
 
-        Under ``text/1`` and ``text/2`` the word and char kinds are one rule, so an index built under the
-        ``text/1`` identity of a word or char normaliser holds the keys this one makes; ``shingle="auto"``
-        is new in ``text/2`` and has no earlier name.
+        Under ``text/1`` and ``text/2`` (``marks="strip"``) the word and char kinds are one rule, so an index
+        built under the ``text/1`` identity of a word or char normaliser holds the keys this one makes;
+        ``shingle="auto"`` is new in ``text/2`` and has no earlier name.
         """
-        if self.shingle == "auto":
+        if self.shingle == "auto" or self._keep_marks:
             return (self.identity(),)
         return self.identity(), self._identity(PREVIOUS_RULES_VERSION)
 
@@ -282,7 +322,7 @@ class TextNormaliser:
         """Rules 1-4; whitespace is not collapsed yet."""
         text = self._rules_1_to_3(text)
         if self.strip_punctuation:
-            text = text.translate(_ASCII_NOT_ALNUM) if text.isascii() else _strip_non_alnum(text)
+            text = text.translate(_ASCII_NOT_ALNUM) if text.isascii() else _strip_non_alnum(text, self._keep_marks)
         return text
 
     def _rules_1_to_3(self, text: str) -> str:
@@ -308,9 +348,11 @@ class TextNormaliser:
         alone = {i for i, data in enumerate(done) if _SEPARATOR_BYTE in data}
         together = [data for i, data in enumerate(done) if i not in alone]
         if together:
-            stripped = iter(_strip_only(_SEPARATOR_BYTE.join(together), _separator_table()).split(_SEPARATOR_BYTE))
+            joined = _strip_only(_SEPARATOR_BYTE.join(together), _separator_table(), self._keep_marks)
+            stripped = iter(joined.split(_SEPARATOR_BYTE))
         return [
-            _strip_only(data, _ascii_strip_table()) if i in alone else next(stripped) for i, data in enumerate(done)
+            _strip_only(data, _ascii_strip_table(), self._keep_marks) if i in alone else next(stripped)
+            for i, data in enumerate(done)
         ]
 
     def _joined_rules_1_to_4(self, texts: Sequence[str]) -> bytes | None:
@@ -326,7 +368,7 @@ class TextNormaliser:
             return None
         form = self.unicode_form
         text = _SEPARATOR.join(t if form == "none" or t.isascii() else unicodedata.normalize(form, t) for t in texts)
-        folds = _bmp_folds(self.casefold, self.digits)
+        folds = _bmp_folds(self.casefold, self.digits, self._keep_marks)
         if text.count(_SEPARATOR) != len(texts) - 1 or folds is None:
             return None
         from dedup_pipeline.core.xxh32 import fold_and_strip
@@ -335,7 +377,7 @@ class TextNormaliser:
             text.encode("utf-8", "surrogatepass"),
             _fold_ascii_table(self.casefold, self.digits),
             folds,
-            partial(_wide_rules, casefold=self.casefold, digits=self.digits),
+            partial(_wide_rules, casefold=self.casefold, digits=self.digits, marks=self._keep_marks),
         )
 
     def normalise(self, text: str) -> str:

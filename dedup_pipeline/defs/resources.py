@@ -142,6 +142,11 @@ class NearDupResource(dg.ConfigurableResource):
         default=None,
         description="n-gram size; empty means the index's, else the method's default (MinHash 3, SimHash 4).",
     )
+    marks: Optional[str] = Field(
+        default=None,
+        description="Combining marks (vowel signs, diacritics): 'keep' them in their words (text/3) or 'strip' them "
+        "as punctuation (text/2); empty means the index's, else keep.",
+    )
     simhash_max_distance: Optional[int] = Field(
         default=None,
         description="SimHash: differing bits that still count as near; empty means the index's, else "

@@ -143,13 +143,24 @@ def adopt_index_settings(conn: Connection, params: NearDupParams, unset: Collect
     """
     stored = read_setting(conn, INDEX_CONFIG)
     if stored is None:
-        return adopt_bands(conn, params) if {"bands", "rows"} <= set(unset) else params
-    taken = {name: value for name, value in json.loads(stored).items() if name in unset}
+        adopted = adopt_bands(conn, params) if {"bands", "rows"} <= set(unset) else params
+        if "marks" in unset and adopted.normaliser.marks != "strip" and not _is_stored(conn, adopted):
+            # Indexes of text/2 (every index claimed before its settings were kept) count marks as punctuation.
+            stripped = adopt_bands(conn, with_sketch_config(params, {"marks": "strip"}))
+            return stripped if _is_stored(conn, stripped) else adopted
+        return adopted
+    taken = {"marks": "strip", **json.loads(stored)}  # a config kept before marks was a setting: text/2's rule
+    taken = {name: value for name, value in taken.items() if name in unset}
     try:
         adopted = with_sketch_config(params, taken)
     except ValueError:  # settings the run's own cannot hold (bands of more permutations): another index, refused
         return params
     return adopted if f"{LAYOUT};{adopted.identity()}" == stored_identity(conn) else params
+
+
+def _is_stored(conn: Connection, params: NearDupParams) -> bool:
+    """Whether `params` make the identity of the stored index."""
+    return f"{LAYOUT};{params.identity()}" == stored_identity(conn)
 
 
 def adopt_bands(conn: Connection, params: NearDupParams) -> NearDupParams:

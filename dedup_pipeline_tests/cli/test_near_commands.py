@@ -12,7 +12,7 @@ from datasketch import LeanMinHash, MinHash
 from xxhash import xxh32_intdigest
 
 from dedup_pipeline.cli import main
-from dedup_pipeline.core.near import NearDupParams, make_params, near_text
+from dedup_pipeline.core.near import NearDupParams, make_params, near_text, sketch_config
 from dedup_pipeline.defs.resources import NearDupResource
 from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.settings import NearSettings
@@ -86,6 +86,31 @@ def test_an_index_built_before_its_settings_were_kept_gives_its_bands_and_then_k
     with filled.engine.connect() as conn:
         kept = json.loads(conn.execute(select_setting(index.INDEX_CONFIG)).scalar_one())
     assert (kept["method"], kept["bands"], kept["rows"], kept["shingle"]) == ("minhash", 26, 3, "auto")
+
+
+@pytest.mark.parametrize("kept", ["nothing", "settings without marks"])
+def test_an_index_of_text_2_goes_on_under_its_own_rule(warehouse, tmp_path, kept):
+    """An index built before text/3 (combining marks stripped, under text/2's name) is every warehouse's until
+    it is rebuilt: a run of the default config takes its rule, whether the index kept its settings (from today,
+    but without `marks`) or not (before)."""
+    text2 = make_params(marks="strip")
+    land(warehouse, tmp_path / "landing", "b1", [listing(1), listing(2)])
+    cluster_batch(warehouse, "b1", NearSettings(params=text2))
+    with warehouse.engine.begin() as conn:
+        assert ";text/2;" in index.stored_identity(conn)
+        conn.execute(settings_table.delete().where(settings_table.c.name == index.INDEX_CONFIG))
+        if kept != "nothing":
+            config = {k: v for k, v in sketch_config(text2).items() if k != "marks"}
+            conn.execute(
+                settings_table.insert().values(name=index.INDEX_CONFIG, value=json.dumps(config), updated_at=utcnow())
+            )
+    land(warehouse, tmp_path / "landing2", "b2", [listing(3)])
+    assert cluster_batch(warehouse, "b2", NearDupResource().settings()).sketched == 1
+    with warehouse.engine.connect() as conn:
+        assert index.link_settings(conn)[0].normaliser.marks == "strip"
+    land(warehouse, tmp_path / "landing3", "b3", [listing(4)])
+    with pytest.raises(IndexMismatch, match="rebuild-near-index"):  # naming text/3's rule asks for the rebuild
+        cluster_batch(warehouse, "b3", NearDupResource(marks="keep").settings())
 
 
 def select_setting(name):

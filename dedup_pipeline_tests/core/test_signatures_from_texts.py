@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import numba
 import numpy as np
@@ -161,12 +162,21 @@ def test_minima_refuse_counts_that_do_not_match_the_hashes():
         _minima(np.arange(4, dtype=np.uint32), np.array([2, 2]), 8, 1, out)
 
 
+def is_script_mark(char: str) -> bool:
+    """A combining mark but the script-neutral diacritics (U+0300-036F, 1AB0-1AFF, 1DC0-1DFF, 20D0-20FF, FE20-FE2F)."""
+    generic = ((0x0300, 0x036F), (0x1AB0, 0x1AFF), (0x1DC0, 0x1DFF), (0x20D0, 0x20FF), (0xFE20, 0xFE2F))
+    code = ord(char)
+    return unicodedata.category(char) in ("Mn", "Mc", "Me") and not any(lo <= code <= hi for lo, hi in generic)
+
+
 @pytest.mark.parametrize("casefold", [True, False])
 @pytest.mark.parametrize("digits", ["keep", "mask"])
-def test_the_compiled_rules_table_is_the_rules_of_every_bmp_character(casefold, digits):
-    folds = _bmp_folds(casefold, digits)
+@pytest.mark.parametrize("marks", [True, False])
+def test_the_compiled_rules_table_is_the_rules_of_every_bmp_character(casefold, digits, marks):
+    folds = _bmp_folds(casefold, digits, marks)
     for c in range(0x80, 0x10000):
         text = chr(c).casefold() if casefold else chr(c)
         text = re.sub(r"\d", "0", text) if digits == "mask" else text
-        want = [ord(char) if char.isalnum() else 0x20 for char in text]
+        kept = [char.isalnum() or (marks and is_script_mark(char)) for char in text]
+        want = [ord(char) if keep else 0x20 for char, keep in zip(text, kept)]
         assert folds[c].tolist() == want + [0] * (3 - len(want)), hex(c)

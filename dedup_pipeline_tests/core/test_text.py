@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import unicodedata
 
@@ -12,17 +13,23 @@ from hypothesis import strategies as st
 
 from dedup_pipeline.core.text import PREVIOUS_RULES_VERSION, RULES_VERSION, TextNormaliser
 
+
+def stripped_rule(text: str) -> str:
+    return TextNormaliser(marks="strip").normalise(text)
+
+
 SAMPLE = "Ｆｕｌｌ-width ﬁne Straße!  It's 3.14\u00a0€ — café\tnaïve_x 2024"
 
 
-#: The default shingles of text/1, which text/2 names explicitly and must reproduce exactly.
+#: The default shingles of text/1, which text/2 names explicitly and must reproduce exactly (marks stripped).
 TEXT_1 = TextNormaliser(shingle="word", ngram=3)
+TEXT_1_EXACTLY = TextNormaliser(shingle="word", ngram=3, marks="strip")
 
 
 def test_golden_normalisation_pins_the_rule_version():
     # If this fails, a rule's output changed: bump RULES_VERSION (text/3...)
     # and update the expectations, never the other way round.
-    assert RULES_VERSION == "text/2" and PREVIOUS_RULES_VERSION == "text/1"
+    assert RULES_VERSION == "text/3" and PREVIOUS_RULES_VERSION == "text/1"
     n = TextNormaliser()
     assert n.normalise(SAMPLE) == "full width fine strasse it s 3 14 café naïve x 2024"
     assert TextNormaliser(digits="mask").normalise(SAMPLE) == "full width fine strasse it s 0 00 café naïve x 0000"
@@ -63,9 +70,17 @@ def test_golden_normalisation_pins_the_rule_version():
     long_text = " ".join(f"w{i}" for i in range(n.short_below))
     assert n.shingles(long_text) == TEXT_1.shingles(long_text)
     assert n.identity() == (
-        "text/2;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=auto;n=3;short_below=75;short_words=1;short_chars=4"
+        "text/3;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=auto;n=3;short_below=75;short_words=1;short_chars=4"
     )
-    assert TEXT_1.identity() == "text/2;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=word;n=3"
+    assert TEXT_1.identity() == "text/3;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=word;n=3"
+    # text/3: combining marks stay in their words; marks="strip" is text/2's rule, under text/2's name
+    assert n.normalise("हिन्दी भाषा, தமிழ் மொழி; العَرَبِيَّة") == "हिन्दी भाषा தமிழ் மொழி العَرَبِيَّة"
+    # a spacing accent, which NFKC makes a space and a script-neutral mark, stays punctuation: "Men´s" is "men s"
+    assert n.normalise("Men´s Watch") == stripped_rule("Men´s Watch") == "men s watch"
+    assert stripped_rule("हिन्दी भाषा, தமிழ் மொழி; İstanbul") == "ह न द भ ष தம ழ ம ழ i stanbul"
+    stripped = TextNormaliser(marks="strip")
+    assert stripped.identity() == n.identity().replace("text/3;", "text/2;")
+    assert stripped.normalise(SAMPLE) == n.normalise(SAMPLE)  # no mark in it: the same under both
 
 
 def test_text_1_shingles_are_reproduced_by_explicit_settings_and_keep_their_old_name():
@@ -84,11 +99,12 @@ def test_text_1_shingles_are_reproduced_by_explicit_settings_and_keep_their_old_
         "again and again",
     ]
     assert TEXT_1.shingles("a b") == ["a b"]
-    assert TEXT_1.identities() == (
-        TEXT_1.identity(),
+    assert TEXT_1_EXACTLY.identities() == (
+        TEXT_1_EXACTLY.identity(),
         "text/1;unicode=NFKC;casefold=1;punct=strip;digits=keep;shingle=word;n=3",
     )
-    assert TextNormaliser(shingle="char", ngram=4).identities()[1].startswith("text/1;")
+    assert TextNormaliser(shingle="char", ngram=4, marks="strip").identities()[1].startswith("text/1;")
+    assert TEXT_1.identities() == (TEXT_1.identity(),)  # with marks kept, not every text/1 key is the same
     assert TextNormaliser().identities() == (TextNormaliser().identity(),)  # auto is new in text/2
 
 
@@ -129,6 +145,7 @@ def test_identity_is_deterministic_and_names_version_and_every_rule():
         "short_below": 7,
         "short_words": 2,
         "short_chars": 5,
+        "marks": "strip",
     }
     assert set(changes) == {f.name for f in dataclasses.fields(TextNormaliser)}
     identities = {n.identity()}
@@ -215,21 +232,40 @@ def test_shingles_keep_document_order_and_duplicates():
 
 #: Rule 4 alone (and rule 5, always on), so that it is exactly the regex below.
 RULE_4 = TextNormaliser(unicode_form="none", casefold=False)
+RULE_4_MARKS_STRIPPED = TextNormaliser(unicode_form="none", casefold=False, marks="strip")
+
+#: Every combining mark (categories Mn, Mc, Me) as ranges of a regex character class.
+_GENERIC = ((0x0300, 0x036F), (0x1AB0, 0x1AFF), (0x1DC0, 0x1DFF), (0x20D0, 0x20FF), (0xFE20, 0xFE2F))
+_MARKS = [
+    c
+    for c in range(0x110000)
+    if unicodedata.category(chr(c)) in ("Mn", "Mc", "Me") and not any(lo <= c <= hi for lo, hi in _GENERIC)
+]
+_MARK_CLASS = "".join(
+    f"\\U{group[0]:08x}-\\U{group[-1]:08x}"
+    for group in (
+        [c for _, c in run] for _, run in itertools.groupby(enumerate(_MARKS), lambda pair: pair[1] - pair[0])
+    )
+)
+#: Rule 4 as a regex: under text/3 every run of characters neither word characters (re's \w, which is
+#: str.isalnum's plus "_") nor combining marks, or of "_"; under text/2 (marks stripped) marks are not spared.
+_NOT_WORD = {True: re.compile(rf"(?:[^\w{_MARK_CLASS}]|_)+"), False: re.compile(r"[\W_]+")}
 
 
-def regex_rule_4(text: str) -> str:
-    return " ".join(re.sub(r"[\W_]+", " ", text).split())
+def regex_rule_4(text: str, marks: bool = True) -> str:
+    return " ".join(_NOT_WORD[marks].sub(" ", text).split())
 
 
 def assert_rule_4_is_the_regex(texts: list[str]) -> None:
-    want = [regex_rule_4(text) for text in texts]
-    assert [RULE_4.normalise(text) for text in texts] == want  # one text at a time
-    # A text holding the separator sends the chunk to the per-text rules 1-3 and rule 4 over the rest at once
-    # (_non_ascii_bytes); the text holding it takes rule 4 alone.
-    chunk = [*texts, "\x1f é"]
-    assert RULE_4._joined_rules_1_to_4(chunk) is None
-    buffer, _ = RULE_4.normalised_buffer(chunk)
-    assert buffer == " ".join([*want, "é"]).encode()
+    for normaliser, marks in ((RULE_4, True), (RULE_4_MARKS_STRIPPED, False)):
+        want = [regex_rule_4(text, marks) for text in texts]
+        assert [normaliser.normalise(text) for text in texts] == want  # one text at a time
+        # A text holding the separator sends the chunk to the per-text rules 1-3 and rule 4 over the rest at once
+        # (_non_ascii_bytes); the text holding it takes rule 4 alone.
+        chunk = [*texts, "\x1f é"]
+        assert normaliser._joined_rules_1_to_4(chunk) is None
+        buffer, _ = normaliser.normalised_buffer(chunk)
+        assert buffer == " ".join([*want, "é"]).encode()
 
 
 # Whole blocks beyond the BMP where some characters are letters or digits and others not (Deseret, mathematical
