@@ -327,6 +327,8 @@ def main() -> None:
     )
     parser.add_argument("--pin", action="store_true", help="pin the process to one CPU")
     args = parser.parse_args()
+    if not 1 <= args.update_rounds <= args.rounds:  # medians need one round at least
+        parser.error("--update-rounds must be from 1 to --rounds")
     if args.pin:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     paragraphs = article_paragraphs()
