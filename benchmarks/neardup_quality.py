@@ -8,7 +8,7 @@
 Methods, each turning a list of texts into links, closed transitively (union-find) into clusters:
 
 * ``ours new``: ``near_duplicate_links(texts)`` at today's defaults (``NearDupParams()``).
-* ``ours old``: the earlier defaults: word 3-grams, ``TextNormaliser(shingle="word", ngram=3)``, and no
+* ``ours old``: the earlier defaults: word 3-grams, ``TextNormaliser(shingle="word", ngram=3, marks="strip")``, and no
   shared-code rule (``require_shared_code=False``).
 * ``datasketch words``: datasketch's ``MinHashLSH(threshold=0.5)`` (the same threshold as ours, 128
   permutations, its default weights) over ``MinHash`` (its defaults: sha1, affine32) of the set of
@@ -103,7 +103,7 @@ from dedup_pipeline.core.near import (  # noqa: E402
 from dedup_pipeline.core.text import TextNormaliser  # noqa: E402
 
 #: The default shingles before ``shingle="auto"``.
-OLD_NORMALISER = TextNormaliser(shingle="word", ngram=3)
+OLD_NORMALISER = TextNormaliser(shingle="word", ngram=3, marks="strip")  # text/1's rule
 OLD_PARAMS = NearDupParams(normaliser=OLD_NORMALISER, require_shared_code=False)
 
 

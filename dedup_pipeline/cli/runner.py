@@ -179,7 +179,14 @@ def run_config_for(landing: Path, canonical_workers: int | None = None) -> dict:
     """
     resources = {"landing": {"config": {"folder": str(landing)}}}
     if canonical_workers is not None:
-        resources["ladder"] = {"config": {"canonical_workers": canonical_workers}}
+        # A resource's config in the run replaces the one it was defined with: its fields the environment sets
+        # (DEDUP_ON_CHANGED) are named here again, or the lane's runs would take the field's default.
+        from_env = {
+            field.split(".")[1]: {"env": name}
+            for field, name in environment.resource_variables().items()
+            if field.startswith("ladder.")
+        }
+        resources["ladder"] = {"config": {**from_env, "canonical_workers": canonical_workers}}
     return {**_QUIET_RUN_CONFIG, "resources": resources}
 
 

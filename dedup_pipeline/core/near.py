@@ -64,7 +64,8 @@ DEFAULT_MAX_CANDIDATES = 1000
 #: Default features per method. MinHash: ``shingle="auto"`` (word unigrams and character 4-grams for texts of
 #: fewer than 75 tokens, where one typo would remove 3 word 3-grams of 8; word 3-grams for longer ones, the best
 #: F1 on the crawled pages at a sixth of the shingles of character n-grams), chosen on the dev parts of every
-#: labelled set. The earlier default, word 3-grams for every text, is ``TextNormaliser(shingle="word", ngram=3)``.
+#: labelled set. The earlier default, word 3-grams for every text, is ``TextNormaliser(shingle="word", ngram=3,
+#: marks="strip")``.
 #: SimHash: character 4-grams, because a 64-bit fingerprint needs many features
 #: per document to be stable (word 3-grams lost on the short-text sets).
 DEFAULT_NORMALISERS = {

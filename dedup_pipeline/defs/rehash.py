@@ -267,8 +267,9 @@ def rehash_migration(source: str, target: str) -> RehashMigration:
         job=compare_job,
         minimum_interval_seconds=15,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and complete "
-        f"and no run of this migration (`dedup/migration={target}`) is queued or running.",
+        description=f"Runs the `{source}` -> `{target}` comparison once every shard is materialised and complete, "
+        f"no run of this migration (`dedup/migration={target}`) is queued or running, and no row of the warehouse "
+        f"lacks a `{target}` digest.",
     )
     def sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseResource):
         return comparison_request(context, hashes.key, target, name, warehouse)

@@ -88,7 +88,8 @@ class LadderResource(dg.ConfigurableResource):
         description="Hash versions computed per record; the active one always, a retired one never.",
     )
     on_changed: str = Field(
-        default=DuplicatePolicy.on_changed, description="'upsert' (keep old content in history) or 'keep_first'."
+        default=DuplicatePolicy.on_changed,
+        description="'upsert' (keep old content in history) or 'keep_first'; $DEDUP_ON_CHANGED when set.",
     )
     keep_history: bool = Field(
         default=DuplicatePolicy.keep_history, description="Keep superseded content in record_history."
@@ -144,8 +145,8 @@ class NearDupResource(dg.ConfigurableResource):
     )
     marks: Optional[str] = Field(
         default=None,
-        description="Combining marks (vowel signs, diacritics): 'keep' them in their words (text/3) or 'strip' them "
-        "as punctuation (text/2); empty means the index's, else keep.",
+        description="A script's combining marks (vowel signs, harakat): 'keep' them in their words (text/3) or "
+        "'strip' them as punctuation (text/2); empty means the index's, else keep.",
     )
     simhash_max_distance: Optional[int] = Field(
         default=None,

@@ -1,7 +1,9 @@
 """Steps 3 and 4 of the rehash migration: switch the active hash version, then retire the old one.
 
-**Switch** (`switch_hash_version`): refused while rows lack the target or the
-latest comparison failed, unless forced with a reason. Sets the active
+**Switch** (`switch_hash_version`): refused while rows lack the target, while the
+latest comparison failed, ran before the backfill was done, predates rows stored
+since or was made by an earlier version, and for a version older than the active
+one (going back has no comparison), unless forced with a reason. Sets the active
 version in the warehouse and rewrites `records` to the target for the first
 row of each target digest; rows that merge into another row's digest and
 rows the target cannot hash keep their old version for the overlap window.

@@ -139,7 +139,8 @@ def adopt_index_settings(conn: Connection, params: NearDupParams, unset: Collect
 
     An index is built with its sketch settings, and they stay with it: after `rebuild-near-index --config ...`,
     runs of the default config go on with the index as built. An index claimed before its settings were kept
-    offers its bands and rows only (:func:`adopt_bands`).
+    offers its bands and rows (:func:`adopt_bands`), and ``marks="strip"`` (text/2's rule) when that makes its
+    identity.
     """
     stored = read_setting(conn, INDEX_CONFIG)
     if stored is None:
@@ -198,6 +199,8 @@ def link_settings(conn: Connection, representative: str | None = None) -> tuple[
     stored = read_setting(conn, LINK_SETTINGS)
     defaults = {"params": {}, "max_links": DEFAULT_MAX_LINKS, "max_candidates": DEFAULT_MAX_CANDIDATES}
     data = json.loads(stored) if stored else defaults
+    if data["params"].get("normaliser"):  # kept before marks was a setting: text/2's rule, marks stripped
+        data["params"]["normaliser"] = {"marks": "strip", **data["params"]["normaliser"]}
     params = NearDupParams.from_dict(data["params"]) if data["params"] else NearDupParams()
     if representative is not None:
         params = replace(params, representative=representative)

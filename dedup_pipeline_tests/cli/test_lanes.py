@@ -133,3 +133,26 @@ def test_a_side_by_side_run_whose_records_met_max_candidates_says_their_links_ma
     assert capped > 0
     assert notices[1] == []
     assert len(notices[2]) == 1 and notices[2][0].startswith(f"{capped} record(s) met")
+
+
+def test_a_lane_s_run_config_keeps_the_policy_the_environment_sets(monkeypatch):
+    """Breaks: a lane's run config gave the `ladder` resource its canonical workers alone, which replaced the
+    config the environment had set (DEDUP_ON_CHANGED=keep_first): the lanes decided under upsert."""
+    from pathlib import Path
+
+    from dagster._core.execution.build_resources import build_resources
+
+    from dedup_pipeline.cli.runner import run_config_for
+    from dedup_pipeline.definitions import defs
+
+    monkeypatch.setenv("DEDUP_ON_CHANGED", "keep_first")
+    config = run_config_for(Path("/landing"), canonical_workers=1)
+    ladder_config = config["resources"]["ladder"]["config"]
+    assert ladder_config == {"on_changed": {"env": "DEDUP_ON_CHANGED"}, "canonical_workers": 1}
+    ladder = defs.resolve_job_def("dedup_ladder").resource_defs["ladder"]
+    with build_resources({"ladder": ladder}, resource_config={"ladder": config["resources"]["ladder"]}) as built:
+        assert built.ladder.settings().policy.on_changed == "keep_first"
+    monkeypatch.delenv("DEDUP_ON_CHANGED")
+    assert run_config_for(Path("/landing"), canonical_workers=1)["resources"]["ladder"]["config"] == {
+        "canonical_workers": 1
+    }

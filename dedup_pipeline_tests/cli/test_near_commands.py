@@ -104,6 +104,15 @@ def test_an_index_of_text_2_goes_on_under_its_own_rule(warehouse, tmp_path, kept
             conn.execute(
                 settings_table.insert().values(name=index.INDEX_CONFIG, value=json.dumps(config), updated_at=utcnow())
             )
+        # the link settings kept then (erasure relinks, export-signatures sketch with them) had no marks either
+        linked = json.loads(conn.execute(select_setting(index.LINK_SETTINGS)).scalar_one())
+        del linked["params"]["normaliser"]["marks"]
+        conn.execute(
+            settings_table.update()
+            .where(settings_table.c.name == index.LINK_SETTINGS)
+            .values(value=json.dumps(linked), updated_at=utcnow())
+        )
+        assert index.link_settings(conn)[0].normaliser.marks == "strip"
     land(warehouse, tmp_path / "landing2", "b2", [listing(3)])
     assert cluster_batch(warehouse, "b2", NearDupResource().settings()).sketched == 1
     with warehouse.engine.connect() as conn:
