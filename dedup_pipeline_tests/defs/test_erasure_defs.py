@@ -149,6 +149,25 @@ def test_retention_deletes_finished_erasure_runs_only(sqlite_env):
     assert instance.get_run_by_id(pruned.run_id) is not None  # other jobs' runs are not touched
 
 
+def test_an_erasure_run_is_kept_for_the_hours_after_it_finished_not_after_it_was_created(sqlite_env):
+    """Breaks: the age was counted from the run's creation, so a run that waited long in the queue (or ran
+    long) was deleted as soon as it finished, whatever the retention said."""
+    from dagster._core.storage.runs.schema import RunsTable
+
+    instance = dg.DagsterInstance.ephemeral()
+    erased = defs.resolve_job_def(ERASE_JOB).execute_in_process(
+        instance=instance, run_config=erase_config(kind="natural_key", value="sku-1")
+    )
+    with instance.run_storage.connect() as conn:  # created 30 hours ago, finished just now
+        conn.execute(
+            RunsTable.update()
+            .where(RunsTable.c.run_id == erased.run_id)
+            .values(create_timestamp=utcnow().replace(tzinfo=None) - timedelta(hours=30))
+        )
+    assert delete_old_erasure_runs(instance, 24) == 0 and instance.get_run_by_id(erased.run_id) is not None
+    assert delete_old_erasure_runs(instance, 24, now=utcnow() + timedelta(hours=25)) == 1
+
+
 def test_the_command_line_prunes_erasure_runs_too(sqlite_env, capsys, monkeypatch):
     """`dedup-pipeline prune-retention` deletes the instance's finished erase_subject runs past their retention."""
     with dg.DagsterInstance.get() as instance:  # $DAGSTER_HOME, the instance the command line uses
