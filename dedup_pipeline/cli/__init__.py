@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from dedup_pipeline.cli.arguments import seconds, whole_number
 from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
 from dedup_pipeline.cli.lanes import DEFAULT_WORKERS
 from dedup_pipeline.cli.near import add_commands as add_near_commands
@@ -151,23 +152,6 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workers(value: str) -> int:
-    if not value.strip().isdecimal():
-        raise argparse.ArgumentTypeError(f"must be a whole number, 0 (one per CPU) or more, got {value!r}")
-    return int(value)
-
-
-def _seconds(value: str) -> float:
-    """A time in seconds: a finite number, 0 or more (argparse's float takes nan, inf and negatives)."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {value!r}")
-    return seconds
-
-
 def _listen_address(value: str) -> tuple[str, int]:
     """`PORT` or `HOST:PORT` (IPv6 hosts in brackets) -> (host, port); the host defaults to every interface."""
     host, _, port = value.rpartition(":")
@@ -239,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     run.add_argument(
         "--settle-seconds",
-        type=_seconds,
+        type=seconds,
         default=DEFAULT_SETTLE_SECONDS,
         metavar="S",
         help="leave alone files modified in the last S seconds, still being written "
@@ -247,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--workers",
-        type=_workers,
+        type=whole_number("a whole number, 0 (one per CPU) or more"),
         default=DEFAULT_WORKERS,
         metavar="N",
         help="run up to N sources' batches side by side, each source's in landing order, in worker processes "
@@ -276,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     metrics.add_argument(
         "--max-age",
-        type=_seconds,
+        type=seconds,
         default=None,
         metavar="SECONDS",
         help=f"with --serve: answer scrapes from a read of the warehouse at most this old (default {MAX_AGE:g})",

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from dedup_pipeline.cli.arguments import whole_number
 from dedup_pipeline.core.clustering import DEFAULT_RULE, RULES
 from dedup_pipeline.core.erasure import SubjectError, SubjectKind
 from dedup_pipeline.core.url import URL_VERSION, URL_VERSIONS
@@ -17,15 +18,8 @@ def _read_value(value: str) -> str:
     return sys.stdin.readline().rstrip("\n") if value == "-" else value
 
 
-def _kept_for(text: str) -> int:
-    """A retention period on the command line: a whole number, 0 (keep forever) or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (keep forever) or a whole number, got {text!r}")
-    return value
+#: A retention period on the command line.
+_KEPT_FOR = whole_number("0 (keep forever) or a whole number")
 
 
 def _print_counts(title: str, counts: dict, extra: dict) -> None:
@@ -184,12 +178,12 @@ def add_commands(commands) -> None:
     for setting, variable in RETENTION_DAYS_ENV.items():  # --decision-days ... --quarantine-days
         prune.add_argument(
             f"--{setting.replace('_', '-')}",
-            type=_kept_for,
+            type=_KEPT_FOR,
             help=f"days to keep (default ${variable}; 0 keeps forever)",
         )
     prune.add_argument(
         "--erasure-run-hours",
-        type=_kept_for,
+        type=_KEPT_FOR,
         help="hours finished erase_subject runs stay in the Dagster instance "
         f"(default ${ERASURE_RUN_RETENTION_ENV}, {DEFAULT_ERASURE_RUN_HOURS})",
     )

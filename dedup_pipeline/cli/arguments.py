@@ -1,0 +1,29 @@
+"""Argument types the subcommands share: argparse's own `int` and `float` take negatives, and `float` nan and inf."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def whole_number(what: str) -> Callable[[str], int]:
+    """An argparse type for a whole number, 0 or more; `what` says what is wanted ("a whole number, 0 (one per CPU)
+    or more"), in the one-line refusal."""
+
+    def parse(text: str) -> int:
+        if not text.strip().isdecimal():
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """A time in seconds: a finite number, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text!r}")
+    return value
