@@ -445,8 +445,11 @@ def as_texts(texts: Iterable[str]) -> list[str]:
 def near_duplicate_links(texts: Sequence[str], params: NearDupParams | None = None) -> list[Link]:
     """Verified near-duplicate links ``(i, j, similarity)``, ``i < j``, sorted; `texts` any sequence of strings
     (:func:`as_texts`)."""
-    texts = as_texts(texts)
-    params = params or NearDupParams()
+    return _links(as_texts(texts), params or NearDupParams())
+
+
+def _links(texts: list[str], params: NearDupParams) -> list[Link]:
+    """:func:`near_duplicate_links` of texts :func:`as_texts` has checked."""
     if params.method == "simhash":
         links = simhash_links(shingle_texts(texts, params.normaliser), params)
     else:
@@ -538,6 +541,6 @@ def cluster_near_duplicates(
     """
     params = make_params(threshold, method, **options)
     texts = as_texts(texts)
-    links = near_duplicate_links(texts, params)
+    links = _links(texts, params)
     lengths = [len(text) for text in texts] if params.representative == "longest" else None
     return cluster_labels(len(texts), links, params.representative, lengths).tolist()

@@ -142,13 +142,13 @@ def adopt_index_settings(conn: Connection, params: NearDupParams, unset: Collect
     offers its bands and rows (:func:`adopt_bands`), and ``marks="strip"`` (text/2's rule) when that makes its
     identity.
     """
-    stored = read_setting(conn, INDEX_CONFIG)
+    stored, identity = read_setting(conn, INDEX_CONFIG), stored_identity(conn)
     if stored is None:
-        adopted = adopt_bands(conn, params) if {"bands", "rows"} <= set(unset) else params
-        if "marks" in unset and adopted.normaliser.marks != "strip" and not _is_stored(conn, adopted):
+        adopted = _with_bands(params, identity) if {"bands", "rows"} <= set(unset) else params
+        if "marks" in unset and adopted.normaliser.marks != "strip" and not _makes(adopted, identity):
             # Indexes of text/2 (every index claimed before its settings were kept) count marks as punctuation.
-            stripped = adopt_bands(conn, with_sketch_config(params, {"marks": "strip"}))
-            return stripped if _is_stored(conn, stripped) else adopted
+            stripped = _with_bands(with_sketch_config(params, {"marks": "strip"}), identity)
+            return stripped if _makes(stripped, identity) else adopted
         return adopted
     taken = {"marks": "strip", **json.loads(stored)}  # a config kept before marks was a setting: text/2's rule
     taken = {name: value for name, value in taken.items() if name in unset}
@@ -156,12 +156,12 @@ def adopt_index_settings(conn: Connection, params: NearDupParams, unset: Collect
         adopted = with_sketch_config(params, taken)
     except ValueError:  # settings the run's own cannot hold (bands of more permutations): another index, refused
         return params
-    return adopted if f"{LAYOUT};{adopted.identity()}" == stored_identity(conn) else params
+    return adopted if _makes(adopted, identity) else params
 
 
-def _is_stored(conn: Connection, params: NearDupParams) -> bool:
-    """Whether `params` make the identity of the stored index."""
-    return f"{LAYOUT};{params.identity()}" == stored_identity(conn)
+def _makes(params: NearDupParams, identity: str | None) -> bool:
+    """Whether `params` make the stored index identity `identity`."""
+    return f"{LAYOUT};{params.identity()}" == identity
 
 
 def adopt_bands(conn: Connection, params: NearDupParams) -> NearDupParams:
@@ -171,15 +171,19 @@ def adopt_bands(conn: Connection, params: NearDupParams) -> NearDupParams:
     new threshold only changes which verified pairs count (`NearDupParams.threshold_warning` says when it is too
     far below the one the bands were built for).
     """
-    stored = stored_identity(conn)
-    found = re.search(r";bands=(\d+);rows=(\d+);", stored or "")
+    return _with_bands(params, stored_identity(conn))
+
+
+def _with_bands(params: NearDupParams, identity: str | None) -> NearDupParams:
+    """:func:`adopt_bands` against the stored identity `identity`."""
+    found = re.search(r";bands=(\d+);rows=(\d+);", identity or "")
     if params.method != "minhash" or found is None:
         return params
     try:
         adopted = replace(params, bands=int(found.group(1)), rows=int(found.group(2)))
     except ValueError:  # bands the params cannot hold (fewer permutations): another index, refused by the claim
         return params
-    return adopted if f"{LAYOUT};{adopted.identity()}" == stored else params
+    return adopted if _makes(adopted, identity) else params
 
 
 def save_link_settings(conn: Connection, params: NearDupParams, max_links: int, max_candidates: int | None) -> None:
