@@ -302,7 +302,7 @@ def comparison_request(
     hashes_key: dg.AssetKey,
     target: str,
     name: str,
-    warehouse: WarehouseResource | None = None,
+    warehouse: WarehouseResource,
 ):
     """A comparison run after the latest shard materialisation, once every shard is complete, no migration run is
     active and, in the `warehouse` (last, as the one query), no row lacks the target: a shard's latest run may
@@ -321,14 +321,13 @@ def comparison_request(
     latest = instance.fetch_materializations(hashes_key, limit=1).records[0].storage_id
     if context.cursor and int(context.cursor) >= latest:
         return dg.SkipReason("already compared after the latest shard")
-    if warehouse is not None:
-        with warehouse.get().engine.connect() as conn:
-            left = rehash_progress(conn, target).left
-        if left:
-            return dg.SkipReason(
-                f"{left} rows have no {target} digest although every shard's latest run completed (rows written "
-                "since without it): backfill the shards again"
-            )
+    with warehouse.get().engine.connect() as conn:
+        left = rehash_progress(conn, target).left
+    if left:
+        return dg.SkipReason(
+            f"{left} rows have no {target} digest although every shard's latest run completed (rows written "
+            "since without it): backfill the shards again"
+        )
     return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"{name}-after-{latest}")], cursor=str(latest))
 
 
