@@ -82,12 +82,20 @@ def _nested_deeper_than(record: dict, limit: int) -> bool:
     return False
 
 
-def parse_line(raw: bytes) -> dict[str, Any]:
-    """One JSON Lines record as a dict, numbers read exactly (Decimal, never float)."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
+def parse_line(raw: bytes | str) -> dict[str, Any]:
+    """One JSON Lines record as a dict, numbers read exactly (Decimal, never float).
+
+    *raw* is the line's bytes as the landing file holds them (UTF-8), or the line already decoded.
+    """
+    if isinstance(raw, str):
+        text = raw
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
+        except AttributeError:
+            raise TypeError(f"parse_line takes bytes or a str, got {type(raw).__name__}") from None
     try:
         if text.startswith("\ufeff"):  # json.loads refuses a byte-order mark; the decoder alone would not
             message = "a byte-order mark starts the line (only the file's first line may have one)"

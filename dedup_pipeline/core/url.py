@@ -225,8 +225,11 @@ def canonical_url(url: str, strict: bool = False, version: str = URL_VERSION) ->
     the default returns *url* with surrounding whitespace stripped instead
     (under ``url/2`` without its userinfo), never raising on a str, so the
     result is always usable as a key and the function is idempotent. An
-    unknown version is a ``ValueError`` even then.
+    unknown version is a ``ValueError`` even then, and anything but a str a
+    ``TypeError``.
     """
+    if not isinstance(url, str):
+        raise TypeError(f"canonical_url takes a str, got {type(url).__name__}")
     if version not in URL_VERSIONS:
         raise ValueError(f"unknown URL version {version!r}; known: {list(URL_VERSIONS)}")
     v2 = version == "url/2"

@@ -141,3 +141,16 @@ def test_a_failing_inactive_version_is_kept_as_an_error_not_a_guess():
 def test_timestamps():
     assert parse_timestamp("2026-11-01T10:00:00+02:00").isoformat() == "2026-11-01T08:00:00+00:00"
     assert parse_timestamp("yesterday") is None and parse_timestamp(None) is None
+
+
+def test_a_line_read_as_text_is_parsed_like_its_bytes():
+    """Breaks: a user following the docs reads a file in text mode and passes a str (it raised AttributeError).
+
+    Must hold: a str is the same record as its UTF-8 bytes; anything else is a TypeError naming what it got.
+    """
+    line = '{"url": "https://a.example/", "title": "Café", "price": 0.1}'
+    assert parse_line(line) == parse_line(line.encode("utf-8"))
+    with pytest.raises(RecordError, match="malformed JSON"):
+        parse_line('{"url": ')
+    with pytest.raises(TypeError, match="parse_line takes bytes or a str, got NoneType"):
+        parse_line(None)

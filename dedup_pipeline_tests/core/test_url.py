@@ -947,3 +947,14 @@ def test_url2_is_url1_without_userinfo_and_with_compressed_ipv6(url):
 )
 def test_the_userinfo_of_a_url_in_raw_bytes_is_dropped_however_json_escapes_it(raw, kept):
     assert url_module.userinfo_redacted(raw) == kept
+
+
+@pytest.mark.parametrize("value", [None, b"https://a.example/", 7])
+def test_canonical_url_of_anything_but_a_str_is_a_type_error(value):
+    """Breaks: canonical_url(None) failed with AttributeError deep in its rules.
+
+    Must hold: strict or lenient, anything but a str is a TypeError naming the type.
+    """
+    for strict in (False, True):
+        with pytest.raises(TypeError, match=f"canonical_url takes a str, got {type(value).__name__}"):
+            canonical_url(value, strict=strict)
