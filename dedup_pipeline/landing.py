@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 import re
 import time
 import zlib
@@ -292,6 +293,11 @@ def iter_lines(path: Path, digest: FileDigest | None = None, max_line_bytes: int
     line_no = 0
     try:
         with open(path, "rb", buffering=0) as raw_file:
+            if path.name.endswith(".gz") and not os.fstat(raw_file.fileno()).st_size:
+                raise BatchFileError(
+                    f"batch file {path} is empty (0 bytes): gzip writes a header even for no lines, so the "
+                    "upload failed; fetch it again"
+                )
             source = io.BufferedReader(_DigestedFile(raw_file, digest) if digest else raw_file, 1 << 20)
             handle = gzip.GzipFile(fileobj=source, mode="rb") if path.name.endswith(".gz") else source
             pending = b""

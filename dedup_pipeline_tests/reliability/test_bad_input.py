@@ -156,6 +156,25 @@ def test_a_gzip_batch_nobody_can_read_is_refused_whole(warehouse, tmp_path, dama
     assert count(warehouse.engine, crawl_batches) == 0 and not quarantined_lines(warehouse.engine, "unreadable")
 
 
+def test_an_empty_gzip_file_is_a_failed_upload_not_an_empty_batch(warehouse, tmp_path):
+    """Breaks: a 0-byte `.jsonl.gz` (an upload that failed before its first byte) was a green batch of 0 lines.
+
+    Must hold: gzip writes a header even for no lines, so the file is refused with what to do, and nothing is
+    registered; a gzip of no lines is still an empty batch.
+    """
+    from dedup_pipeline.ladder.raw import ingest_raw_batch
+    from dedup_pipeline.landing import BatchFileError, find_batch
+
+    folder = tmp_path / "landing"
+    folder.mkdir()
+    (folder / "nothing.jsonl.gz").write_bytes(b"")
+    with pytest.raises(BatchFileError, match=r"is empty \(0 bytes\).*the upload failed; fetch it again"):
+        ingest_raw_batch(warehouse, find_batch(folder, "nothing"))
+    assert count(warehouse.engine, crawl_batches) == 0
+    (folder / "nothing.jsonl.gz").write_bytes(gzip.compress(b""))
+    assert ingest_raw_batch(warehouse, find_batch(folder, "nothing")).lines == 0
+
+
 @pytest.mark.parametrize("encoding, suffix", [("utf-16", ".jsonl"), ("utf-16-be", ".jsonl.gz")])
 def test_a_utf16_batch_is_refused_whole_with_what_to_do(warehouse, tmp_path, encoding, suffix):
     """Breaks: a batch saved as UTF-16 (a Windows export) quarantined every line as "invalid UTF-8" or malformed
