@@ -357,6 +357,8 @@ def _scheme_and_authority_start(s: str) -> tuple[str, int]:
     colon = s.find(":")
     scheme = s[:colon] if colon > 0 else ""
     if not _SCHEME(scheme):
+        if s and not s[0].isprintable():  # a zero-width space or byte-order mark pasted in front: say so
+            raise UrlError(f"no scheme: the URL starts with an invisible character (U+{ord(s[0]):04X})")
         raise UrlError("no scheme")
     lowered = scheme.lower()
     if lowered != "http" and lowered != "https":
