@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_exact import seed_content_hash  # noqa: E402
 from benchmarks.bench_url import baseline_canonicalize  # noqa: E402
-from benchmarks.common import crawl_with_duplicates  # noqa: E402
+from benchmarks.common import at_least_one, crawl_with_duplicates  # noqa: E402
 from dedup_pipeline.core.canonical import content_hashes, hash_records  # noqa: E402
 from dedup_pipeline.core.errors import RecordError  # noqa: E402
 from dedup_pipeline.core.hashing import HASH_RULES  # noqa: E402
@@ -108,9 +108,9 @@ def parse_lines(chunk):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--chunk", type=int, default=2000)
+    parser.add_argument("--records", type=at_least_one, default=100_000)
+    parser.add_argument("--repeat", type=at_least_one, default=5)
+    parser.add_argument("--chunk", type=at_least_one, default=2000)
     args = parser.parse_args()
 
     raw_urls = crawl_with_duplicates(args.records, 0.5)

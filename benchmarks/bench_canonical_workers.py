@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import text  # noqa: E402
 
-from benchmarks.common import crawl_with_duplicates, process_cpu, scratch_database, write_jsonl  # noqa: E402
+from benchmarks.common import at_least_one, crawl_with_duplicates, process_cpu, scratch_database, write_jsonl  # noqa: E402
 from dedup_pipeline.core.parallel import available_cpus  # noqa: E402
 from dedup_pipeline.ladder import canonical  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
@@ -111,9 +111,9 @@ def measure(size: int, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", default="25000,50000,100000", help="batch sizes, comma-separated")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=available_cpus())
-    parser.add_argument("--chunk", type=int, default=5000)
+    parser.add_argument("--repeat", type=at_least_one, default=3)
+    parser.add_argument("--workers", type=at_least_one, default=available_cpus())
+    parser.add_argument("--chunk", type=at_least_one, default=5000)
     args = parser.parse_args()
     sizes = [int(size) for size in args.records.split(",")]
     if args.workers < 2 or min(sizes) <= args.chunk:

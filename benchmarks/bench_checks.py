@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import func, or_, select  # noqa: E402
 
-from benchmarks.common import crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
+from benchmarks.common import at_least_one, crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
 from dedup_pipeline.core.hashing import HASH_RULES  # noqa: E402
 from dedup_pipeline.defs.plots import funnel_png  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
@@ -135,9 +135,9 @@ def report(backend: str, batches: int, size: int, warehouse: Warehouse, figures:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=2000, help="records per batch")
-    parser.add_argument("--batches", type=int, nargs="+", default=[4, 16], help="warehouse sizes, in batches")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--records", type=at_least_one, default=2000, help="records per batch")
+    parser.add_argument("--batches", type=at_least_one, nargs="+", default=[4, 16], help="warehouse sizes, in batches")
+    parser.add_argument("--repeat", type=at_least_one, default=5)
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     args = parser.parse_args()
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from sqlalchemy import create_engine, func, select, text  # noqa: E402
 
-from benchmarks.common import PG_ADMIN_URL, REDIS_URL, median, scratch_database, write_jsonl  # noqa: E402
+from benchmarks.common import PG_ADMIN_URL, REDIS_URL, at_least_one, median, scratch_database, write_jsonl  # noqa: E402
 from dedup_pipeline.core.hashing import INITIAL_ACTIVE_VERSION  # noqa: E402
 from dedup_pipeline.core.records import canonicalise_records  # noqa: E402
 from dedup_pipeline.defs.resources import LadderResource, NearDupResource  # noqa: E402
@@ -461,11 +461,11 @@ def bloom_bits_per_element(capacity: int = 10_000_000, error_rate: float = 0.001
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=100_000)
+    parser.add_argument("--batch", type=at_least_one, default=100_000)
     parser.add_argument("--sizes", default="100000,1000000")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--speedup-batch", type=int, default=50_000)
-    parser.add_argument("--speedup-repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=at_least_one, default=3)
+    parser.add_argument("--speedup-batch", type=at_least_one, default=50_000)
+    parser.add_argument("--speedup-repeat", type=at_least_one, default=2)
     parser.add_argument("--skip-speedup", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)

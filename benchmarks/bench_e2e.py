@@ -56,7 +56,15 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 
 from benchmarks.bench_exact import seed_store_if_new  # noqa: E402
-from benchmarks.common import DATA, article_paragraphs, descendants, private_redis, process_cpu, scratch_database  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    DATA,
+    article_paragraphs,
+    at_least_one,
+    descendants,
+    private_redis,
+    process_cpu,
+    scratch_database,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = str(Path(sys.executable).with_name("dedup-pipeline"))
@@ -588,11 +596,11 @@ def report(density: str, ours: list[OursRound], lanes: list[OursRound], seeds: l
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--batches", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=at_least_one, default=100_000)
+    parser.add_argument("--batches", type=at_least_one, default=4)
+    parser.add_argument("--rounds", type=at_least_one, default=3)
     parser.add_argument("--density", choices=("typical", "heavy", "both"), default="both")
-    parser.add_argument("--seed-sample", type=int, default=5_000)
+    parser.add_argument("--seed-sample", type=at_least_one, default=5_000)
     parser.add_argument("--keep", metavar="FOLDER", help="write the crawls here and keep them")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import delete, insert, select  # noqa: E402
 
-from benchmarks.common import crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
+from benchmarks.common import at_least_one, crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
 from dedup_pipeline.core import erasure as core  # noqa: E402
 from dedup_pipeline.core.erasure import Subject  # noqa: E402
 from dedup_pipeline.environment import TOMBSTONE_KEY_ENV  # noqa: E402
@@ -120,10 +120,10 @@ def set_based_check(warehouse: Warehouse, chunk) -> set[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=20_000)
-    parser.add_argument("--tombstones", type=int, default=100_000)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--chunk", type=int, default=2000)
+    parser.add_argument("--records", type=at_least_one, default=20_000)
+    parser.add_argument("--tombstones", type=at_least_one, default=100_000)
+    parser.add_argument("--repeat", type=at_least_one, default=5)
+    parser.add_argument("--chunk", type=at_least_one, default=2000)
     args = parser.parse_args()
     os.environ.setdefault(TOMBSTONE_KEY_ENV, secrets.token_hex(32))
     settings = LadderSettings(chunk_size=args.chunk)

@@ -40,7 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from benchmarks.common import REDIS_URL, crawl_with_duplicates, median, scratch_database, timed, write_jsonl  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REDIS_URL,
+    at_least_one,
+    crawl_with_duplicates,
+    median,
+    scratch_database,
+    timed,
+    write_jsonl,
+)
 from dedup_pipeline.core.fields import canonical_fields  # noqa: E402
 from dedup_pipeline.core.hashing import HASH_RULES  # noqa: E402
 from dedup_pipeline.core.records import canonicalise_records, parse_line  # noqa: E402
@@ -216,9 +224,11 @@ def _clear(client, prefix: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=200_000)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--seed-sample", type=int, default=4_000, help="records timed on the seeds' per-record path")
+    parser.add_argument("--records", type=at_least_one, default=200_000)
+    parser.add_argument("--repeat", type=at_least_one, default=3)
+    parser.add_argument(
+        "--seed-sample", type=at_least_one, default=4_000, help="records timed on the seeds' per-record path"
+    )
     parser.add_argument("--with-ladder", action="store_true", help="also time the assets' whole staged path")
     args = parser.parse_args()
 

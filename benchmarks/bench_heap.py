@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_e2e import write_crawl  # noqa: E402
+from benchmarks.common import at_least_one  # noqa: E402
 from dedup_pipeline import environment, heap  # noqa: E402
 from dedup_pipeline.core.hashing import INITIAL_ACTIVE_VERSION  # noqa: E402
 from dedup_pipeline.core.url import URL_VERSION  # noqa: E402
@@ -85,8 +86,8 @@ def canonicalise(lines: list[tuple[int, bytes]]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lines", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--lines", type=at_least_one, default=20_000)
+    parser.add_argument("--rounds", type=at_least_one, default=7)
     args = parser.parse_args()
 
     environment.quiet_great_expectations()

@@ -58,7 +58,7 @@ import xxhash  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import LshIndex, cpu_and_wall  # noqa: E402
+from benchmarks.common import LshIndex, at_least_one, cpu_and_wall  # noqa: E402
 from dedup_pipeline.core.minhash import minhash_signatures, minhash_signatures_from_texts, to_lean_minhash  # noqa: E402
 from dedup_pipeline.core.near import NearDupParams  # noqa: E402
 
@@ -248,8 +248,8 @@ def bench_lsh(signatures: np.ndarray, repeat: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--docs", type=int, default=4000)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--docs", type=at_least_one, default=4000)
+    parser.add_argument("--repeat", type=at_least_one, default=5)
     parser.add_argument("--pin", action="store_true", help="pin the process to one CPU")
     args = parser.parse_args()
     if args.pin:

@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import median, scratch_database  # noqa: E402
+from benchmarks.common import at_least_one, median, scratch_database  # noqa: E402
 from dedup_pipeline.core.hashing import INITIAL_ACTIVE_VERSION  # noqa: E402
 from dedup_pipeline.core.near import NearDupParams  # noqa: E402
 from dedup_pipeline.ladder.near import cluster_batch
@@ -218,9 +218,11 @@ def explain(url: str, b: int, batch: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--docs", type=int, default=1_000_000)
-    parser.add_argument("--batch", type=int, default=100_000)
-    parser.add_argument("--copy-every", type=int, default=10, help="every n-th document is a planted near copy")
+    parser.add_argument("--docs", type=at_least_one, default=1_000_000)
+    parser.add_argument("--batch", type=at_least_one, default=100_000)
+    parser.add_argument(
+        "--copy-every", type=at_least_one, default=10, help="every n-th document is a planted near copy"
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

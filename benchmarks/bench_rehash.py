@@ -49,6 +49,7 @@ from sqlalchemy import create_engine, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import at_least_one  # noqa: E402
 from dedup_pipeline.core.errors import RecordError  # noqa: E402
 from dedup_pipeline.core.hashing import hash_rule  # noqa: E402
 from dedup_pipeline.ladder.rehash import backfill  # noqa: E402
@@ -151,10 +152,10 @@ def same_digests(warehouse: Warehouse, limit: int) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--baseline-rows", type=int, default=20_000)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--chunk", type=int, default=5000)
+    parser.add_argument("--rows", type=at_least_one, default=100_000)
+    parser.add_argument("--baseline-rows", type=at_least_one, default=20_000)
+    parser.add_argument("--repeat", type=at_least_one, default=3)
+    parser.add_argument("--chunk", type=at_least_one, default=5000)
     args = parser.parse_args()
     baseline_rows = min(args.baseline_rows, args.rows)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_e2e import REPO, write_crawl  # noqa: E402
-from benchmarks.common import scratch_database  # noqa: E402
+from benchmarks.common import at_least_one, scratch_database  # noqa: E402
 
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
 LOCATIONS = {"in process": "dedup_pipeline.definitions", "a process per step": "benchmarks.multiprocess_location"}
@@ -69,8 +69,8 @@ def run_once(module: str, batch: Path, database_url: str, home: Path) -> tuple[f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=at_least_one, default=10_000)
+    parser.add_argument("--rounds", type=at_least_one, default=3)
     args = parser.parse_args()
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_exact import REDIS_URL, SETTINGS, _clear  # noqa: E402
-from benchmarks.common import median, product, scratch_database, timed, write_jsonl  # noqa: E402
+from benchmarks.common import at_least_one, median, product, scratch_database, timed, write_jsonl  # noqa: E402
 from dedup_pipeline.ladder.canonical import canonicalise_batch  # noqa: E402
 from dedup_pipeline.ladder.exact import ExactReport, deduplicate_batch  # noqa: E402
 from dedup_pipeline.ladder.raw import ingest_raw_batch  # noqa: E402
@@ -79,8 +79,8 @@ def time_recrawl(folder: Path, kind: str) -> tuple[float, ExactReport]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=50_000, help="listings in batch a (and in batch b)")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--records", type=at_least_one, default=50_000, help="listings in batch a (and in batch b)")
+    parser.add_argument("--repeat", type=at_least_one, default=5)
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="bench-seen-set-"))

@@ -45,6 +45,7 @@ import idna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import at_least_one  # noqa: E402
 from dedup_pipeline.core.url import (  # noqa: E402
     TRACKING_PARAMS,
     TRACKING_PREFIXES,
@@ -253,8 +254,8 @@ def time_interleaved(urls: list[str], repeat: int, chunk: int = 1000) -> tuple[l
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=200_000, help="number of distinct URLs")
-    parser.add_argument("--repeat", type=int, default=7, help="timed rounds per implementation")
+    parser.add_argument("--n", type=at_least_one, default=200_000, help="number of distinct URLs")
+    parser.add_argument("--repeat", type=at_least_one, default=7, help="timed rounds per implementation")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
 

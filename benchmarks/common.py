@@ -3,6 +3,7 @@ LSH index."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -32,6 +33,14 @@ _WORDS = (
     "kettle steel whistle handle stove copper enamel lid spout base cord wooden matte glossy quiet fast boil "
     "litre compact travel family vintage modern classic induction gas electric warm cool red blue green grey"
 ).split()
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type for a count of records, rounds or the like: a whole number, 1 or more (0 measures nothing
+    and would only fail later, dividing by it)."""
+    if not text.strip().isdecimal() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 1 or more, got {text!r}")
+    return int(text)
 
 
 @contextmanager

@@ -46,6 +46,8 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import at_least_one  # noqa: E402
+
 RUNGS = ("raw", "canonical", "exact", "near")
 DAY = 86400.0
 T0 = 1_790_000_000.0
@@ -299,10 +301,12 @@ def warehouse_figures(url: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--records", type=int, default=2_000_000, help="records in all batches together (default 2,000,000)"
+        "--records", type=at_least_one, default=2_000_000, help="records in all batches together (default 2,000,000)"
     )
-    parser.add_argument("--batches", type=int, default=20)
-    parser.add_argument("--chunk", type=int, default=2000, help="records per transaction (the ladder's chunk_size)")
+    parser.add_argument("--batches", type=at_least_one, default=20)
+    parser.add_argument(
+        "--chunk", type=at_least_one, default=2000, help="records per transaction (the ladder's chunk_size)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch database (its URL is printed)")
     parser.add_argument("--child", nargs=4, metavar=("URL", "REDIS", "LANDING", "KEY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
