@@ -20,6 +20,7 @@ band keys, then verifies them with the same code.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import unicodedata
@@ -201,7 +202,11 @@ class NearDupParams:
         if self.method != "minhash":
             return None
         return threshold_warning(
-            self.threshold, self.bands, self.rows, MIN_THRESHOLD_RECALL if min_recall is None else min_recall
+            self.threshold,
+            self.bands,
+            self.rows,
+            MIN_THRESHOLD_RECALL if min_recall is None else min_recall,
+            num_perm=self.num_perm,
         )
 
     def as_dict(self) -> dict:
@@ -249,23 +254,65 @@ def lowest_threshold(bands: int, rows: int, min_recall: float = MIN_THRESHOLD_RE
     return float((1.0 - (1.0 - min_recall) ** (1.0 / bands)) ** (1.0 / rows))
 
 
-def threshold_warning(threshold: float, bands: int, rows: int, min_recall: float = MIN_THRESHOLD_RECALL) -> str | None:
+def threshold_warning(
+    threshold: float, bands: int, rows: int, min_recall: float = MIN_THRESHOLD_RECALL, num_perm: int = 128
+) -> str | None:
     """A warning when ``threshold`` is too far below what ``bands``/``rows`` were built for, else None.
 
     Far means: a pair at exactly the threshold becomes a candidate with probability below ``min_recall``,
     so verification never sees many of the pairs it would keep. A threshold above the one the bands were
-    built for loses nothing (it only verifies more candidates than it needs) and gets no warning.
+    built for loses nothing (it only verifies more candidates than it needs) and gets no warning. The advice
+    is one that works: the least threshold these bands serve (rounded up, so it does not warn itself), and
+    an index of ``num_perm`` permutations that serves ``threshold`` (see :func:`serving_bands_rows`).
     """
     recall = threshold_recall(threshold, bands, rows)
     if recall >= min_recall:
         return None
-    return (
+    floor = math.ceil(lowest_threshold(bands, rows, min_recall) * 1000) / 1000  # rounded up: it serves
+    head = (
         f"threshold {threshold:g} is too low for an index of {bands} bands of {rows} rows: a pair at Jaccard "
-        f"{threshold:g} becomes a candidate with probability {recall:.3f} (< {min_recall:g}); use a threshold of "
-        f"at least {lowest_threshold(bands, rows, min_recall):.3f}, or build the index for {threshold:g} (a "
-        f"warehouse: dedup-pipeline rebuild-near-index --config '{{\"threshold\": {threshold:g}}}'; the library: "
-        f"NearDupParams(threshold={threshold:g}) without bands and rows)"
+        f"{threshold:g} becomes a candidate with probability {math.floor(recall * 1000) / 1000:.3f} "
+        f"(< {min_recall:g}); use a threshold of at least {floor:.3f}"
     )
+    serving = serving_bands_rows(threshold, num_perm, min_recall)
+    if serving is None:
+        widest = math.ceil(lowest_threshold(num_perm, 1, min_recall) * 1000) / 1000
+        return (
+            f"{head}. No index of {num_perm} permutations serves {threshold:g} (the lowest any serves is "
+            f"{widest:.3f}, with {num_perm} bands of 1 row): for a lower threshold, build one with more (num_perm)"
+        )
+    if serving == choose_bands_rows(min(threshold, 0.99), num_perm, *LSH_WEIGHTS):
+        config, library = (
+            f'{{"threshold": {threshold:g}}}',
+            f"NearDupParams(threshold={threshold:g}) without bands and rows",
+        )
+    else:  # the bands chosen for the threshold do not serve it (a threshold near 1): pin ones that do
+        config = f'{{"threshold": {threshold:g}, "bands": {serving[0]}, "rows": {serving[1]}}}'
+        library = f"NearDupParams(threshold={threshold:g}, bands={serving[0]}, rows={serving[1]})"
+    return (
+        f"{head}, or build the index for {threshold:g} (a warehouse: dedup-pipeline rebuild-near-index --config "
+        f"'{config}'; the library: {library})"
+    )
+
+
+def serving_bands_rows(
+    threshold: float, num_perm: int, min_recall: float = MIN_THRESHOLD_RECALL
+) -> tuple[int, int] | None:
+    """The bands and rows of ``num_perm`` permutations for an index serving ``threshold``; None if none can.
+
+    The bands :func:`choose_bands_rows` picks for the threshold when they make candidates of ``min_recall``
+    of the pairs at it; else (a threshold near 1, where they favour precision) the banding with the most rows
+    (the fewest needless candidates) that does, with the fewest bands (the smallest index) for those rows.
+    """
+    _check_banding(1, 1, threshold)
+    chosen = choose_bands_rows(min(threshold, 0.99), num_perm, *LSH_WEIGHTS)
+    if threshold_recall(threshold, *chosen) >= min_recall:
+        return chosen
+    for rows in range(num_perm, 0, -1):
+        for bands in range(1, num_perm // rows + 1):
+            if candidate_probability(threshold, bands, rows) >= min_recall:
+                return bands, rows
+    return None
 
 
 def near_text(payload: Mapping) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -399,6 +400,27 @@ def test_run_holds_a_source_s_later_batches_after_one_failed_and_shows_what_the_
     rows = {line.split()[0]: line.split() for line in table[2:6]}
     assert rows["2026-11-02-shop"][1:3] == ["10", "9"] and rows["2026-11-02-shop"][-1] == "FAILED"
     assert rows["2026-11-03-shop"][-1] == "held" and rows["2026-11-01-shop"][-1] == "ok"
+
+
+def test_the_rebuild_a_threshold_warning_advises_serves_the_threshold(tmp_path):
+    """Breaks: near 1 the bands chosen for a threshold favour precision (2 x 59 at 0.99 makes candidates of 0.80
+    of the pairs at it), yet the warning advised rebuilding "for 0.99", which gave the same index and warning.
+
+    Must hold: the advised rebuild, run as printed, builds an index that serves the threshold without a warning.
+    """
+    landing = tmp_path / "landing"
+    write_batch(landing, "a", [listing(n) for n in range(3)], landed=1e9)
+    assert run_cli(["run", "--landing", str(landing)], cwd=tmp_path).returncode == 0
+    first = run_cli(["rebuild-near-index", "--json", "--config", '{"threshold": 0.99}'], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    warning = json.loads(first.stdout)["threshold_warning"]
+    advised = re.search(r"rebuild-near-index --config '([^']*)'", warning).group(1)
+    assert json.loads(advised) != {"threshold": 0.99}, warning
+    second = run_cli(["rebuild-near-index", "--json", "--config", advised], cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    figures = json.loads(second.stdout)
+    assert "threshold_warning" not in figures and "too low" not in second.stderr
+    assert figures["bands_rows"] == [json.loads(advised)["bands"], json.loads(advised)["rows"]]
 
 
 def test_a_run_over_an_index_that_cannot_serve_its_threshold_says_so(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import unicodedata
 
@@ -25,6 +26,7 @@ from dedup_pipeline.core.near import (
     make_params,
     minhash_links,
     near_duplicate_links,
+    serving_bands_rows,
     shingle_texts,
     threshold_recall,
     threshold_warning,
@@ -249,6 +251,39 @@ def test_threshold_warning_only_when_pairs_at_the_threshold_are_likely_missed():
     assert threshold_warning(0.5, 26, 3, min_recall=0.99) is not None  # 0.969 < 0.99
     with pytest.raises(ValueError):
         lowest_threshold(26, 3, 1.0)
+
+
+@pytest.mark.parametrize("bands, rows", [(26, 3), (9, 14), (20, 5), (128, 1)])
+def test_the_least_threshold_a_warning_names_does_not_warn_itself(bands, rows):
+    """Breaks: the floor was printed rounded to the nearest 0.001 (0.439 for 26 x 3, whose floor is 0.43926), and
+    a threshold of 0.439 then warned again."""
+    floor = float(re.search(r"at least (\d\.\d+)", threshold_warning(0.01, bands, rows)).group(1))
+    assert threshold_warning(floor, bands, rows) is None
+    assert threshold_warning(round(floor - 0.001, 3), bands, rows) is not None
+
+
+@pytest.mark.parametrize("threshold", [0.95, 0.99])
+def test_near_one_the_advice_pins_bands_that_serve_the_threshold(threshold):
+    """Breaks: the bands chosen for 0.99 (2 x 59) serve it with probability 0.80, and the warning's advice was to
+    build the index "for 0.99": the same bands, the same warning."""
+    chosen = NearDupParams(threshold=threshold)
+    warning = chosen.threshold_warning()
+    if warning is None:  # the chosen bands serve it: nothing to advise
+        assert serving_bands_rows(threshold, 128) == (chosen.bands, chosen.rows)
+        return
+    pinned = json.loads(re.search(r"--config '([^']*)'", warning).group(1))
+    assert set(pinned) == {"threshold", "bands", "rows"} and pinned["threshold"] == threshold
+    assert (pinned["bands"], pinned["rows"]) == serving_bands_rows(threshold, 128)
+    assert NearDupParams(**pinned).threshold_warning() is None
+    assert f"NearDupParams(threshold={threshold:g}, bands={pinned['bands']}, rows={pinned['rows']})" in warning
+
+
+def test_a_threshold_no_index_can_serve_says_so_instead_of_advising_a_rebuild():
+    warning = NearDupParams(threshold=0.01).threshold_warning()
+    assert serving_bands_rows(0.01, 128) is None
+    assert "rebuild-near-index" not in warning and "No index of 128 permutations serves 0.01" in warning
+    assert "the lowest any serves is 0.018, with 128 bands of 1 row" in warning
+    assert NearDupParams(threshold=0.02).threshold_warning() is None
 
 
 def test_bands_and_rows_pinned_keep_the_index_identity_whatever_the_threshold():
