@@ -406,8 +406,9 @@ def _sweep_other_tables(conn: Connection, found: _Found) -> dict[str, int]:
             conditions += [columns.natural_key.in_(part) for part in chunked(sorted(found.keys))]
         if "hash_version" in columns and "content_hash" in columns:
             conditions.append(_digest_condition(columns.hash_version, columns.content_hash, found.digests))
-        if conditions:  # every table counted, 0 too: a report keeps its shape from one erasure to another
-            counts[table.name] = conn.execute(delete(table).where(or_(false(), *conditions))).rowcount
+        # every table counted, 0 too, even with nothing to look for: a report keeps its shape from one erasure to
+        # another
+        counts[table.name] = conn.execute(delete(table).where(or_(false(), *conditions))).rowcount if conditions else 0
     return counts
 
 
