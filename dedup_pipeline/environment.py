@@ -63,6 +63,8 @@ RETENTION_DAYS_ENV = {
     "staging_days": "DEDUP_STAGING_RETENTION_DAYS",
     "quarantine_days": "DEDUP_QUARANTINE_RETENTION_DAYS",
 }
+#: Days each retention setting keeps its rows when its variable is unset (0 = forever).
+DEFAULT_RETENTION_DAYS = {"decision_days": 90, "history_days": 365, "staging_days": 30, "quarantine_days": 30}
 
 DEFAULT_REDIS_PREFIX = "dedup:seen"
 DEFAULT_URL_PREFIX = "dedup:url"

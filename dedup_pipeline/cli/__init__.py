@@ -219,7 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run", help="register every batch in the landing folder and run the whole ladder for each"
     )
-    run.add_argument("--landing", help="landing folder (default: $DEDUP_LANDING_DIR or .dedup/landing)")
+    run.add_argument(
+        "--landing",
+        help="landing folder (default: $DEDUP_LANDING_DIR, else $DEDUP_DATA_DIR/landing, else .dedup/landing)",
+    )
     run.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     run.add_argument(
         "--settle-seconds",
@@ -239,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
     demo = commands.add_parser(
-        "demo", help="write a realistic sample crawl to the landing folder (.dedup/landing) and run it"
+        "demo", help="write a realistic sample crawl to the landing folder (as run finds it) and run it"
     )
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     demo.set_defaults(func=cmd_demo)

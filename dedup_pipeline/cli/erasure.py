@@ -10,7 +10,20 @@ from dedup_pipeline.cli.arguments import whole_number
 from dedup_pipeline.core.clustering import DEFAULT_RULE, RULES
 from dedup_pipeline.core.erasure import SubjectError, SubjectKind
 from dedup_pipeline.core.url import URL_VERSION, URL_VERSIONS
-from dedup_pipeline.environment import DEFAULT_ERASURE_RUN_HOURS, ERASURE_RUN_RETENTION_ENV, RETENTION_DAYS_ENV
+from dedup_pipeline.environment import (
+    DEFAULT_ERASURE_RUN_HOURS,
+    DEFAULT_RETENTION_DAYS,
+    ERASURE_RUN_RETENTION_ENV,
+    RETENTION_DAYS_ENV,
+)
+
+#: The roles `grant-roles` creates (`RoleNames` fields, default names `dedup_<role>`) and who takes each.
+ROLES = {
+    "writer": "pipeline's role (rungs, retention, rehash)",
+    "analyst": "analysts' read-only role (no personal fields)",
+    "eraser": "erasure job's role",
+    "monitor": "metrics exporter's role",
+}
 
 
 def _read_value(value: str) -> str:
@@ -117,13 +130,18 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def role_names(args: argparse.Namespace) -> dict[str, str]:
+    """The role names `grant-roles` was given, by `RoleNames` field; the others keep their defaults."""
+    return {role: getattr(args, role) for role in ROLES if getattr(args, role) is not None}
+
+
 def cmd_grant_roles(args: argparse.Namespace) -> int:
     from dedup_pipeline.store.roles import RoleNames, grant_roles
     from dedup_pipeline.store.warehouse import Warehouse
 
     warehouse = Warehouse().create_schema()
     try:
-        names = grant_roles(warehouse.engine, RoleNames(args.writer, args.analyst, args.eraser, args.monitor))
+        names = grant_roles(warehouse.engine, RoleNames(**role_names(args)))
     except (RuntimeError, ValueError) as exc:
         print(f"dedup-pipeline grant-roles: {exc}", file=sys.stderr)
         return 2
@@ -179,13 +197,13 @@ def add_commands(commands) -> None:
         prune.add_argument(
             f"--{setting.replace('_', '-')}",
             type=_KEPT_FOR,
-            help=f"days to keep (default ${variable}; 0 keeps forever)",
+            help=f"days to keep (default ${variable}, else {DEFAULT_RETENTION_DAYS[setting]}; 0 keeps forever)",
         )
     prune.add_argument(
         "--erasure-run-hours",
         type=_KEPT_FOR,
         help="hours finished erase_subject runs stay in the Dagster instance "
-        f"(default ${ERASURE_RUN_RETENTION_ENV}, {DEFAULT_ERASURE_RUN_HOURS})",
+        f"(default ${ERASURE_RUN_RETENTION_ENV}, else {DEFAULT_ERASURE_RUN_HOURS})",
     )
     prune.add_argument("--json", action="store_true", help="print one JSON object")
     prune.set_defaults(func=cmd_prune)
@@ -193,10 +211,8 @@ def add_commands(commands) -> None:
     grant = commands.add_parser(
         "grant-roles", help="PostgreSQL: create the writer, analyst, eraser and monitor roles and apply their grants"
     )
-    grant.add_argument("--writer", default="dedup_writer")
-    grant.add_argument("--analyst", default="dedup_analyst")
-    grant.add_argument("--eraser", default="dedup_eraser")
-    grant.add_argument("--monitor", default="dedup_monitor", help="the metrics exporter's role")
+    for role, what in ROLES.items():
+        grant.add_argument(f"--{role}", metavar="NAME", help=f"name of the {what} (default dedup_{role})")
     grant.set_defaults(func=cmd_grant_roles)
 
     migrate = commands.add_parser(

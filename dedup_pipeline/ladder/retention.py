@@ -22,7 +22,7 @@ from sqlalchemy import Connection, delete, select, tuple_, update
 
 from dedup_pipeline import environment
 from dedup_pipeline.core.exact import Decision
-from dedup_pipeline.environment import RETENTION_DAYS_ENV
+from dedup_pipeline.environment import DEFAULT_RETENTION_DAYS, RETENTION_DAYS_ENV
 from dedup_pipeline.store.schema import canonical_records, crawl_batches, dedup_decisions, quarantine, record_history
 from dedup_pipeline.store.warehouse import Warehouse, utcnow
 
@@ -31,10 +31,10 @@ from dedup_pipeline.store.warehouse import Warehouse, utcnow
 class RetentionSettings:
     """Days each kind of row is kept (0 = forever)."""
 
-    decision_days: int = 90
-    history_days: int = 365
-    staging_days: int = 30
-    quarantine_days: int = 30
+    decision_days: int = DEFAULT_RETENTION_DAYS["decision_days"]
+    history_days: int = DEFAULT_RETENTION_DAYS["history_days"]
+    staging_days: int = DEFAULT_RETENTION_DAYS["staging_days"]
+    quarantine_days: int = DEFAULT_RETENTION_DAYS["quarantine_days"]
     batch_size: int = 10_000
 
     def __post_init__(self) -> None:

@@ -272,3 +272,19 @@ def test_under_the_writer_role_statistics_are_left_to_autovacuum_without_a_warni
     assert counted_and_live(database.owner)[0] <= 0  # never analysed
     with database.owner.engine.begin() as conn:
         assert analyze_grown(conn, {dedup_decisions: ()}) == ["dedup_decisions"]
+
+
+def test_grant_roles_names_on_the_command_line_are_the_role_names_fields():
+    """Must hold: one flag per `RoleNames` field, its help naming the field's default, and a flag left out keeps it."""
+    import dataclasses
+
+    from dedup_pipeline.cli import build_parser
+    from dedup_pipeline.cli.erasure import ROLES, role_names
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RoleNames)}
+    assert list(ROLES) == list(defaults)
+    grant = build_parser()._subparsers._group_actions[0].choices["grant-roles"]
+    helps = {a.dest: a.help for a in grant._actions if a.dest in ROLES}
+    assert all(f"(default {defaults[role]})" in helps[role] for role in ROLES), helps
+    args = build_parser().parse_args(["grant-roles", "--analyst", "bi_readers"])
+    assert RoleNames(**role_names(args)) == RoleNames(analyst="bi_readers")
