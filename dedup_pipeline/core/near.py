@@ -552,19 +552,33 @@ def with_sketch_config(params: NearDupParams, config: Mapping) -> NearDupParams:
     return replace(params, method=method, normaliser=replace(normaliser, **text), **numbers)
 
 
-def make_params(threshold: float = DEFAULT_THRESHOLD, method: str = "minhash", **options) -> NearDupParams:
+#: The sketch settings only one method reads (the others, such as the normaliser's, apply to both).
+METHOD_ONLY_SETTINGS_OF = {"minhash": ("num_perm", "bands", "rows"), "simhash": ("simhash_max_distance",)}
+METHOD_ONLY_SETTINGS = tuple(name for names in METHOD_ONLY_SETTINGS_OF.values() for name in names)
+
+
+def make_params(threshold: float = DEFAULT_THRESHOLD, method: str | None = "minhash", **options) -> NearDupParams:
     """:class:`NearDupParams` from keyword options.
 
     Options naming a :class:`TextNormaliser` field (``ngram``, ``shingle``,
     ``digits``...) change the method's default normaliser, unless
-    ``normaliser`` is given.
+    ``normaliser`` is given. A setting only the other method reads is a ValueError; ``method=None`` (not
+    known yet: a warehouse run takes its index's) builds MinHash params and leaves that to the index.
     """
+    known = method is not None
+    method = method or NearDupParams.method
     param_names = {f.name for f in fields(NearDupParams)}
     text_names = {f.name for f in fields(TextNormaliser)}
     text_options = {k: options.pop(k) for k in list(options) if k in text_names}
     unknown = set(options) - param_names
     if unknown:
         raise TypeError(f"unknown option(s): {sorted(unknown)}")
+    foreign = sorted(
+        set(options) & set(METHOD_ONLY_SETTINGS) - set(METHOD_ONLY_SETTINGS_OF.get(method, METHOD_ONLY_SETTINGS))
+    )
+    if known and foreign:  # it would be accepted and have no effect
+        owner = "SimHash" if method == "minhash" else "MinHash"
+        raise ValueError(f"{', '.join(foreign)}: {owner} setting(s), which method={method!r} does not use")
     if text_options:
         if "normaliser" in options:
             raise TypeError("give either normaliser or normaliser fields, not both")

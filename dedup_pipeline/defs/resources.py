@@ -189,7 +189,7 @@ class NearDupResource(dg.ConfigurableResource):
         given = {name: getattr(self, name) for name in SKETCH_SETTINGS if getattr(self, name) is not None}
         return make_params(
             self.threshold,
-            given.pop("method", NearDupParams.method),
+            given.pop("method", None),
             verify=self.verify,
             representative=self.representative,
             require_shared_code=self.require_shared_code,

@@ -25,7 +25,7 @@ from sqlalchemy.exc import OperationalError
 from dedup_pipeline.core.lsh import band_keys, fold_to_int32
 from dedup_pipeline.core.minhash import empty_mask, minhash_signatures_from_texts, pack_bbit
 from dedup_pipeline.core.near import NearDupParams, near_text, sketch_config
-from dedup_pipeline.core.simhash import block_bounds, simhash_fingerprints
+from dedup_pipeline.core.simhash import BITS, block_bounds, simhash_fingerprints
 from dedup_pipeline.ladder.progress import ChunkProgress, ProgressLog
 from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.store import near as index
@@ -85,14 +85,24 @@ class NearReport:
     threshold: float = 0.0
     bands_rows: tuple = ()
     threshold_warning: str | None = None  # the threshold is too far below the one the bands were built for
+    simhash_max_distance: int = 0
 
     def as_metadata(self) -> dict:
         """Figures for the asset (ids and counts only). The largest clusters table comes from `defs.plots`."""
         sizes = Counter(self.clusters.values())
+        if self.method == "minhash":
+            settings = {
+                "verify": self.verify,
+                "threshold": self.threshold,
+                "bands_rows": "x".join(map(str, self.bands_rows)),
+            }
+        else:  # SimHash links by Hamming distance alone: no threshold, banding or verification mode applies
+            distance = self.simhash_max_distance
+            settings = {"simhash_max_distance": distance, "similarity_floor": round(1 - distance / BITS, 4)}
         return {
             "batch_id": self.batch_id,
             "method": self.method,
-            "verify": self.verify,
+            **settings,
             "sketched": self.sketched,
             "kept_sketches": self.kept_sketches,
             "already_indexed": self.already_indexed,
@@ -108,8 +118,6 @@ class NearReport:
             "capped_records": len(self.capped),
             "capped_record_ids": sorted(self.capped)[:CAPPED_SHOWN],
             "chunk_retries": self.chunk_retries,
-            "threshold": self.threshold,
-            "bands_rows": "x".join(map(str, self.bands_rows)) if self.method == "minhash" else "",
             **({"threshold_warning": self.threshold_warning} if self.threshold_warning else {}),
         }
 
@@ -148,6 +156,7 @@ def cluster_batch(
         index.save_link_settings(conn, params, max_links, max_candidates)
     report = NearReport(batch_id, params.method, params.verify, max_candidates)
     report.threshold, report.bands_rows = params.threshold, (params.bands, params.rows)
+    report.simhash_max_distance = params.simhash_max_distance
     report.require_shared_code = params.require_shared_code
     report.threshold_warning = params.threshold_warning()
     bands = graph.band_count(params)

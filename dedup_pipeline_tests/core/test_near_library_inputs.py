@@ -57,3 +57,12 @@ def test_the_banding_helpers_refuse_what_has_no_meaning(call, args):
 
     with pytest.raises(ValueError, match="must be"):
         getattr(near, call)(*args)
+
+
+@pytest.mark.parametrize(
+    "options, refused",
+    [({"method": "simhash", "num_perm": 64}, "num_perm"), ({"simhash_max_distance": 6}, "simhash_max_distance")],
+)
+def test_the_library_refuses_a_setting_its_method_does_not_read(options, refused):
+    with pytest.raises(ValueError, match=f"^{refused}: "):
+        cluster_near_duplicates(["a b c d", "a b c e"], **options)

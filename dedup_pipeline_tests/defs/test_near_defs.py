@@ -88,3 +88,20 @@ def test_a_pass_carries_the_severity_of_the_failures_that_stand_so_not_judged_sh
     assert not blocked.success and not copies.passed and copies.severity == dg.AssetCheckSeverity.ERROR
     later = runaway("later")[1]
     assert later.passed and later.severity == dg.AssetCheckSeverity.ERROR  # a judged runaway stands: red
+
+
+def test_a_setting_only_the_other_method_reads_is_refused_not_ignored():
+    """Breaks: bands and rows with `method: simhash` (or simhash_max_distance with MinHash) were accepted and did
+    nothing, so a run looked tuned while it was not.
+
+    Must hold: the run's settings refuse them, naming them; left to the index's method (empty), they wait for
+    the index to say which method it is.
+    """
+    import pytest
+
+    with pytest.raises(ValueError, match=r"bands, rows: MinHash setting\(s\), which method='simhash' does not use"):
+        NearDupResource(method="simhash", bands=4, rows=4).params()
+    with pytest.raises(ValueError, match="simhash_max_distance: SimHash setting"):
+        NearDupResource(method="minhash", simhash_max_distance=5).params()
+    assert NearDupResource(simhash_max_distance=5).params().simhash_max_distance == 5  # the index decides
+    assert NearDupResource(method="simhash", simhash_max_distance=5).params().simhash_max_distance == 5

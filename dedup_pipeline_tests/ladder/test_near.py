@@ -127,7 +127,12 @@ def test_the_warehouse_path_links_what_the_library_links(warehouse, tmp_path, me
     params = NearDupParams(method=method, verify=verify)
     cluster_batch(warehouse, "b1", NearSettings(params=params, chunk_size=4))
     report = cluster_batch(warehouse, "b2", NearSettings(params=params, chunk_size=4))
-    assert report.verify == verify and report.as_metadata()["verify"] == verify
+    meta = report.as_metadata()
+    if method == "minhash":
+        assert meta["verify"] == verify and meta["threshold"] == 0.5 and meta["bands_rows"] == "26x3"
+    else:  # settings that do not apply to SimHash are not shown as if they did
+        assert not {"verify", "threshold", "bands_rows"} & set(meta)
+        assert (meta["simhash_max_distance"], meta["similarity_floor"]) == (3, round(1 - 3 / 64, 4))
 
     by_id, links, clusters = stored(warehouse)
     ids = sorted(by_id)
