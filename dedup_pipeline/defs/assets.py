@@ -80,7 +80,10 @@ def checks_not_judged(context, reason: str, skip: Collection[tuple[dg.AssetKey, 
 
     Dagster marks each check a failed run planned but never ran "execution failed", red on every asset of the
     ladder, as if each one had found a fault; the checks found nothing, and a warning naming the cause is
-    what is true. An evaluation reported after the run's plan is the partition's latest, so it is shown.
+    what is true. Each warning is this run's own evaluation of a check it planned (logged by the failing step),
+    so it is the partition's latest and a batch can fail any number of times: a run-less evaluation is stored
+    once per check and partition (Dagster's unique index), and a second one failed the step with that index's
+    IntegrityError in place of its own error.
     """
 
     def checks(event_type) -> list:
@@ -91,7 +94,7 @@ def checks_not_judged(context, reason: str, skip: Collection[tuple[dg.AssetKey, 
     for check in checks(dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED):
         if (check.asset_key, check.check_name) in done:
             continue
-        context.instance.report_runless_asset_event(
+        context.op_execution_context.log_event(  # an asset's or a check's context
             dg.AssetCheckEvaluation(
                 asset_key=check.asset_key,
                 check_name=check.check_name,
