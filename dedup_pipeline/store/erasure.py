@@ -351,15 +351,22 @@ def _stored_keys(conn: Connection, keys: set[str]) -> set[str]:
     }
 
 
-def _remove_decisions(conn: Connection, found: _Found) -> int:
+#: Appended to the reason of a quarantined line whose bytes an erasure emptied.
+ERASED_LINE = "; raw line erased with its subject"
+
+
+def _redact_decisions(conn: Connection, found: _Found) -> int:
+    """Decision-log rows naming an erased key or digest lose both; their decision, batch, line and run stay, so a
+    batch's decisions still add up to its lines and its first decisions stay what they were."""
     d = dedup_decisions
     by_key = [d.c.natural_key.in_(part) for part in chunked(sorted(found.keys))]
     condition = or_(false(), *by_key, _digest_condition(d.c.hash_version, d.c.content_hash, found.digests))
-    return conn.execute(delete(d).where(condition)).rowcount
+    return conn.execute(update(d).where(condition).values(natural_key=None, content_hash=None)).rowcount
 
 
-def _remove_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
-    """Scan quarantined lines a page at a time and delete the ones that hold the subject."""
+def _redact_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
+    """Scan quarantined lines a page at a time and empty the ones that hold the subject: the row (batch, line,
+    rung, reason) stays, so the line is still accounted for, and its reason says its bytes were erased."""
     q = quarantine
     matched: list[tuple[str, int]] = []
     after: tuple[str, int] | None = None
@@ -374,11 +381,14 @@ def _remove_quarantine(conn: Connection, matcher: RawLineMatcher) -> int:
             break
         matched += [(row.batch_id, row.line_no) for row in rows if matcher.matches(bytes(row.raw_line))]
         after = (rows[-1].batch_id, rows[-1].line_no)
-    removed = 0
+    redacted = 0
     for batch_id, lines in _group_lines(matched).items():
         for part in chunked(lines):
-            removed += conn.execute(delete(q).where(q.c.batch_id == batch_id, q.c.line_no.in_(part))).rowcount
-    return removed
+            where = (q.c.batch_id == batch_id, q.c.line_no.in_(part))
+            redacted += conn.execute(
+                update(q).where(*where).values(raw_line=b"", reason=q.c.reason + ERASED_LINE)
+            ).rowcount
+    return redacted
 
 
 def swept_tables() -> list:
@@ -534,12 +544,12 @@ def erase(
         for batch_id, lines in _group_lines(found.staged).items()
         for part in chunked(lines)
     )
-    removed["dedup_decisions"] = _remove_decisions(conn, found)
+    removed["dedup_decisions (redacted)"] = _redact_decisions(conn, found)
     fields = {subject.scope: {subject.value}} if subject.kind is SubjectKind.FIELD else {}
     keys = found.keys | (set(subject.identifiers) if subject.kind is SubjectKind.NATURAL_KEY else set())
     urls = found.urls | (set(subject.identifiers) if subject.kind is SubjectKind.CANONICAL_URL else set())
     matcher = RawLineMatcher(urls, keys, fields, {v: {d.hex() for d in ds} for v, ds in found.digests.items()})
-    removed["quarantine"] = _remove_quarantine(conn, matcher)
+    removed["quarantine (redacted)"] = _redact_quarantine(conn, matcher)
 
     erasure_id = conn.execute(
         erasure_requests.insert()

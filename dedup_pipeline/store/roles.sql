@@ -41,10 +41,14 @@ GRANT SELECT ON analyst_records, near_duplicate_links, near_duplicate_clusters, 
     TO ${analyst};
 
 -- Erasure operator: finds and deletes a subject's rows, recomputes the clusters they were in (and the links
--- of the records that linked to them), adds tombstones and writes the audit. It cannot insert or change
--- records, nor remove a tombstone. (UPDATE on near_index: the row locks of records whose links change.)
-GRANT SELECT, DELETE ON records, record_hashes, record_history, canonical_records, dedup_decisions, quarantine,
+-- of the records that linked to them), empties its key and digest in the decision log and its bytes in
+-- quarantine, adds tombstones and writes the audit. It cannot insert or change records, nor remove a
+-- tombstone. (UPDATE on near_index: the row locks of records whose links change.)
+GRANT SELECT, DELETE ON records, record_hashes, record_history, canonical_records,
     near_index, near_pending, near_duplicate_links, near_duplicate_clusters TO ${eraser};
+GRANT SELECT ON dedup_decisions, quarantine TO ${eraser};
+GRANT UPDATE (natural_key, content_hash) ON dedup_decisions TO ${eraser};
+GRANT UPDATE (raw_line, reason) ON quarantine TO ${eraser};
 GRANT UPDATE ON near_index TO ${eraser};
 GRANT INSERT ON near_duplicate_links TO ${eraser};
 GRANT INSERT, UPDATE ON near_duplicate_clusters TO ${eraser};

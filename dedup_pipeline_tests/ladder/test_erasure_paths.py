@@ -139,12 +139,13 @@ def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_qua
     """Breaks: a subject's broken (quarantined) line is erased, then its batch is materialised again from the landing
     file, and a later crawl brings another broken line naming it (a URL with tracking parameters, an escaped slash).
 
-    Must hold: the erasure removes every broken line naming the subject or an erased row's URL (JSON-escaped
-    slashes too); afterwards such lines are still counted in quarantine, with their number and reason, but
-    their bytes are not stored again (the reason says so), whatever named the subject; a broken line naming
-    nobody erased keeps its bytes.
+    Must hold: the erasure empties every broken line naming the subject or an erased row's URL (JSON-escaped
+    slashes too), keeping its number and reason (which says so); afterwards such lines are still counted in
+    quarantine, but their bytes are not stored again (the reason says so), whatever named the subject; a
+    broken line naming nobody erased keeps its bytes.
     """
     from dedup_pipeline.ladder.raw import WITHHELD
+    from dedup_pipeline.store.erasure import ERASED_LINE
     from dedup_pipeline.store.schema import quarantine
 
     folder = tmp_path / "landing"
@@ -170,7 +171,11 @@ def test_broken_lines_naming_an_erased_subject_never_bring_its_bytes_back_to_qua
                 )
             }
 
-    assert set(quarantined()) == {("p1", 4)}
+    rows = quarantined()
+    assert set(rows) == {("p1", 2), ("p1", 4), ("p1", 5), ("p1", 6)}
+    assert all(
+        rows[line][1] == b"" and rows[line][0].endswith(ERASED_LINE) for line in [("p1", 2), ("p1", 5), ("p1", 6)]
+    )
     run_ladder(warehouse, folder, "p1")
     again = '{"url": "https:\\/\\/SHOP.example.com\\/p\\/7?utm_source=x", "seller_id": "jane.doe@example.com", "ti'
     write_batch(folder, "p2", [again], landed=T0 + DAY)
@@ -188,10 +193,11 @@ def test_a_field_subjects_staged_listing_takes_its_broken_lines_out_of_quarantin
     the erasure runs; a broken line of the batch names the listing by its URL alone; a later crawl brings
     another broken line for it (tracking parameters added).
 
-    Must hold: as for a stored listing, the erasure removes the broken line, and the later one is counted
+    Must hold: as for a stored listing, the erasure empties the broken line, and the later one is counted
     in quarantine without its bytes.
     """
     from dedup_pipeline.ladder.raw import WITHHELD
+    from dedup_pipeline.store.erasure import ERASED_LINE
     from dedup_pipeline.store.schema import quarantine
 
     folder = tmp_path / "landing"
@@ -204,7 +210,7 @@ def test_a_field_subjects_staged_listing_takes_its_broken_lines_out_of_quarantin
     )
     run_ladder(warehouse, folder, "p1", rungs=("raw", "canonical"))
     report = erase_subject(warehouse, SUBJECT, "DSR-staged")
-    assert report.removed["canonical_records"] == 1 and report.removed["quarantine"] == 1
+    assert report.removed["canonical_records"] == 1 and report.removed["quarantine (redacted)"] == 1
     write_batch(
         folder,
         "p2",
@@ -214,14 +220,16 @@ def test_a_field_subjects_staged_listing_takes_its_broken_lines_out_of_quarantin
     run_ladder(warehouse, folder, "p2")
     with warehouse.engine.connect() as conn:
         rows = conn.execute(select(quarantine.c.batch_id, quarantine.c.reason, quarantine.c.raw_line)).all()
-    assert [(batch, bytes(raw)) for batch, _, raw in rows] == [("p2", b"")] and rows[0].reason.endswith(WITHHELD)
+    assert sorted((batch, bytes(raw)) for batch, _, raw in rows) == [("p1", b""), ("p2", b"")]
+    reasons = {batch: reason for batch, reason, _ in rows}
+    assert reasons["p1"].endswith(ERASED_LINE) and reasons["p2"].endswith(WITHHELD)
 
 
 def test_a_subject_named_by_a_number_never_brings_its_bytes_back_to_quarantine(warehouse, tmp_path):
     """Breaks: a seller id is a JSON number, in a line with no URL (quarantined by the canonical rung) and in a
     truncated one (by the raw rung); the seller is erased by field, and the batch is materialised again.
 
-    Must hold: the erasure removes both lines (once, it found neither), and the re-run keeps their numbers
+    Must hold: the erasure empties both lines (once, it found neither), and the re-run keeps their numbers
     and reasons but not their bytes (once, the URL-less line came back whole); a line giving the number to
     another field keeps its bytes.
     """
@@ -246,7 +254,8 @@ def test_a_subject_named_by_a_number_never_brings_its_bytes_back_to_quarantine(w
 
     assert set(quarantined()) == {3, 4, 5}
     erase_subject(warehouse, Subject.parse("field", "4711001", field="seller_id"), "DSR-N")
-    assert set(quarantined()) == {5}
+    emptied = quarantined()
+    assert set(emptied) == {3, 4, 5} and emptied[3][1] == emptied[4][1] == b"" and emptied[5][1] == priced.encode()
     exact = run_ladder(warehouse, folder, "p1")
     assert exact.decisions["erased"] == 1
     rows = quarantined()

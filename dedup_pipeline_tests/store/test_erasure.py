@@ -18,6 +18,7 @@ from dedup_pipeline.ladder.near import cluster_batch
 from dedup_pipeline.ladder.raw import ingest_raw_batch
 from dedup_pipeline.ladder.settings import NearSettings
 from dedup_pipeline.landing import find_batch
+from dedup_pipeline.store.erasure import ERASED_LINE
 from dedup_pipeline.store.schema import (
     canonical_records,
     dedup_decisions,
@@ -75,8 +76,8 @@ def test_erasure_removes_every_copy_and_recomputes_clusters(warehouse, crawled):
     assert report.removed["record_hashes"] == 2  # content/1 and content/2
     assert report.removed["record_history"] == 1  # the day-1 price
     assert report.removed["canonical_records"] == 2  # staged day-1 and day-2 lines
-    assert report.removed["dedup_decisions"] == 2
-    assert report.removed["quarantine"] == 1  # the broken line with the URL variant, not /p/40
+    assert report.removed["dedup_decisions (redacted)"] == 2
+    assert report.removed["quarantine (redacted)"] == 1  # the broken line with the URL variant, not /p/40
     assert report.removed["near_duplicate_links"] == 2
     assert report.removed["near_duplicate_clusters"] == 1
     assert report.removed["near_index"] == 1
@@ -85,7 +86,19 @@ def test_erasure_removes_every_copy_and_recomputes_clusters(warehouse, crawled):
     # and without a trailing slash; both versions' digests of both contents (day 1 and day 2); and, for the
     # quarantine only, the erased row's URL (four variants) and key.
     assert report.tombstones_added == 4 + 4 + 4 + 5
-    assert count(warehouse, quarantine) == 1
+    # Breaks: the decision rows and the quarantined line were deleted, so the batches' decisions no longer added up
+    # to their lines, and a replay's decisions became the batch's first. Must hold: each line is still accounted
+    # for, with its decision or reason, and nothing of the subject is left in it.
+    with warehouse.engine.connect() as conn:
+        lines = conn.execute(select(quarantine.c.raw_line, quarantine.c.reason)).all()
+        redacted = conn.execute(
+            select(dedup_decisions.c.decision, dedup_decisions.c.batch_id).where(
+                dedup_decisions.c.natural_key.is_(None), dedup_decisions.c.content_hash.is_(None)
+            )
+        ).all()
+    assert len(lines) == 2 and [raw for raw, reason in lines if reason.endswith(ERASED_LINE)] == [b""]
+    assert not any(b"/p/4?" in raw or b'/p/4"' in raw for raw, _ in lines)
+    assert len(redacted) == 2 and {decision for decision, _ in redacted} <= {"new", "changed", "exact_duplicate"}
 
     after = snapshot(warehouse.engine)
     assert [r for r in before["records"] if r[0] != P4] == after["records"]
@@ -120,7 +133,7 @@ def test_erasure_by_field_reaches_history_but_spares_the_listing_now_held_by_som
     with warehouse.engine.connect() as conn:
         kept = conn.execute(select(dedup_decisions.c.batch_id, dedup_decisions.c.natural_key)).all()
     assert ("b", "https://shop.example.com/p/2") in kept and ("a", "https://shop.example.com/p/2") not in kept
-    assert report.removed["dedup_decisions"] == 2  # s-X's p/1 and p/2 lines of batch a
+    assert report.removed["dedup_decisions (redacted)"] == 2  # s-X's p/1 and p/2 lines of batch a
     with warehouse.engine.connect() as conn:
         sellers = [p["seller_id"] for p in conn.execute(select(records.c.payload)).scalars()]
     assert sorted(sellers) == ["s-Y", "s-Y"]
@@ -256,8 +269,12 @@ def test_fields_that_look_like_sql_are_stored_verbatim_and_erased_by_parameter(w
     assert (
         count(warehouse, records) == 2
         and count(warehouse, record_hashes) == 4
-        and count(warehouse, dedup_decisions) == 2
+        and count(warehouse, dedup_decisions) == 3
     )
+    with warehouse.engine.connect() as conn:  # its decision stays, without its key and digest
+        keys = conn.execute(select(dedup_decisions.c.natural_key, dedup_decisions.c.content_hash)).all()
+    assert sorted(k for k, _ in keys if k) == ["https://shop.example.com/p/2", "https://shop.example.com/p/3"]
+    assert [(k, d) for k, d in keys if not k] == [(None, None)]
 
 
 @pytest.mark.redis
