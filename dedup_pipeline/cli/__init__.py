@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from dedup_pipeline.cli.arguments import seconds, whole_number
+from dedup_pipeline.cli.arguments import name, seconds, whole_number
 from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
 from dedup_pipeline.cli.lanes import DEFAULT_WORKERS
 from dedup_pipeline.cli.near import add_commands as add_near_commands
@@ -249,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_privacy_commands(commands)  # erase, prune-retention, grant-roles, migrate-url
     add_near_commands(commands)
     decisions = commands.add_parser("decisions", help="print the decision log as JSON Lines (dedup_decision events)")
-    decisions.add_argument("--batch", help="only this batch")
-    decisions.add_argument("--run", help="only this Dagster run (its id, or the first characters of it)")
+    decisions.add_argument("--batch", type=name, help="only this batch")
+    decisions.add_argument("--run", type=name, help="only this Dagster run (its id, or the first characters of it)")
     decisions.set_defaults(func=cmd_decisions)
     metrics = commands.add_parser("metrics", help="print the dedup counters in the Prometheus text format")
     output = metrics.add_mutually_exclusive_group()

@@ -27,3 +27,11 @@ def seconds(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text!r}")
     return value
+
+
+def name(text: str) -> str:
+    """A batch key, run id or the like: any text but an empty one (an unset shell variable), which would
+    otherwise filter nothing and answer for everything."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty, got {text!r}")
+    return text

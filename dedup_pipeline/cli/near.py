@@ -7,6 +7,8 @@ import base64
 import json
 import sys
 
+from dedup_pipeline.cli.arguments import name
+
 #: What `--config` of `rebuild-near-index` takes, for its error messages.
 CONFIG_EXAMPLE = '{"bands": 20, "rows": 5}'
 
@@ -135,5 +137,5 @@ def add_commands(commands) -> None:
         "natural_key, lean_minhash = base64 of LeanMinHash.serialize), for datasketch's LSH Forest or Ensemble",
     )
     export.add_argument("--out", default="-", help="file to write ('-': standard output)")
-    export.add_argument("--batch", help="only the records dated to this batch")
+    export.add_argument("--batch", type=name, help="only the records dated to this batch")
     export.set_defaults(func=cmd_export)

@@ -355,6 +355,11 @@ def test_decisions_of_an_unknown_batch_is_an_error_naming_it(tmp_path):
     assert short.returncode == 0 and len(short.stdout.splitlines()) == 3
     typo = run_cli(["decisions", "--run", "zz" + run_id[2:8]], cwd=tmp_path)
     assert typo.returncode == 2 and "names no run of the decision log" in typo.stderr
+    # Breaks: an empty value (an unset shell variable) filtered nothing and printed every batch's decisions.
+    for option in (["decisions", "--batch"], ["decisions", "--run"], ["export-signatures", "--batch"]):
+        empty = run_cli([*option, ""], cwd=tmp_path)
+        assert empty.returncode == 2 and empty.stdout == "", option
+        assert f"argument {option[1]}: must not be empty, got ''" in empty.stderr
 
 
 def test_version_prints_the_installed_version():
