@@ -24,8 +24,9 @@ from dedup_pipeline.core.lsh import band_keys
 from dedup_pipeline.core.minhash import empty_mask
 from dedup_pipeline_tests.helpers import PG_ADMIN_URL  # the server of the scratch databases: the tests' setting
 
-#: The real third-party data beside the repository (../shared/data, described in its SOURCES.md).
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+#: The real third-party data (described in its SOURCES.md): $DEDUP_BENCH_DATA, else ../shared/data beside the
+#: repository (a clone elsewhere names it).
+DATA = Path(os.environ.get("DEDUP_BENCH_DATA") or Path(__file__).resolve().parent.parent.parent / "shared" / "data")
 #: The Redis the benchmarks use ($DEDUP_REDIS_URL, else the local one); their keys have prefixes of their own
 #: and are deleted afterwards.
 REDIS_URL = environment.redis_url() or "redis://127.0.0.1:6379/0"
