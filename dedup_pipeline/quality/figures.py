@@ -39,11 +39,14 @@ def batch_funnel(conn: Connection, batch_id: str) -> dict[str, int]:
     lines, parsed = conn.execute(
         select(crawl_batches.c.lines, crawl_batches.c.parsed).where(crawl_batches.c.batch_id == batch_id)
     ).one_or_none() or (0, 0)
-    canonical = conn.execute(
+    staged = conn.execute(
         select(func.count()).select_from(canonical_records).where(canonical_records.c.batch_id == batch_id)
     ).scalar_one()
     decisions = first_counts(conn, [batch_id]).get(batch_id, {})
     survivors = sum(decisions.get(d, 0) for d in SURVIVING)
+    # Every staged line gets one first decision, so once the exact rung has run they count the canonical lines,
+    # however many staged rows an erasure or the staging retention has removed since.
+    canonical = max(int(staged), sum(decisions.values()))
     d = dedup_decisions.c
     # A line is new or changed at most once (a replay finds its content stored), so no first-decision filter here.
     clustered = conn.execute(

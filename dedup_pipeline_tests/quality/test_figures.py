@@ -34,3 +34,24 @@ def test_funnel_and_cluster_preview_match_the_rung_reports(warehouse, tmp_path):
     raw = reports["2026-11-01-shop"][0]
     assert quarantined.lines == raw.lines and quarantined.quarantined == 2
     assert quarantined.by_rung == {"raw": 1, "canonical": 1} and sum(n for _, _, n in quarantined.top_reasons) == 2
+
+
+def test_the_funnel_keeps_its_canonical_stage_once_staged_rows_are_gone(warehouse, tmp_path):
+    """Breaks: the canonical stage counted the staged rows still there, so after the staging retention (or an
+    erasure) removed them, a batch read "canonical 0" above "new or changed 30": a funnel that widened.
+
+    Must hold: once decided, the canonical stage is the lines the exact rung decided.
+    """
+    from sqlalchemy import delete
+
+    from dedup_pipeline.store.schema import canonical_records
+    from dedup_pipeline_tests.helpers import listing, write_batch
+
+    folder = tmp_path / "landing"
+    write_batch(folder, "b1", [listing(n) for n in range(30)] + ["{broken"], landed=1e9)
+    run_rungs(warehouse, folder, "b1")
+    with warehouse.engine.begin() as conn:
+        before = batch_funnel(conn, "b1")
+        conn.execute(delete(canonical_records))
+        after = batch_funnel(conn, "b1")
+    assert before == after and (after["parsed"], after["canonical"], after["exact_survivors"]) == (30, 30, 30)
