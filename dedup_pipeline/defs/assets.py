@@ -71,6 +71,8 @@ def raw_crawl_batches(
     with retried_only_if_transient(context):  # a missing, ambiguous or unreadable file fails it at once
         batch = find_batch(landing.path(), context.partition_key)
         report = ingest_raw_batch(warehouse.get(), batch, ladder.settings().max_line_bytes)
+    if report.redelivery_warning:
+        context.log.warning(report.redelivery_warning)
     return dg.MaterializeResult(metadata={**report.as_metadata(), "dagster/row_count": report.parsed})
 
 

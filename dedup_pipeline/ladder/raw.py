@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
@@ -19,7 +18,6 @@ from dedup_pipeline.store.schema import crawl_batches, quarantine
 from dedup_pipeline.store.tombstones import erased_raw_lines
 from dedup_pipeline.store.warehouse import Warehouse, as_utc, lock_batch, upsert_ignore, utcnow
 
-log = logging.getLogger(__name__)
 RUNG = "raw"
 
 
@@ -32,6 +30,17 @@ class RawReport:
     quarantined: int
     blank: int = 0  # empty or whitespace-only lines: counted here, never records (and not in `lines`)
     too_long: int = 0  # lines over the size limit: quarantined, their head kept
+    redelivered: bool = False  # registered before with other bytes: its lines were read again
+    file_sha256: str = ""  # of the bytes read: the landing sensor tells a re-delivered file by it
+
+    @property
+    def redelivery_warning(self) -> str | None:
+        if not self.redelivered:
+            return None
+        return (
+            f"batch {self.batch_id}: its file changed since it was registered (re-delivered); its lines are read "
+            "again, and it keeps its landing time"
+        )
 
     def as_metadata(self) -> dict:
         return asdict(self)
@@ -108,7 +117,7 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile, max_line_bytes: int
             bad.add(exc.line_no, f"batch file cut short or damaged at its end: {exc.reason}", exc.tail)
         bad.flush()
         sha256 = read.hexdigest()
-        landed_at = _first_landed_at(conn, batch, sha256)
+        landed_at, redelivered = _first_landed_at(conn, batch, sha256)
         conn.execute(delete(crawl_batches).where(crawl_batches.c.batch_id == batch.key))
         conn.execute(
             upsert_ignore(conn, crawl_batches).values(
@@ -123,7 +132,7 @@ def ingest_raw_batch(warehouse: Warehouse, batch: BatchFile, max_line_bytes: int
                 registered_at=utcnow(),
             )
         )
-    return RawReport(batch.key, read.size, lines, parsed, bad.count, blank, too_long)
+    return RawReport(batch.key, read.size, lines, parsed, bad.count, blank, too_long, redelivered, sha256)
 
 
 def line_too_long(length: int, limit: int, kept: int) -> str:
@@ -131,8 +140,9 @@ def line_too_long(length: int, limit: int, kept: int) -> str:
     return f"line too long ({length} bytes; at most {limit}, max_line_bytes): only its first {kept} bytes kept"
 
 
-def _first_landed_at(conn: Connection, batch: BatchFile, sha256: str) -> datetime:
-    """When the batch first landed: its registered landing time if it has one, else its file's modification time.
+def _first_landed_at(conn: Connection, batch: BatchFile, sha256: str) -> tuple[datetime, bool]:
+    """When the batch first landed: its registered landing time if it has one, else its file's modification time;
+    and whether it was registered with other bytes (re-delivered).
 
     The policy orders batches by it, so a file touched, copied again or restored since (or re-delivered with
     corrections) never moves its crawl after newer ones, where its old content would overwrite theirs.
@@ -141,12 +151,5 @@ def _first_landed_at(conn: Connection, batch: BatchFile, sha256: str) -> datetim
         select(crawl_batches.c.landed_at, crawl_batches.c.file_sha256).where(crawl_batches.c.batch_id == batch.key)
     ).first()
     if registered is None:
-        return datetime.fromtimestamp(batch.mtime, UTC)
-    if registered.file_sha256 != sha256:
-        log.warning(
-            "batch %s: its file changed since it was registered; its lines are read again, its landing "
-            "time (%s) is kept",
-            batch.key,
-            as_utc(registered.landed_at).isoformat(),
-        )
-    return as_utc(registered.landed_at)
+        return datetime.fromtimestamp(batch.mtime, UTC), False
+    return as_utc(registered.landed_at), registered.file_sha256 != sha256

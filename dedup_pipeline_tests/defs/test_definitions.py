@@ -251,3 +251,72 @@ def test_files_the_sensor_sets_aside_are_in_the_tick_s_skip_reason_and_alert_whe
         "ALERT dedup landing: 2026-11-07-g.jsonl.gz",
         "ALERT dedup landing: crawl 1.jsonl",
     ]  # not fresh.txt: it has not sat there long
+
+
+def test_a_re_delivered_batch_file_runs_again_and_a_touched_one_does_not(tmp_path):
+    """Breaks: a batch file overwritten with other lines (a corrected re-delivery, or a valid gzip in place of a
+    corrupt one whose run failed) was never picked up again: every tick said "no new batch files".
+
+    Must hold: the next tick requests the batch's run again (no new partition) when its bytes are not the ones
+    its raw rung last read; a file only touched (same bytes, new modification time) requests nothing; the
+    sensor's first tick re-runs nothing.
+    """
+    import gzip
+    import json
+    import os
+
+    from dedup_pipeline_tests.defs.test_checks_dagster import run
+
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    write_batch(folder, "b1", [listing(n) for n in range(3)], landed=1e9)
+    (folder / "b2.jsonl.gz").write_bytes(b"not gzip\n")
+    os.utime(folder / "b2.jsonl.gz", (1e9, 1e9))
+    instance = dg.DagsterInstance.ephemeral()
+    resources = {"landing": LandingResource(folder=str(folder), settle_seconds=0)}
+    cursor = None
+
+    def tick() -> dg.SensorResult:
+        nonlocal cursor
+        context = dg.build_sensor_context(instance=instance, definitions=defs, resources=resources, cursor=cursor)
+        result = landing_sensor(context)
+        cursor = result.cursor
+        return result
+
+    first = tick()
+    assert [r.partition_key for r in first.run_requests] == ["b1", "b2"]
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["b1", "b2"])
+    assert run(instance, url, folder, "b1").success and not run(instance, url, folder, "b2").success
+    assert not tick().run_requests
+
+    os.utime(folder / "b1.jsonl", (1e9 + 60, 1e9 + 60))  # touched: the same bytes
+    assert not tick().run_requests
+    write_batch(folder, "b1", [listing(n) for n in range(4)], landed=1e9 + 120)  # re-delivered with a line more
+    (folder / "b2.jsonl.gz").write_bytes(gzip.compress((json.dumps(listing(9)) + "\n").encode()))
+    os.utime(folder / "b2.jsonl.gz", (1e9 + 120, 1e9 + 120))
+    again = tick()
+    assert sorted(r.partition_key for r in again.run_requests) == ["b1", "b2"] and not again.dynamic_partitions_requests
+    assert run(instance, url, folder, "b1").success and run(instance, url, folder, "b2").success
+    assert not tick().run_requests
+
+
+def test_a_set_aside_file_alerts_once_until_it_changes(tmp_path, caplog):
+    """Breaks: a file set aside longer than `alert_after_seconds` raised its ALERT on every tick (twice a minute),
+    so a pager wired to the alert logger, as the docs advise, fired until someone moved the file."""
+    import logging
+    import os
+
+    folder = tmp_path / "landing"
+    folder.mkdir()
+    (folder / "crawl 1.jsonl").write_text("{}\n")
+    os.utime(folder / "crawl 1.jsonl", (1e9, 1e9))
+    resources = {"landing": LandingResource(folder=str(folder), settle_seconds=0, alert_after_seconds=60)}
+    instance, cursor, alerts = dg.DagsterInstance.ephemeral(), None, []
+    for touched in (False, False, True, False):
+        if touched:
+            os.utime(folder / "crawl 1.jsonl", (1e9 + 1, 1e9 + 1))
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="dedup_pipeline.alerts"):
+            context = dg.build_sensor_context(instance=instance, definitions=defs, resources=resources, cursor=cursor)
+            cursor = landing_sensor(context).cursor
+        alerts.append(sum("ALERT dedup landing: crawl 1.jsonl" in r.getMessage() for r in caplog.records))
+    assert alerts == [1, 0, 1, 0]
