@@ -308,6 +308,22 @@ def _local_instance() -> dg.DagsterInstance:
         return dg.DagsterInstance.get()
 
 
+def refuse_beside_other_writers(instance: dg.DagsterInstance, url: str) -> None:
+    """ConfigurationError when a run of the instance is running (the UI's, a sensor's): on an SQLite warehouse it
+    writes, and SQLite takes one writer at a time, so this command's steps would wait on it for minutes, retried
+    after each lock timeout, with no word of why. (A run of a killed `dedup-pipeline` is released before.)"""
+    running = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+    active = instance.get_runs(dg.RunsFilter(statuses=running), limit=1)
+    if active:
+        run = active[0]
+        raise ConfigurationError(
+            f"run {run.run_id[:8]} of {run.job_name} ({run.status.value.lower()}, from the UI, a sensor or a "
+            f"schedule) is writing the SQLite warehouse {url}, which takes one writer at a time: wait until it "
+            "ends (the UI's Runs page; one whose process was killed stays there as started: terminate it), or put "
+            "the warehouse on PostgreSQL (DEDUP_DATABASE_URL)"
+        )
+
+
 def _summary_of(key: str, result: ExecutionResult, warehouse: Warehouse) -> BatchSummary:
     """A batch's figures from its run's materialisations; for a rung that did not finish (a failed run), the
     decisions it committed before failing, from the warehouse's decision log."""
@@ -379,6 +395,8 @@ def run_landing_folder(
     summary = LadderSummary(notices=scan.notices(settle_seconds))
     for run_id in release_runs_of_dead_processes(instance):
         summary.notices.append(f"run {run_id} died with its process: marked failed, its warehouse pool slots freed")
+    if dialect == "sqlite":
+        refuse_beside_other_writers(instance, url)
     progress.start(len(keys))
     if workers > 1:
         with forwarded(progress) as events:

@@ -110,3 +110,30 @@ def test_a_run_the_command_line_failed_is_re_executed_from_failure_in_the_worksp
     with warehouse.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 33
     warehouse.dispose()
+
+
+def test_a_run_on_sqlite_is_refused_while_another_run_writes_the_warehouse(tmp_path, monkeypatch):
+    """Breaks: `dedup-pipeline run` while a UI run was writing the SQLite warehouse waited on its lock for
+    minutes, each step retried after a `database is locked` timeout, and said nothing of why.
+
+    Must hold: it is refused at once, naming the run and what to do; once that run ends, it runs.
+    """
+    import uuid
+
+    from dedup_pipeline.core.errors import ConfigurationError
+
+    monkeypatch.setenv("DEDUP_DATABASE_URL", f"sqlite:///{tmp_path / 'w.sqlite'}")
+    landing = tmp_path / "landing"
+    write_batch(landing, "2026-11-01-a", [listing(n) for n in range(3)], landed=1e9)
+    (tmp_path / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        other = instance.add_run(
+            dg.DagsterRun(job_name="dedup_ladder", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED)
+        )
+        with pytest.raises(
+            ConfigurationError, match=rf"run {other.run_id[:8]} of dedup_ladder \(started, from the UI"
+        ) as refused:
+            run_landing_folder(landing, instance=instance)
+        assert "put the warehouse on PostgreSQL" in str(refused.value)
+        instance.report_run_failed(other)
+        assert [b.batch for b in run_landing_folder(landing, instance=instance).batches] == ["2026-11-01-a"]
