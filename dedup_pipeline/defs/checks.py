@@ -227,6 +227,8 @@ def quarantine_rate_under_bound(
         **{f"quarantined/{rung}": n for rung, n in sorted(report.by_rung.items())},
     }
     summary = f"{report.quarantined} of {report.lines} lines quarantined ({report.rate:.1%}, bound "
+    if not report.lines:  # nothing to judge, and a crawl that wrote nothing is worth a look
+        return not_judged("the batch has no lines (its file is empty, or blank lines only): an empty crawl?", metadata)
     if too_small and not mostly_quarantined and report.rate > checks.max_quarantine_rate:
         return not_judged(
             f"batch too small ({report.lines} < {checks.min_lines_for_quarantine_check} lines); "

@@ -397,3 +397,21 @@ def test_an_unreadable_file_and_a_blocking_check_leave_the_checks_after_them_not
     for name, (status, severity, description) in later.items():
         assert (status, severity) == ("FAILED", dg.AssetCheckSeverity.WARN), name
         assert description.startswith(f"not judged: {QUARANTINE_CHECK} blocked the run:"), name
+
+
+def test_an_empty_batch_is_not_a_green_quarantine_check(tmp_path):
+    """Breaks: a 0-byte landing file went all green, the quarantine check included ("0 of 0 lines quarantined:
+    under the bound"), though a crawl that wrote nothing is worth a look.
+
+    Must hold: the run succeeds, and the quarantine check says the batch has no lines, as a warning.
+    """
+    folder, url = tmp_path / "landing", f"sqlite:///{tmp_path / 'w.sqlite'}"
+    folder.mkdir()
+    (folder / "empty.jsonl").write_bytes(b"")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(crawl_batches_partitions.name, ["empty"])
+    result = run(instance, url, folder, "empty")
+    assert result.success
+    check = evaluations(result)[("canonical_records", QUARANTINE_CHECK)]
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert "the batch has no lines" in check.description
