@@ -80,6 +80,12 @@ def cmd_erase(args: argparse.Namespace) -> int:
     }
     if report.seen_set_errors:
         summary["seen_set_errors"] = report.seen_set_errors
+    if not any(report.removed.values()):  # a typo in the value, or a subject never crawled: say so, not just 0s
+        print(
+            "dedup-pipeline erase: nothing in the warehouse matched the subject (check the value and kind if it "
+            "should have); its tombstones keep it out of every later crawl all the same",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps({**summary, "removed": report.removed}))
     else:

@@ -198,8 +198,10 @@ def test_command_line_erase_prune_and_grant(sqlite_env, capsys, monkeypatch):
         main(["erase", "--kind", "field", "--field", "seller_id", "--value", "s-1", "--request-id", "R-2", "--json"])
         == 0
     )
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert out["request_id"] == "R-2" and out["tombstones_added"] == 1 and out["removed"]["records"] == 0
+    assert "nothing in the warehouse matched the subject" in captured.err  # not only a column of zeros
     monkeypatch.setattr("sys.stdin", io.StringIO("jane@example.org\n"))  # --value - keeps it out of shell history
     assert main(["erase", "--kind", "field", "--field", "author.email", "--value", "-"]) == 0
     assert "erasure 2: rows removed per table" in capsys.readouterr().out
