@@ -265,6 +265,17 @@ def _interrupted(result: ExecutionResult) -> bool:
     return failure is not None and "interrupted" in (failure.message or "")
 
 
+def _retries(key: str, result: ExecutionResult) -> list[str]:
+    """A line per step of the run that met a transient error and was tried again (each try waits seconds, and a
+    warehouse that keeps timing out is worth a look), with the error."""
+    retried = result.filter_events(lambda event: event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY)
+    return [
+        f"batch {key}: {event.step_key} was tried again after: "
+        + (error_summary(event.step_retry_data.error) if event.step_retry_data.error else "a transient error")
+        for event in retried
+    ]
+
+
 def _failure_reason(result: ExecutionResult) -> str:
     """What failed the run, on one line: the blocking check that failed, with what it found; else the step and its
     innermost error, as the failure alert says it."""
@@ -523,6 +534,7 @@ def _run_batch(
     warning = _metadata(result, "near_duplicate_clusters").get("threshold_warning")
     if warning and f"near rung: {warning}" not in summary.notices:  # the index cannot serve the threshold
         summary.notices.append(f"near rung: {warning}")
+    summary.notices += _retries(key, result)
     if result.success:
         summary.batches.append(_summary_of(key, result, warehouse))
     else:

@@ -137,3 +137,36 @@ def test_a_run_on_sqlite_is_refused_while_another_run_writes_the_warehouse(tmp_p
         assert "put the warehouse on PostgreSQL" in str(refused.value)
         instance.report_run_failed(other)
         assert [b.batch for b in run_landing_folder(landing, instance=instance).batches] == ["2026-11-01-a"]
+
+
+def test_a_step_tried_again_after_a_transient_error_is_named_in_the_notices(tmp_path, monkeypatch):
+    """Breaks: a step that met a transient error (a lock timeout, a dropped connection) and was tried again left no
+    trace in the command's output: only the minutes it took, and a DEBUG event in the run.
+
+    Must hold: the batch succeeds, and a notice names the batch, the step and the error.
+    """
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from dedup_pipeline.defs import assets
+
+    real, calls = assets.ingest_raw_batch, []
+
+    def locked_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("DELETE FROM quarantine", {}, sqlite3.OperationalError("database is locked"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(assets, "ingest_raw_batch", locked_once)
+    monkeypatch.setenv("DEDUP_DATABASE_URL", f"sqlite:///{tmp_path / 'w.sqlite'}")
+    landing = tmp_path / "landing"
+    write_batch(landing, "2026-11-01-a", [listing(n) for n in range(3)], landed=1e9)
+    (tmp_path / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        summary = run_landing_folder(landing, instance=instance)
+    assert [b.batch for b in summary.batches] == ["2026-11-01-a"] and len(calls) == 2
+    (notice,) = [n for n in summary.notices if "tried again" in n]
+    assert notice.startswith("batch 2026-11-01-a: raw_crawl_batches was tried again after: ")
+    assert "database is locked" in notice
