@@ -239,6 +239,10 @@ def test_eraser_erases_but_cannot_add_records_or_remove_tombstones(database, tmp
         " VALUES ('k', 'u', 'url/1', 'content/1', '\\x00', '{}', now(), now(), 'b', 'b', now(), 1)",
     )
     assert denied(eraser, "UPDATE records SET payload = '{}'")
+    assert report.removed["dedup_decisions (redacted)"] >= 1  # it empties the subject's decision rows, no more:
+    assert denied(eraser, "DELETE FROM dedup_decisions")  # the audit trail keeps every line
+    assert denied(eraser, "UPDATE dedup_decisions SET decision = 'new'")
+    assert denied(eraser, "DELETE FROM quarantine")
     assert denied(eraser, "DELETE FROM erasure_tombstones")
     assert denied(eraser, "TRUNCATE erasure_tombstones")
     with database.owner.engine.connect() as conn:
