@@ -74,6 +74,25 @@ def kill_when(command: list[str], ready, env: dict | None = None, timeout: float
             process.wait()
 
 
+def wait_for_the_killed_backends(engine, timeout: float = 30) -> None:
+    """Wait until no other session of the warehouse's PostgreSQL database is working: a COMMIT the killed process
+    sent just before its SIGKILL still completes on the server, a moment after the process is gone, and a count
+    read before it would miss that last page."""
+    from sqlalchemy import text
+
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+        "AND state <> 'idle'"
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            if not conn.execute(query).scalar_one():
+                return
+        time.sleep(0.01)
+    pytest.fail("a session of the killed process was still working on the server")
+
+
 def worker(*args: str) -> list[str]:
     return [sys.executable, "-m", "dedup_pipeline_tests.reliability.worker", *args]
 
@@ -217,6 +236,7 @@ def test_a_rehash_backfill_killed_mid_shard(warehouse, warehouse_url, tmp_path):
             ).scalar_one()
 
     kill_when(worker("rehash", warehouse_url, "content/2", "all", "--chunk", "20"), lambda: target_rows() >= 40)
+    wait_for_the_killed_backends(warehouse.engine)
     interrupted = target_rows()
     assert 0 < interrupted < 1500
 
