@@ -154,7 +154,7 @@ class NearDupParams:
         if (self.bands is None) != (self.rows is None):
             raise ValueError("give both bands and rows, or neither")
         if self.bands is None:
-            bands, rows = choose_bands_rows(min(self.threshold, 0.99), self.num_perm, *LSH_WEIGHTS)
+            bands, rows = chosen_bands_rows(self.threshold, self.num_perm)
             object.__setattr__(self, "bands", bands)
             object.__setattr__(self, "rows", rows)
         elif self.bands < 1 or self.rows < 1 or self.bands * self.rows > self.num_perm:
@@ -225,6 +225,17 @@ class NearDupParams:
 MIN_THRESHOLD_RECALL = 0.9
 
 
+def chosen_bands_rows(threshold: float, num_perm: int) -> tuple[int, int]:
+    """The bands and rows an index is built with for `threshold` when none are given: :func:`choose_bands_rows` at
+    :data:`LSH_WEIGHTS` (a threshold of 1 as 0.99, where datasketch chooses)."""
+    return choose_bands_rows(min(threshold, 0.99), num_perm, *LSH_WEIGHTS)
+
+
+def _rounded_up(threshold: float) -> float:
+    """`threshold` rounded up to the 0.001 a message prints, so that the printed value is still at or above it."""
+    return math.ceil(threshold * 1000) / 1000
+
+
 def threshold_recall(threshold: float, bands: int, rows: int) -> float:
     """Probability that a pair whose Jaccard is exactly ``threshold`` becomes a candidate (shares a band).
 
@@ -255,7 +266,11 @@ def lowest_threshold(bands: int, rows: int, min_recall: float = MIN_THRESHOLD_RE
 
 
 def threshold_warning(
-    threshold: float, bands: int, rows: int, min_recall: float = MIN_THRESHOLD_RECALL, num_perm: int = 128
+    threshold: float,
+    bands: int,
+    rows: int,
+    min_recall: float = MIN_THRESHOLD_RECALL,
+    num_perm: int = NearDupParams.num_perm,
 ) -> str | None:
     """A warning when ``threshold`` is too far below what ``bands``/``rows`` were built for, else None.
 
@@ -268,7 +283,7 @@ def threshold_warning(
     recall = threshold_recall(threshold, bands, rows)
     if recall >= min_recall:
         return None
-    floor = math.ceil(lowest_threshold(bands, rows, min_recall) * 1000) / 1000  # rounded up: it serves
+    floor = _rounded_up(lowest_threshold(bands, rows, min_recall))  # rounded up: it serves
     head = (
         f"threshold {threshold:g} is too low for an index of {bands} bands of {rows} rows: a pair at Jaccard "
         f"{threshold:g} becomes a candidate with probability {math.floor(recall * 1000) / 1000:.3f} "
@@ -276,12 +291,12 @@ def threshold_warning(
     )
     serving = serving_bands_rows(threshold, num_perm, min_recall)
     if serving is None:
-        widest = math.ceil(lowest_threshold(num_perm, 1, min_recall) * 1000) / 1000
+        widest = _rounded_up(lowest_threshold(num_perm, 1, min_recall))
         return (
             f"{head}. No index of {num_perm} permutations serves {threshold:g} (the lowest any serves is "
             f"{widest:.3f}, with {num_perm} bands of 1 row): for a lower threshold, build one with more (num_perm)"
         )
-    if serving == choose_bands_rows(min(threshold, 0.99), num_perm, *LSH_WEIGHTS):
+    if serving == chosen_bands_rows(threshold, num_perm):
         config, library = (
             f'{{"threshold": {threshold:g}}}',
             f"NearDupParams(threshold={threshold:g}) without bands and rows",
@@ -305,7 +320,7 @@ def serving_bands_rows(
     (the fewest needless candidates) that does, with the fewest bands (the smallest index) for those rows.
     """
     _check_banding(1, 1, threshold)
-    chosen = choose_bands_rows(min(threshold, 0.99), num_perm, *LSH_WEIGHTS)
+    chosen = chosen_bands_rows(threshold, num_perm)
     if threshold_recall(threshold, *chosen) >= min_recall:
         return chosen
     for rows in range(num_perm, 0, -1):
@@ -532,6 +547,11 @@ SKETCH_SETTINGS = ("method", "num_perm", "shingle", "ngram", "marks", "bands", "
 TEXT_SETTINGS = ("shingle", "ngram", "marks")
 
 
+#: The sketch settings only one method reads (the others, such as the normaliser's, apply to both).
+METHOD_ONLY_SETTINGS_OF = {"minhash": ("num_perm", "bands", "rows"), "simhash": ("simhash_max_distance",)}
+METHOD_ONLY_SETTINGS = tuple(name for names in METHOD_ONLY_SETTINGS_OF.values() for name in names)
+
+
 def sketch_config(params: NearDupParams) -> dict:
     """The sketch settings of `params` (those of :data:`SKETCH_SETTINGS` its method uses), as plain values."""
     text = {name: getattr(params.normaliser, name) for name in TEXT_SETTINGS}
@@ -548,13 +568,8 @@ def with_sketch_config(params: NearDupParams, config: Mapping) -> NearDupParams:
     method = config.get("method", params.method)
     normaliser = params.normaliser if method == params.method else DEFAULT_NORMALISERS[method]
     text = {name: config[name] for name in TEXT_SETTINGS if name in config}
-    numbers = {name: config[name] for name in ("num_perm", "bands", "rows", "simhash_max_distance") if name in config}
+    numbers = {name: config[name] for name in METHOD_ONLY_SETTINGS if name in config}
     return replace(params, method=method, normaliser=replace(normaliser, **text), **numbers)
-
-
-#: The sketch settings only one method reads (the others, such as the normaliser's, apply to both).
-METHOD_ONLY_SETTINGS_OF = {"minhash": ("num_perm", "bands", "rows"), "simhash": ("simhash_max_distance",)}
-METHOD_ONLY_SETTINGS = tuple(name for names in METHOD_ONLY_SETTINGS_OF.values() for name in names)
 
 
 def make_params(threshold: float = DEFAULT_THRESHOLD, method: str | None = "minhash", **options) -> NearDupParams:
@@ -573,9 +588,8 @@ def make_params(threshold: float = DEFAULT_THRESHOLD, method: str | None = "minh
     unknown = set(options) - param_names
     if unknown:
         raise TypeError(f"unknown option(s): {sorted(unknown)}")
-    foreign = sorted(
-        set(options) & set(METHOD_ONLY_SETTINGS) - set(METHOD_ONLY_SETTINGS_OF.get(method, METHOD_ONLY_SETTINGS))
-    )
+    own = METHOD_ONLY_SETTINGS_OF.get(method, METHOD_ONLY_SETTINGS)  # an unknown method is refused below
+    foreign = sorted(name for name in options if name in METHOD_ONLY_SETTINGS and name not in own)
     if known and foreign:  # it would be accepted and have no effect
         owner = "SimHash" if method == "minhash" else "MinHash"
         raise ValueError(f"{', '.join(foreign)}: {owner} setting(s), which method={method!r} does not use")
