@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from dedup_pipeline.cli.arguments import name, seconds, whole_number
+from dedup_pipeline.cli.arguments import name, seconds, unknown_batch, whole_number
 from dedup_pipeline.cli.erasure import add_commands as add_privacy_commands
 from dedup_pipeline.cli.lanes import DEFAULT_WORKERS
 from dedup_pipeline.cli.near import add_commands as add_near_commands
@@ -129,15 +129,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_decisions(args: argparse.Namespace) -> int:
     from dedup_pipeline.decision_log import iter_events, runs_named
-    from dedup_pipeline.store.warehouse import Warehouse, batch_registered
+    from dedup_pipeline.store.warehouse import Warehouse
 
     with Warehouse.existing().engine.connect() as conn:
-        if args.batch and not batch_registered(conn, args.batch):
-            print(
-                f"dedup-pipeline decisions: error: no batch {args.batch!r} in the warehouse "
-                "(a batch is known once its raw rung ran; see `dedup-pipeline run`)",
-                file=sys.stderr,
-            )
+        if unknown_batch(conn, "decisions", args.batch):
             return 2  # a wrong argument, as argparse's own errors
         run = args.run
         if run:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 
@@ -35,3 +36,18 @@ def name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must not be empty, got {text!r}")
     return text
+
+
+def unknown_batch(conn, command: str, batch: str | None) -> bool:
+    """Whether `--batch` names a batch the warehouse never registered, said on stderr as a wrong argument is (the
+    caller exits 2): a typo would otherwise print nothing and exit 0, as if the batch were empty."""
+    from dedup_pipeline.store.warehouse import batch_registered
+
+    if not batch or batch_registered(conn, batch):
+        return False
+    print(
+        f"dedup-pipeline {command}: error: no batch {batch!r} in the warehouse (a batch is known once its raw rung "
+        "ran; see `dedup-pipeline run`)",
+        file=sys.stderr,
+    )
+    return True

@@ -7,7 +7,7 @@ import base64
 import json
 import sys
 
-from dedup_pipeline.cli.arguments import name
+from dedup_pipeline.cli.arguments import name, unknown_batch
 
 #: What `--config` of `rebuild-near-index` takes, for its error messages.
 CONFIG_EXAMPLE = '{"bands": 20, "rows": 5}'
@@ -73,14 +73,13 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from dedup_pipeline.ladder.near import lean_minhashes
-    from dedup_pipeline.store.warehouse import Warehouse, batch_registered
+    from dedup_pipeline.store.warehouse import Warehouse
 
     warehouse = Warehouse.existing()
     with warehouse.engine.connect() as conn:
-        unknown = args.batch and not batch_registered(conn, args.batch)
+        unknown = unknown_batch(conn, "export-signatures", args.batch)
     if unknown:
         warehouse.dispose()
-        print(f"dedup-pipeline export-signatures: error: no batch {args.batch!r} in the warehouse", file=sys.stderr)
         return 2  # a wrong argument, as argparse's own errors
     try:
         sketches = lean_minhashes(warehouse, args.batch)
