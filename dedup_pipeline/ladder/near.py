@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from sqlalchemy.exc import OperationalError
@@ -68,8 +69,7 @@ def sketch(texts: Sequence[str], params: NearDupParams) -> Sketches:
 @dataclass
 class NearReport:
     batch_id: str
-    method: str
-    verify: str = "auto"
+    params: NearDupParams  # the settings the batch was linked with (the index's sketch settings adopted)
     max_candidates: int | None = None
     sketched: int = 0
     kept_sketches: int = 0  # records with new content and the same text: their sketch, links and cluster stay
@@ -77,27 +77,36 @@ class NearReport:
     candidate_pairs: int = 0
     pairs: int = 0
     apart_by_codes: int = 0  # pairs similar enough, kept apart by `require_shared_code`
-    require_shared_code: bool = True
     capped: set = field(default_factory=set)  # records of the batch that met `max_candidates` others (boilerplate?)
     near_duplicates: set = field(default_factory=set)
     clusters: dict = field(default_factory=dict)  # cluster id -> size, for clusters this batch touched
     chunk_retries: int = 0
-    threshold: float = 0.0
-    bands_rows: tuple = ()
-    threshold_warning: str | None = None  # the threshold is too far below the one the bands were built for
-    simhash_max_distance: int = 0
+
+    @property
+    def method(self) -> str:
+        return self.params.method
+
+    @property
+    def bands_rows(self) -> tuple[int, int]:
+        return self.params.bands, self.params.rows
+
+    @cached_property
+    def threshold_warning(self) -> str | None:
+        """The threshold is too far below the one the bands were built for (`NearDupParams.threshold_warning`)."""
+        return self.params.threshold_warning()
 
     def as_metadata(self) -> dict:
         """Figures for the asset (ids and counts only). The largest clusters table comes from `defs.plots`."""
         sizes = Counter(self.clusters.values())
-        if self.method == "minhash":
+        params = self.params
+        if params.method == "minhash":
             settings = {
-                "verify": self.verify,
-                "threshold": self.threshold,
+                "verify": params.verify,
+                "threshold": params.threshold,
                 "bands_rows": "x".join(map(str, self.bands_rows)),
             }
         else:  # SimHash links by Hamming distance alone: no threshold, banding or verification mode applies
-            distance = self.simhash_max_distance
+            distance = params.simhash_max_distance
             settings = {"simhash_max_distance": distance, "similarity_floor": round(1 - distance / BITS, 4)}
         return {
             "batch_id": self.batch_id,
@@ -108,7 +117,7 @@ class NearReport:
             "already_indexed": self.already_indexed,
             "candidate_pairs": self.candidate_pairs,
             "pairs": self.pairs,
-            "require_shared_code": self.require_shared_code,
+            "require_shared_code": params.require_shared_code,
             "pairs_apart_by_codes": self.apart_by_codes,
             "near_duplicates": len(self.near_duplicates),
             "clusters_touched": len(self.clusters),
@@ -154,11 +163,7 @@ def cluster_batch(
         params = index.adopt_index_settings(conn, params, settings.from_index)
         index.claim_index(conn, params.identity(), graph.band_count(params), sketch_config(params))
         index.save_link_settings(conn, params, max_links, max_candidates)
-    report = NearReport(batch_id, params.method, params.verify, max_candidates)
-    report.threshold, report.bands_rows = params.threshold, (params.bands, params.rows)
-    report.simhash_max_distance = params.simhash_max_distance
-    report.require_shared_code = params.require_shared_code
-    report.threshold_warning = params.threshold_warning()
+    report = NearReport(batch_id, params, max_candidates)
     bands = graph.band_count(params)
     after = 0
     while True:
